@@ -1,0 +1,41 @@
+# The two commands of the README:  `make run` (default sweep → HTML report)  and  `make test`.
+# Override the torch build for a cluster, e.g.  make run TORCH_SPEC="torch==2.13.0 --index-url <CUDA index>"
+PYTHON     ?= python3
+VENV       ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+CORES      ?= 2
+SWEEP      ?= workflow/config/default.yaml
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: run test venv lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first, pinned: a range would pull a multi-GB CUDA build onto CPU machines
+	$(BIN)/pip install --quiet $(TORCH_SPEC)
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+run: venv
+	$(BIN)/snakemake --cores $(CORES) --configfile $(SWEEP)
+	@echo "Report: $$($(BIN)/ddlbench plan --configfile $(SWEEP) --report-path | xargs realpath)"
+
+test: venv
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check ddlbench tests benchmarks
+	$(BIN)/ruff format --check ddlbench tests benchmarks
+	$(BIN)/snakemake --lint --cores 1
+
+bench: venv
+	$(BIN)/python benchmarks/plan_speed.py
+
+clean:
+	rm -rf results/*/ .snakemake

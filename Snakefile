@@ -1,0 +1,21 @@
+# ddlbench: one sweep = one DAG. Table of contents only; the package decides what is in each file.
+#   snakemake --cores 2                              # the embedded default sweep
+#   snakemake --cores 2 --configfile my-sweep.yaml   # any sweep file, validated before anything runs
+
+# A --configfile replaces the default instead of being merged into it: a merged sweep would keep
+# axes and exclusions the user never wrote.
+if not config:
+
+    configfile: "workflow/config/default.yaml"
+
+
+include: "workflow/rules/common.smk"
+
+
+rule all:
+    input:
+        REPORT,
+
+
+include: "workflow/rules/points.smk"
+include: "workflow/rules/report.smk"

@@ -1,0 +1,3 @@
+from ddlbench.cli import main
+
+raise SystemExit(main())

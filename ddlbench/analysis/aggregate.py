@@ -1,0 +1,94 @@
+"""All records of a sweep (failed ones included) → one table, saved as Parquet and CSV."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ddlbench.records import PointRecord, RecordError, read_record
+from ddlbench.sweep import Plan, Point
+
+POINT_COLUMNS = [
+    "model", "dataset", "strategy", "nodes", "ranks_per_node", "batch_size", "threads", "repetition",
+    "warmup_steps", "steps", "seed",
+]  # fmt: skip
+
+
+def record_path(sweep_dir: Path, point_id: str) -> Path:
+    return sweep_dir / "points" / point_id / "record.json"
+
+
+def build_table(plan: Plan) -> pd.DataFrame:
+    """One row per planned point; a point without a readable record is a row with status `missing`."""
+    rows = []
+    for point in plan.points:
+        path = record_path(plan.config.sweep_dir, point.point_id)
+        try:
+            rows.append(record_row(read_record(path)))
+        except RecordError as exc:
+            reason = "no record yet" if not path.exists() else str(exc)
+            rows.append(_point_row(point) | {"status": "missing", "reason": reason})
+    return pd.DataFrame(rows)
+
+
+def record_row(record: PointRecord) -> dict[str, Any]:
+    row = _point_row(record.point) | {"status": record.status, "reason": record.reason}
+    metrics = record.metrics
+    if metrics is not None:
+        for name in ("samples_per_s", "step_time_s"):
+            stats = getattr(metrics, name)
+            row |= {f"{name}_median": stats.median, f"{name}_p5": stats.p5, f"{name}_p95": stats.p95}
+        row |= {
+            "samples_per_s_overall": metrics.samples_per_s_overall,
+            "peak_rss_bytes": metrics.peak_rss_bytes,
+            "cuda_peak_allocated_bytes": metrics.cuda_peak_allocated_bytes,
+            "cuda_peak_reserved_bytes": metrics.cuda_peak_reserved_bytes,
+            "loss_first": metrics.loss_first,
+            "loss_last": metrics.loss_last,
+        }
+    prov = record.provenance
+    row |= {
+        "hostnames": ",".join(prov.hostnames),
+        "cpu_model": prov.cpu_model,
+        "gpu_model": prov.gpu_model,
+        "backend": prov.backend,
+        "launcher": prov.launcher,
+        "torch_version": prov.torch_version,
+        "ddlbench_version": prov.ddlbench_version,
+        "git_commit": prov.git_commit,
+        "slurm_job_id": prov.slurm_job_id,
+        "config_hash": prov.config_hash,
+        "start_time": prov.start_time,
+        "end_time": prov.end_time,
+    }
+    return row
+
+
+def _point_row(point: Point) -> dict[str, Any]:
+    row: dict[str, Any] = {"point_id": point.point_id}
+    row |= {column: getattr(point, column) for column in POINT_COLUMNS}
+    row |= {
+        "world_size": point.world_size,
+        "global_batch_size": point.global_batch_size,
+        "model_options": json.dumps(dict(point.model_options), sort_keys=True),
+    }
+    return row
+
+
+def save_table(table: pd.DataFrame, *, parquet: Path, csv: Path) -> None:
+    """Write both files atomically (temp file + rename)."""
+    for path, write in ((parquet, lambda p: table.to_parquet(p, index=False)), (csv, lambda p: table.to_csv(p, index=False))):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.close(handle)
+        try:
+            write(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

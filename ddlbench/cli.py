@@ -1,0 +1,169 @@
+"""The `ddlbench` command: plan a sweep, run one point, aggregate records, render the report.
+
+Every subcommand that needs a sweep takes it as a YAML file (--configfile, the embedded default when
+absent) or as resolved JSON (--config-json, what the Snakefile passes). Imports are deferred so that
+planning and reporting never import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import ddlbench
+from ddlbench.config import DEFAULT_SWEEP, SweepConfig, load_sweep_config, sweep_config_from_mapping
+from ddlbench.errors import DdlbenchError
+
+log = logging.getLogger("ddlbench")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if not args.quiet else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return args.handler(args)
+    except DdlbenchError as exc:
+        print(f"ddlbench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ddlbench", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"ddlbench {ddlbench.__version__}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    plan = commands.add_parser("plan", help="print the points of a sweep and their count")
+    _add_sweep_options(plan)
+    plan.add_argument("--format", choices=("table", "ids", "json"), default="table")
+    plan.add_argument("--report-path", action="store_true", help="print only the path of the sweep's report")
+    plan.set_defaults(handler=_plan)
+
+    run = commands.add_parser("run-point", help="run one point of a sweep and write its record")
+    run.add_argument("--spec", help="the point as JSON (as the Snakefile passes it)")
+    run.add_argument("--point", help="a point id of the sweep given by --configfile (see `ddlbench plan`)")
+    _add_sweep_options(run)
+    run.add_argument("--out", type=Path, help="record path (default: the point's place in the sweep's folder)")
+    run.add_argument("--launcher", default="auto", help="auto (srun inside a SLURM allocation, else local), local, srun")
+    run.add_argument("--dump-params", type=Path, help="save the final full model state here (for checks)")
+    run.set_defaults(handler=_run_point)
+
+    aggregate = commands.add_parser("aggregate", help="collect a sweep's records into one table")
+    _add_sweep_options(aggregate)
+    aggregate.add_argument("--parquet", type=Path, help="default: <sweep dir>/table.parquet")
+    aggregate.add_argument("--csv", type=Path, help="default: <sweep dir>/table.csv")
+    aggregate.set_defaults(handler=_aggregate)
+
+    report = commands.add_parser("report", help="render the HTML report of an aggregated sweep")
+    _add_sweep_options(report)
+    report.add_argument("--table", type=Path, help="Parquet table (default: <sweep dir>/table.parquet)")
+    report.add_argument("--out", type=Path, help="default: <sweep dir>/report.html")
+    report.set_defaults(handler=_report)
+    return parser
+
+
+def _add_sweep_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--configfile", type=Path, help=f"sweep YAML (default: {DEFAULT_SWEEP.relative_to(DEFAULT_SWEEP.parents[2])})")
+    group.add_argument("--config-json", help="the sweep as JSON")
+
+
+def _sweep(args: argparse.Namespace) -> SweepConfig:
+    if args.config_json:
+        try:
+            raw = json.loads(args.config_json)
+        except json.JSONDecodeError as exc:
+            raise DdlbenchError(f"--config-json is not valid JSON: {exc}") from None
+        return sweep_config_from_mapping(raw)
+    return load_sweep_config(args.configfile or DEFAULT_SWEEP)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from ddlbench.sweep import expand_sweep
+
+    config = _sweep(args)
+    if args.report_path:
+        print(config.report_path)
+        return 0
+    plan = expand_sweep(config)
+    if args.format == "ids":
+        print("\n".join(point.point_id for point in plan.points))
+    elif args.format == "json":
+        print(json.dumps([point.to_dict() | {"point_id": point.point_id} for point in plan.points], indent=1))
+    else:
+        columns = ["point_id", "model", "dataset", "strategy", "nodes", "ranks_per_node", "batch_size", "threads", "repetition"]
+        rows = [[str(point.point_id if c == "point_id" else getattr(point, c)) for c in columns] for point in plan.points]
+        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+        print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+        for row in rows:
+            print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+    excluded = f" ({len(plan.excluded)} excluded)" if plan.excluded else ""
+    print(f"{len(plan.points)} points{excluded} in sweep {config.name!r}", file=sys.stderr if args.format != "table" else sys.stdout)
+    return 0
+
+
+def _run_point(args: argparse.Namespace) -> int:
+    from ddlbench.analysis.aggregate import record_path
+    from ddlbench.launch.runner import Interrupted, run_point
+    from ddlbench.sweep import Point, expand_sweep
+
+    if args.spec:
+        if args.point or args.configfile or args.config_json:
+            raise DdlbenchError("give either --spec, or --point with a sweep config, not both")
+        try:
+            point = Point.from_dict(json.loads(args.spec))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise DdlbenchError(f"--spec is not a point: {exc}") from None
+        if args.out is None:
+            raise DdlbenchError("--out is required with --spec")
+        out = args.out
+    elif args.point:
+        config = _sweep(args)
+        points = expand_sweep(config).by_id()
+        if args.point not in points:
+            raise DdlbenchError(f"no point {args.point!r} in sweep {config.name!r}; `ddlbench plan --format ids` lists them")
+        point = points[args.point]
+        out = args.out or record_path(config.sweep_dir, point.point_id)
+    else:
+        raise DdlbenchError("run-point needs --spec JSON, or --point ID (with --configfile)")
+    try:
+        record = run_point(point, out=out, launcher=args.launcher, dump_params=args.dump_params)
+    except Interrupted as exc:
+        log.error("point %s interrupted (%s); no record written", point.point_id, exc)
+        return 143
+    print(f"{record.point_id}: {record.status}{': ' + record.reason if record.reason else ''} -> {out}")
+    return 0
+
+
+def _aggregate(args: argparse.Namespace) -> int:
+    from ddlbench.analysis.aggregate import build_table, save_table
+    from ddlbench.sweep import expand_sweep
+
+    config = _sweep(args)
+    table = build_table(expand_sweep(config))
+    parquet = args.parquet or config.sweep_dir / "table.parquet"
+    csv = args.csv or config.sweep_dir / "table.csv"
+    save_table(table, parquet=parquet, csv=csv)
+    counts = table["status"].value_counts().to_dict()
+    print(f"{len(table)} points {counts} -> {parquet}, {csv}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from ddlbench.report.render import render_report, write_report
+
+    config = _sweep(args)
+    table_path = args.table or config.sweep_dir / "table.parquet"
+    if not table_path.exists():
+        raise DdlbenchError(f"no table at {table_path}; run `ddlbench aggregate` first")
+    out = args.out or config.report_path
+    write_report(out, render_report(config, pd.read_parquet(table_path)))
+    print(f"report: {out.resolve()}")
+    return 0

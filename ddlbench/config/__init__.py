@@ -1,0 +1,156 @@
+"""Sweep configuration: a YAML file validated by a JSON Schema, held as a frozen value object."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ddlbench.catalog import MODELS
+from ddlbench.config.schema import validate_raw
+from ddlbench.errors import ConfigError
+
+# Axis keys of the config (lists) and the point field each one becomes.
+AXES: dict[str, str] = {
+    "models": "model",
+    "datasets": "dataset",
+    "strategies": "strategy",
+    "nodes": "nodes",
+    "ranks_per_node": "ranks_per_node",
+    "batch_size": "batch_size",
+    "threads": "threads",
+}
+
+DEFAULT_SWEEP = Path(__file__).resolve().parents[2] / "workflow" / "config" / "default.yaml"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    """A validated sweep: axes to combine, measurement settings and exclusions."""
+
+    name: str
+    results_dir: str
+    models: tuple[str, ...]
+    datasets: tuple[str, ...]
+    strategies: tuple[str, ...]
+    nodes: tuple[int, ...]
+    ranks_per_node: tuple[int, ...]
+    batch_size: tuple[int, ...]
+    threads: tuple[int, ...]
+    warmup_steps: int
+    steps: int
+    repetitions: int
+    seed: int
+    learning_rate: float
+    timeout_s: float
+    # model -> complete option mapping (defaults filled), as sorted pairs so the object stays hashable
+    model_options: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
+    exclude: tuple[tuple[tuple[str, Any], ...], ...]
+
+    def options_for(self, model: str) -> dict[str, str]:
+        return dict(dict(self.model_options)[model])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain JSON-able data, defaults filled in (round-trips through from_mapping)."""
+        data = asdict(self)
+        data["model_options"] = {model: dict(options) for model, options in self.model_options}
+        data["exclude"] = [dict(entry) for entry in self.exclude]
+        for key in AXES:
+            data[key] = list(data[key])
+        return data
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON of the resolved config; names the config in provenance."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    @property
+    def sweep_dir(self) -> Path:
+        return Path(self.results_dir) / self.name
+
+    @property
+    def report_path(self) -> Path:
+        return self.sweep_dir / "report.html"
+
+
+def load_sweep_config(path: str | Path) -> SweepConfig:
+    """Read and validate a sweep YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError("", f"cannot read the sweep file {str(path)!r}: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError("", f"{path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return sweep_config_from_mapping(raw if raw is not None else {})
+
+
+def sweep_config_from_mapping(raw: object) -> SweepConfig:
+    """Validate a raw mapping (from YAML, JSON or Snakemake's `config`) into a SweepConfig."""
+    data = validate_raw(raw)
+    model_options = _resolve_model_options(data["models"], data["model_options"])
+    _check_exclude(data)
+    return SweepConfig(
+        name=data["name"],
+        results_dir=data["results_dir"],
+        **{key: tuple(data[key]) for key in AXES},
+        warmup_steps=data["warmup_steps"],
+        steps=data["steps"],
+        repetitions=data["repetitions"],
+        seed=data["seed"],
+        learning_rate=float(data["learning_rate"]),
+        timeout_s=float(data["timeout_s"]),
+        model_options=tuple(sorted(model_options.items())),
+        exclude=tuple(tuple(sorted(entry.items())) for entry in data["exclude"]),
+    )
+
+
+def _resolve_model_options(
+    models: list[str], given: Mapping[str, Mapping[str, str]]
+) -> dict[str, tuple[tuple[str, str], ...]]:
+    for model in given:
+        if model not in models:
+            raise ConfigError(
+                f"model_options.{model}",
+                f"{model!r} is not in `models`; options may be given for: {', '.join(models)}",
+            )
+    resolved = {}
+    for model in models:
+        spec = MODELS.get(model)
+        options = spec.default_options()
+        for option, value in given.get(model, {}).items():
+            key = f"model_options.{model}.{option}"
+            if option not in spec.options:
+                accepted = ", ".join(spec.options) or "none"
+                raise ConfigError(key, f"{option!r} is not an option of {model}; accepted: {accepted}")
+            if value not in spec.options[option]:
+                raise ConfigError(
+                    key, f"{value!r} is not accepted; choose from: {', '.join(spec.options[option])}"
+                )
+            options[option] = value
+        resolved[model] = tuple(sorted(options.items()))
+    return resolved
+
+
+def _check_exclude(data: Mapping[str, Any]) -> None:
+    """An exclusion naming a value that is on no axis is a typo that would silently exclude nothing."""
+    field_to_axis = {field: axis for axis, field in AXES.items()}
+    for index, entry in enumerate(data["exclude"]):
+        for field, value in entry.items():
+            axis = field_to_axis[field]
+            if value not in data[axis]:
+                choices = ", ".join(str(v) for v in data[axis])
+                raise ConfigError(
+                    f"exclude[{index}].{field}",
+                    f"{json.dumps(value)} is not a value of `{axis}`, so it would exclude nothing; "
+                    f"values of `{axis}`: {choices}",
+                )

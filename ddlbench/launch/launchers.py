@@ -1,0 +1,115 @@
+"""Launchers: start a point's ranks as local processes, or with srun inside a SLURM allocation.
+
+Both run the same worker command; they differ in who starts the ranks and how the ranks find each
+other (a rendezvous file on one host; the first node of the allocation over TCP under SLURM).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from ddlbench.errors import DdlbenchError
+from ddlbench.launch.processes import LaunchOutcome, start_process, supervise
+from ddlbench.launch.rendezvous import INIT_METHOD_VAR, slurm_master_port
+from ddlbench.sweep import Point
+
+LAUNCHERS = ("auto", "local", "srun")
+
+
+class Launcher(Protocol):
+    name: str
+
+    def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None) -> LaunchOutcome: ...
+
+
+def worker_command(point: Point, rank_dir: Path, dump_params: Path | None) -> list[str]:
+    command = [sys.executable, "-m", "ddlbench.launch.worker", "--spec", point.to_json(), "--rank-dir", str(rank_dir)]
+    if dump_params is not None:
+        command += ["--dump-params", str(dump_params)]
+    return command
+
+
+def thread_env(point: Point) -> dict[str, str]:
+    # OpenMP and MKL size their pools from these before torch.set_num_threads runs
+    return {"OMP_NUM_THREADS": str(point.threads), "MKL_NUM_THREADS": str(point.threads)}
+
+
+class LocalLauncher:
+    """nodes × ranks_per_node processes on this host; each pretends to be on node rank // ranks_per_node."""
+
+    name = "local"
+
+    def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None) -> LaunchOutcome:
+        rendezvous = rank_dir / "rendezvous"
+        rendezvous.unlink(missing_ok=True)
+        processes = []
+        for rank in range(point.world_size):
+            env = {
+                **os.environ,
+                **thread_env(point),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(point.world_size),
+                "LOCAL_RANK": str(rank % point.ranks_per_node),
+                "LOCAL_WORLD_SIZE": str(point.ranks_per_node),
+                "NODE_RANK": str(rank // point.ranks_per_node),
+                # a file store: no port to pick, so points running side by side cannot collide
+                INIT_METHOD_VAR: f"file://{rendezvous.resolve()}",
+            }
+            processes.append(start_process(worker_command(point, rank_dir, dump_params), env))
+        return supervise(processes, timeout_s=point.timeout_s)
+
+
+class SrunLauncher:
+    """One srun step over the allocation; ranks meet over TCP on the allocation's first node."""
+
+    name = "srun"
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self.environ = dict(os.environ if environ is None else environ)
+
+    def command(self, point: Point, *, rank_dir: Path, dump_params: Path | None) -> list[str]:
+        return [
+            "srun",
+            f"--nodes={point.nodes}",
+            f"--ntasks={point.world_size}",
+            f"--ntasks-per-node={point.ranks_per_node}",
+            f"--cpus-per-task={point.threads}",
+            "--kill-on-bad-exit=0",  # ddlbench stops the step itself, after collecting failure texts
+            "--export=ALL",
+            *worker_command(point, rank_dir, dump_params),
+        ]
+
+    def rendezvous_env(self) -> dict[str, str]:
+        job_id = self.environ["SLURM_JOB_ID"]
+        master = first_host(self.environ["SLURM_JOB_NODELIST"])
+        port = slurm_master_port(job_id)
+        return {"MASTER_ADDR": master, "MASTER_PORT": str(port), INIT_METHOD_VAR: f"tcp://{master}:{port}"}
+
+    def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None) -> LaunchOutcome:
+        env = {**self.environ, **thread_env(point), **self.rendezvous_env()}
+        process = start_process(self.command(point, rank_dir=rank_dir, dump_params=dump_params), env)
+        return supervise([process], timeout_s=point.timeout_s)
+
+
+def first_host(nodelist: str) -> str:
+    """First hostname of a SLURM node list such as "n[1-4],m2", as scontrol expands it."""
+    result = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+    )
+    return result.stdout.split()[0]
+
+
+def select_launcher(name: str, environ: Mapping[str, str] | None = None) -> Launcher:
+    """`auto` is srun inside a SLURM allocation (SLURM_JOB_ID set, srun on PATH), else local processes."""
+    environ = os.environ if environ is None else environ
+    if name not in LAUNCHERS:
+        raise DdlbenchError(f"unknown launcher {name!r}; accepted: {', '.join(LAUNCHERS)}")
+    if name == "auto":
+        name = "srun" if "SLURM_JOB_ID" in environ and shutil.which("srun") else "local"
+    return SrunLauncher(environ) if name == "srun" else LocalLauncher()

@@ -1,0 +1,90 @@
+"""Supervision of launched processes: wait for all, stop the rest when one fails, enforce the time limit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+# After one rank fails the others usually block in a collective; give them this long to fail on their
+# own (their own failure text is useful), then stop them.
+FAILURE_GRACE_S = 5.0
+TERMINATE_GRACE_S = 3.0
+POLL_S = 0.05
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOutcome:
+    returncodes: tuple[int, ...]
+    timed_out: bool
+    stopped: tuple[bool, ...]  # whether ddlbench stopped the process (its return code is then ours)
+    wall_s: float
+
+
+def start_process(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    # a session of its own per process, so that stopping it reaches its children too
+    return subprocess.Popen(command, env=env, start_new_session=True)
+
+
+def supervise(processes: list[subprocess.Popen], *, timeout_s: float) -> LaunchOutcome:
+    began = time.monotonic()
+    deadline = began + timeout_s
+    first_failure: float | None = None
+    stopped = [False] * len(processes)
+    timed_out = False
+    try:
+        while True:
+            codes = [process.poll() for process in processes]
+            if all(code is not None for code in codes):
+                break
+            now = time.monotonic()
+            if now >= deadline:
+                timed_out = True
+            elif any(code not in (None, 0) for code in codes):
+                first_failure = first_failure or now
+            if timed_out or (first_failure is not None and now - first_failure > FAILURE_GRACE_S):
+                for index, process in enumerate(processes):
+                    if process.poll() is None:
+                        stopped[index] = True
+                stop_processes(processes)
+                break
+            time.sleep(POLL_S)
+    except BaseException:
+        stop_processes(processes)
+        raise
+    return LaunchOutcome(
+        returncodes=tuple(process.wait() for process in processes),
+        timed_out=timed_out,
+        stopped=tuple(stopped),
+        wall_s=time.monotonic() - began,
+    )
+
+
+def stop_processes(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM each process group still running, then SIGKILL what is left after a grace period."""
+    for sig, grace in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, 0.0)):
+        running = [process for process in processes if process.poll() is None]
+        for process in running:
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + grace
+        while time.monotonic() < end and any(process.poll() is None for process in running):
+            time.sleep(POLL_S)
+    for process in processes:
+        process.wait()
+
+
+def describe_returncode(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"

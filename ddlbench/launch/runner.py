@@ -1,0 +1,135 @@
+"""Run one point: launch its ranks, collect what they wrote, judge the outcome, write the record."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddlbench.launch.launchers import select_launcher
+from ddlbench.launch.processes import LaunchOutcome, describe_returncode
+from ddlbench.launch.worker import failure_file, rank_file
+from ddlbench.metrics import first_nonfinite_step, mean_loss_per_step, summarize_ranks
+from ddlbench.provenance import collect_provenance, utc_now
+from ddlbench.records import Metrics, PointRecord, RankFailure, RankResult, Status, write_record
+from ddlbench.sweep import Point
+
+log = logging.getLogger(__name__)
+
+
+class Interrupted(Exception):
+    """The point runner itself was told to stop (SIGTERM/SIGINT): no record is written."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    status: Status
+    reason: str | None
+    metrics: Metrics | None
+
+
+def run_point(
+    point: Point,
+    *,
+    out: Path,
+    launcher: str = "auto",
+    dump_params: Path | None = None,
+) -> PointRecord:
+    """Run `point` and write its record to `out`, whatever the outcome; returns the record."""
+    start_time = utc_now()
+    rank_dir = out.parent / "ranks"
+    shutil.rmtree(rank_dir, ignore_errors=True)
+    rank_dir.mkdir(parents=True)
+    chosen = select_launcher(launcher)
+    log.info("point %s: %d ranks via %s", point.point_id, point.world_size, chosen.name)
+    with _stop_on_signals():
+        outcome = chosen.launch(point, rank_dir=rank_dir, dump_params=dump_params)
+    results, failures = _read_rank_files(rank_dir, point.world_size)
+    verdict = judge(point, outcome, results, failures)
+    record = PointRecord(
+        point_id=point.point_id,
+        point=point,
+        status=verdict.status,
+        reason=verdict.reason,
+        metrics=verdict.metrics,
+        provenance=collect_provenance(
+            launcher=chosen.name,
+            ranks=results,
+            config_hash=point.spec_hash,
+            start_time=start_time,
+            end_time=utc_now(),
+        ),
+        ranks=tuple(results),
+        failures=tuple(failures),
+    )
+    write_record(out, record)
+    shutil.rmtree(rank_dir, ignore_errors=True)
+    log.info("point %s: %s%s", point.point_id, record.status, f" ({record.reason})" if record.reason else "")
+    return record
+
+
+def judge(
+    point: Point, outcome: LaunchOutcome, results: list[RankResult], failures: list[RankFailure]
+) -> Verdict:
+    """Status and reason of a launch: timeout, then out-of-memory, then other failures, then divergence."""
+    if outcome.timed_out:
+        return Verdict(
+            status="timeout",
+            reason=f"ran past its limit of {point.timeout_s:g} s; the ranks still running were stopped",
+            metrics=None,
+        )
+    if failures:
+        cause = min(failures, key=lambda failure: failure.time)  # the first to fail; the rest followed it
+        oom = next((failure for failure in failures if failure.out_of_memory), None)
+        shown = oom or cause
+        reason = f"rank {shown.rank} on {shown.hostname}: {shown.error_type}: {shown.message}"
+        return Verdict(status="oom" if oom else "failed", reason=reason, metrics=None)
+    for index, code in enumerate(outcome.returncodes):
+        if code != 0 and not outcome.stopped[index]:
+            hint = " (possibly the kernel's out-of-memory killer)" if code == -signal.SIGKILL else ""
+            return Verdict(status="failed", reason=f"rank process {index} ended with {describe_returncode(code)}{hint}", metrics=None)
+    missing = sorted(set(range(point.world_size)) - {result.rank for result in results})
+    if missing:
+        return Verdict(status="failed", reason=f"ranks {missing} ended without writing a result", metrics=None)
+    metrics = summarize_ranks(point, results)
+    diverged_at = first_nonfinite_step(mean_loss_per_step(results))
+    if diverged_at is not None:
+        losses = mean_loss_per_step(results)
+        return Verdict(
+            status="failed",
+            reason=f"diverged: loss is {losses[diverged_at]} at step {diverged_at} (warm-up included)",
+            metrics=metrics,
+        )
+    return Verdict(status="ok", reason=None, metrics=metrics)
+
+
+def _read_rank_files(rank_dir: Path, world_size: int) -> tuple[list[RankResult], list[RankFailure]]:
+    results, failures = [], []
+    for rank in range(world_size):
+        if rank_file(rank_dir, rank).exists():
+            results.append(RankResult.from_dict(json.loads(rank_file(rank_dir, rank).read_text())))
+        if failure_file(rank_dir, rank).exists():
+            failures.append(RankFailure(**json.loads(failure_file(rank_dir, rank).read_text())))
+    return results, failures
+
+
+class _stop_on_signals:
+    """Turn SIGTERM/SIGINT into Interrupted while ranks run, so they are stopped rather than orphaned."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __enter__(self) -> None:
+        self.previous = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._raise)
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    @staticmethod
+    def _raise(signum: int, frame: object) -> None:
+        raise Interrupted(f"stopped by {signal.Signals(signum).name}")

@@ -1,0 +1,110 @@
+"""Entry point of one rank: join the process group, train the point, write what it measured, exit cleanly.
+
+Run as `python -m ddlbench.launch.worker --spec JSON --rank-dir DIR` by a launcher, never by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+
+from ddlbench.launch.rendezvous import RankEnv, rank_env
+from ddlbench.records import RankFailure, write_json_atomic
+from ddlbench.sweep import Point
+
+log = logging.getLogger("ddlbench.worker")
+
+_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def rank_file(rank_dir: Path, rank: int) -> Path:
+    return rank_dir / f"rank-{rank}.json"
+
+
+def failure_file(rank_dir: Path, rank: int) -> Path:
+    return rank_dir / f"rank-{rank}.failure.json"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and any(marker in str(exc).lower() for marker in _OOM_MARKERS)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m ddlbench.launch.worker")
+    parser.add_argument("--spec", required=True, help="the point, as the JSON of Point.to_json()")
+    parser.add_argument("--rank-dir", required=True, type=Path, help="where each rank writes its result")
+    parser.add_argument("--dump-params", type=Path, help="rank 0 saves the final full state dict here")
+    args = parser.parse_args(argv)
+    env = rank_env(os.environ)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s rank {env.rank}/{env.world_size} %(levelname)s %(message)s"
+    )
+    try:
+        _run(Point.from_dict(json.loads(args.spec)), env, args.rank_dir, args.dump_params)
+    except BaseException as exc:  # a rank's failure is data: write it down, then leave without a barrier
+        failure = RankFailure(
+            rank=env.rank,
+            hostname=socket.gethostname(),
+            error_type=type(exc).__name__,
+            message=str(exc).strip().splitlines()[0][:2000] if str(exc).strip() else "",
+            traceback=traceback.format_exc()[-20000:],
+            out_of_memory=is_out_of_memory(exc),
+            time=time.time(),
+        )
+        log.error("failed: %s: %s", failure.error_type, failure.message)
+        write_json_atomic(failure_file(args.rank_dir, env.rank), asdict(failure))
+        _exit(1)
+    _exit(0)
+
+
+def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from ddlbench.train.kernel import train_point
+    from ddlbench.train.strategies import RankContext
+
+    if torch.cuda.is_available():
+        device, backend = torch.device("cuda", env.local_rank), "nccl"
+        torch.cuda.set_device(device)
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=env.init_method,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(seconds=point.timeout_s),
+    )
+    ctx = RankContext(
+        rank=env.rank, world_size=env.world_size, local_rank=env.local_rank, device=device, backend=backend
+    )
+    result, state = train_point(point, ctx, keep_state=dump_params is not None)
+    write_json_atomic(rank_file(rank_dir, env.rank), asdict(result))
+    if state is not None and dump_params is not None:
+        dump_params.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, dump_params)
+    # gloo workers may abort in their destructors at interpreter exit; meet, tear down, and leave at once
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""HTML reports rendered from the aggregate table; no torch, nothing fetched from the network."""

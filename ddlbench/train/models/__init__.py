@@ -1,0 +1,1 @@
+"""Model builders; the registry with their facts is ddlbench.catalog.MODELS."""

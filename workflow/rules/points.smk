@@ -1,0 +1,12 @@
+rule run_point:
+    output:
+        record=f"{SWEEP_DIR}/points/{{point}}/record.json",
+    log:
+        f"{SWEEP_DIR}/logs/run_point/{{point}}.log",
+    params:
+        spec=point_spec,
+    threads: point_threads
+    conda:
+        "../../envs/compute.yaml"
+    shell:
+        "ddlbench run-point --spec {params.spec:q} --out {output.record:q} > {log:q} 2>&1"

@@ -1,0 +1,31 @@
+rule aggregate:
+    input:
+        expand(f"{SWEEP_DIR}/points/{{point}}/record.json", point=POINTS),
+    output:
+        parquet=f"{SWEEP_DIR}/table.parquet",
+        csv=f"{SWEEP_DIR}/table.csv",
+    log:
+        f"{SWEEP_DIR}/logs/aggregate.log",
+    params:
+        sweep=CONFIG_JSON,
+    localrule: True
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "ddlbench aggregate --config-json {params.sweep:q} --parquet {output.parquet:q} --csv {output.csv:q} > {log:q} 2>&1"
+
+
+rule report:
+    input:
+        table=rules.aggregate.output.parquet,
+    output:
+        html=REPORT,
+    log:
+        f"{SWEEP_DIR}/logs/report.log",
+    params:
+        sweep=CONFIG_JSON,
+    localrule: True
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "ddlbench report --config-json {params.sweep:q} --table {input.table:q} --out {output.html:q} > {log:q} 2>&1"
