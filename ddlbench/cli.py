@@ -157,13 +157,14 @@ def _aggregate(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from ddlbench.report.render import render_report, write_report
+    from ddlbench.atomic import write_text_atomic
+    from ddlbench.report.render import render_report
 
     config = _sweep(args)
     table_path = args.table or config.sweep_dir / "table.parquet"
     if not table_path.exists():
         raise DdlbenchError(f"no table at {table_path}; run `ddlbench aggregate` first")
     out = args.out or config.report_path
-    write_report(out, render_report(config, pd.read_parquet(table_path)))
+    write_text_atomic(out, render_report(config, pd.read_parquet(table_path)))
     print(f"report: {out.resolve()}")
     return 0

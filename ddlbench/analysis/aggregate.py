@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from ddlbench.atomic import write_atomic
 from ddlbench.records import PointRecord, RecordError, read_record
 from ddlbench.sweep import Plan, Point
 
@@ -81,14 +80,5 @@ def _point_row(point: Point) -> dict[str, Any]:
 
 
 def save_table(table: pd.DataFrame, *, parquet: Path, csv: Path) -> None:
-    """Write both files atomically (temp file + rename)."""
-    for path, write in ((parquet, lambda p: table.to_parquet(p, index=False)), (csv, lambda p: table.to_csv(p, index=False))):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        os.close(handle)
-        try:
-            write(tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    write_atomic(parquet, lambda tmp: table.to_parquet(tmp, index=False))
+    write_atomic(csv, lambda tmp: table.to_csv(tmp, index=False))

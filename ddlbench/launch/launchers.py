@@ -62,7 +62,8 @@ class LocalLauncher:
                 INIT_METHOD_VAR: f"file://{rendezvous.resolve()}",
             }
             processes.append(start_process(worker_command(point, rank_dir, dump_params), env))
-        return supervise(processes, timeout_s=point.timeout_s)
+        ranks = [(rank,) for rank in range(point.world_size)]
+        return supervise(processes, ranks_of_process=ranks, timeout_s=point.timeout_s)
 
 
 class SrunLauncher:
@@ -94,7 +95,8 @@ class SrunLauncher:
     def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None) -> LaunchOutcome:
         env = {**self.environ, **thread_env(point), **self.rendezvous_env()}
         process = start_process(self.command(point, rank_dir=rank_dir, dump_params=dump_params), env)
-        return supervise([process], timeout_s=point.timeout_s)
+        ranks = [tuple(range(point.world_size))]
+        return supervise([process], ranks_of_process=ranks, timeout_s=point.timeout_s)
 
 
 def first_host(nodelist: str) -> str:

@@ -21,6 +21,7 @@ POLL_S = 0.05
 @dataclass(frozen=True, kw_only=True)
 class LaunchOutcome:
     returncodes: tuple[int, ...]
+    ranks_of_process: tuple[tuple[int, ...], ...]  # the ranks each process ran (one each locally; all under srun)
     timed_out: bool
     stopped: tuple[bool, ...]  # whether ddlbench stopped the process (its return code is then ours)
     wall_s: float
@@ -31,7 +32,9 @@ def start_process(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(command, env=env, start_new_session=True)
 
 
-def supervise(processes: list[subprocess.Popen], *, timeout_s: float) -> LaunchOutcome:
+def supervise(
+    processes: list[subprocess.Popen], *, ranks_of_process: list[tuple[int, ...]], timeout_s: float
+) -> LaunchOutcome:
     began = time.monotonic()
     deadline = began + timeout_s
     first_failure: float | None = None
@@ -59,6 +62,7 @@ def supervise(processes: list[subprocess.Popen], *, timeout_s: float) -> LaunchO
         raise
     return LaunchOutcome(
         returncodes=tuple(process.wait() for process in processes),
+        ranks_of_process=tuple(ranks_of_process),
         timed_out=timed_out,
         stopped=tuple(stopped),
         wall_s=time.monotonic() - began,

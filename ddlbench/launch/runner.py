@@ -74,36 +74,41 @@ def run_point(
 def judge(
     point: Point, outcome: LaunchOutcome, results: list[RankResult], failures: list[RankFailure]
 ) -> Verdict:
-    """Status and reason of a launch: timeout, then out-of-memory, then other failures, then divergence."""
+    """Status and reason of a launch, most telling first: the time limit; running out of memory; a rank
+    that died without a word (its peers then fail with 'connection reset', which is not the cause); the
+    earliest exception; a missing result; a loss that stopped being finite."""
     if outcome.timed_out:
         return Verdict(
             status="timeout",
             reason=f"ran past its limit of {point.timeout_s:g} s; the ranks still running were stopped",
             metrics=None,
         )
-    if failures:
-        cause = min(failures, key=lambda failure: failure.time)  # the first to fail; the rest followed it
-        oom = next((failure for failure in failures if failure.out_of_memory), None)
-        shown = oom or cause
-        reason = f"rank {shown.rank} on {shown.hostname}: {shown.error_type}: {shown.message}"
-        return Verdict(status="oom" if oom else "failed", reason=reason, metrics=None)
-    for index, code in enumerate(outcome.returncodes):
-        if code != 0 and not outcome.stopped[index]:
+    oom = next((failure for failure in failures if failure.out_of_memory), None)
+    if oom is not None:
+        return Verdict(status="oom", reason=_failure_reason(oom), metrics=None)
+    reported = {failure.rank for failure in failures}
+    for code, stopped, ranks in zip(outcome.returncodes, outcome.stopped, outcome.ranks_of_process, strict=True):
+        if code != 0 and not stopped and not reported & set(ranks):
             hint = " (possibly the kernel's out-of-memory killer)" if code == -signal.SIGKILL else ""
-            return Verdict(status="failed", reason=f"rank process {index} ended with {describe_returncode(code)}{hint}", metrics=None)
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"the launcher of ranks {ranks[0]}-{ranks[-1]}"
+            reason = f"{who} ended with {describe_returncode(code)} without reporting an error{hint}"
+            return Verdict(status="failed", reason=reason, metrics=None)
+    if failures:
+        return Verdict(status="failed", reason=_failure_reason(failures[0]), metrics=None)
     missing = sorted(set(range(point.world_size)) - {result.rank for result in results})
     if missing:
         return Verdict(status="failed", reason=f"ranks {missing} ended without writing a result", metrics=None)
     metrics = summarize_ranks(point, results)
-    diverged_at = first_nonfinite_step(mean_loss_per_step(results))
+    losses = mean_loss_per_step(results)
+    diverged_at = first_nonfinite_step(losses)
     if diverged_at is not None:
-        losses = mean_loss_per_step(results)
-        return Verdict(
-            status="failed",
-            reason=f"diverged: loss is {losses[diverged_at]} at step {diverged_at} (warm-up included)",
-            metrics=metrics,
-        )
+        reason = f"diverged: loss is {losses[diverged_at]} at step {diverged_at} (warm-up included)"
+        return Verdict(status="failed", reason=reason, metrics=metrics)
     return Verdict(status="ok", reason=None, metrics=metrics)
+
+
+def _failure_reason(failure: RankFailure) -> str:
+    return f"rank {failure.rank} on {failure.hostname}: {failure.error_type}: {failure.message}"
 
 
 def _read_rank_files(rank_dir: Path, world_size: int) -> tuple[list[RankResult], list[RankFailure]]:
@@ -113,6 +118,7 @@ def _read_rank_files(rank_dir: Path, world_size: int) -> tuple[list[RankResult],
             results.append(RankResult.from_dict(json.loads(rank_file(rank_dir, rank).read_text())))
         if failure_file(rank_dir, rank).exists():
             failures.append(RankFailure(**json.loads(failure_file(rank_dir, rank).read_text())))
+    failures.sort(key=lambda failure: failure.time)  # the earliest first: the others usually followed it
     return results, failures
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -60,14 +58,6 @@ def render_report(config: SweepConfig, table: pd.DataFrame) -> str:
         "provenance": _provenance(table),
     }
     return template_environment().get_template("report.html.j2").render(**context)
-
-
-def write_report(path: Path, html: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(handle, "w") as out:
-        out.write(html)
-    os.replace(tmp, path)
 
 
 def _rows(frame: pd.DataFrame) -> list[dict[str, str]]:

@@ -1,19 +1,20 @@
 """Fault injection for testing the failure paths for real: DDLBENCH_INJECT_FAULT=<kind>[@<text>].
 
-<kind> is raise | oom | hang | nan; the fault strikes the last rank at the first measured step of every
+<kind> is raise | oom | hang | nan | kill; the fault strikes the last rank at the first measured step of every
 point whose id contains <text> (all points without it). Nothing happens when the variable is unset.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import torch
 from torch import nn
 
 ENV_VAR = "DDLBENCH_INJECT_FAULT"
-KINDS = ("raise", "oom", "hang", "nan")
+KINDS = ("raise", "oom", "hang", "nan", "kill")
 
 
 class InjectedFault(RuntimeError):
@@ -37,6 +38,8 @@ def strike(kind: str, model: nn.Module) -> None:
         torch.empty(1 << 62, dtype=torch.uint8)  # a real allocation failure: 4 EiB
     elif kind == "hang":
         time.sleep(10**9)
+    elif kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # dies without a word, as under the kernel's OOM killer
     elif kind == "nan":
         with torch.no_grad():
             for parameter in model.parameters():

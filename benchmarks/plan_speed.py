@@ -1,0 +1,157 @@
+"""How long does it take to plan a large sweep, and how much of that is ddlbench's own doing?
+
+Writes a sweep config of exactly --points points (default 10,000) into a temporary folder and reports
+the median wall-clock time, over --repeats runs (default 3), of:
+
+  expand      load_sweep_config + expand_sweep, in process
+  expand+ids  the same, plus every point's point_id (the ids name the output paths)
+  plan CLI    `ddlbench plan --configfile F --format ids`, end to end as a subprocess
+  snakemake   `snakemake -n` on the project's Snakefile (points + aggregate + report + all)
+  trivial     `snakemake -n` on a trivial Snakefile with the same number of jobs: Snakemake's own floor
+
+Each dry run must plan the expected number of jobs, or the script stops. Outputs go to the temporary
+folder (the sweep's results_dir), never to the repository's results/.
+
+    make bench                                              # = .venv/bin/python benchmarks/plan_speed.py
+    .venv/bin/python benchmarks/plan_speed.py --points 1000 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from ddlbench.config import load_sweep_config
+from ddlbench.sweep import expand_sweep
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+TIMEOUT_S = 900
+# Every axis but `nodes` is fixed: 2 models x 2 datasets x 5 ranks x 5 batch sizes x 5 repetitions.
+POINTS_PER_NODE_VALUE = 2 * 2 * 5 * 5 * 5
+
+TRIVIAL_SNAKEFILE = """\
+IDS = [f"p{{i}}" for i in range({points})]
+
+rule all:
+    input: "out/report.txt"
+
+rule one:
+    output: "out/points/{{id}}.txt"
+    shell: "touch {{output}}"
+
+rule aggregate:
+    input: expand("out/points/{{id}}.txt", id=IDS)
+    output: "out/table.txt"
+    shell: "touch {{output}}"
+
+rule report:
+    input: "out/table.txt"
+    output: "out/report.txt"
+    shell: "touch {{output}}"
+"""
+
+
+def sweep_config(points: int, results_dir: Path) -> dict[str, object]:
+    return {
+        "name": "plan-speed",
+        "results_dir": str(results_dir),
+        "models": ["resnet8", "resnet20"],
+        "datasets": ["cifar10", "mnist"],
+        "strategies": ["ddp"],
+        "nodes": list(range(1, points // POINTS_PER_NODE_VALUE + 1)),
+        "ranks_per_node": [1, 2, 4, 8, 16],
+        "batch_size": [16, 32, 64, 128, 256],
+        "threads": [1],
+        "repetitions": 5,
+    }
+
+
+def median_time(action: Callable[[], None], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run(command: list[str], cwd: Path) -> str:
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    if done.returncode != 0:
+        sys.exit(f"plan_speed: {' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return done.stdout + done.stderr
+
+
+def dry_run(cwd: Path, extra: list[str], rule: str, jobs: int) -> None:
+    """`snakemake -n` in cwd; stop unless its job stats show `jobs` jobs of `rule`."""
+    output = run([str(BIN / "snakemake"), "-n", "--cores", "1", "--quiet", "rules", *extra], cwd)
+    counts = re.findall(rf"^{rule}\s+(\d+)\s*$", output, flags=re.MULTILINE)
+    totals = re.findall(r"^total\s+(\d+)\s*$", output, flags=re.MULTILINE)
+    if not counts or int(counts[-1]) != jobs or not totals or int(totals[-1]) != jobs + 3:
+        sys.exit(f"plan_speed: expected {jobs} {rule} jobs (+3), dry run said:\n{output[-2000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--points", type=int, default=10_000, help="a multiple of 500 (default 10000)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (default 3)")
+    args = parser.parse_args()
+    if args.points <= 0 or args.points % POINTS_PER_NODE_VALUE or args.repeats <= 0:
+        parser.error(f"--points must be a positive multiple of {POINTS_PER_NODE_VALUE}; --repeats positive")
+    n = args.points
+
+    with tempfile.TemporaryDirectory(prefix="plan-speed-") as tmp:
+        tmp_dir = Path(tmp)
+        config = tmp_dir / "sweep.yaml"
+        config.write_text(yaml.safe_dump(sweep_config(n, tmp_dir / "results"), sort_keys=False))
+        trivial = tmp_dir / "trivial"
+        trivial.mkdir()
+        (trivial / "Snakefile").write_text(TRIVIAL_SNAKEFILE.format(points=n))
+
+        planned = len(expand_sweep(load_sweep_config(config)).points)
+        if planned != n:
+            sys.exit(f"plan_speed: the config expands to {planned} points, not {n}")
+
+        def expand() -> None:
+            expand_sweep(load_sweep_config(config))
+
+        def ids() -> None:
+            for point in expand_sweep(load_sweep_config(config)).points:
+                _ = point.point_id
+
+        def plan_cli() -> None:
+            command = [str(BIN / "ddlbench"), "plan", "--configfile", str(config), "--format", "ids"]
+            listed = run(command, REPO)
+            if listed.count("\n") < n:
+                sys.exit(f"plan_speed: `ddlbench plan` listed fewer than {n} ids")
+
+        figures = {
+            "expand": median_time(expand, args.repeats),
+            "expand+ids": median_time(ids, args.repeats),
+            "plan CLI": median_time(plan_cli, args.repeats),
+            "snakemake -n": median_time(
+                lambda: dry_run(REPO, ["--configfile", str(config)], "run_point", n), args.repeats
+            ),
+            "trivial -n": median_time(lambda: dry_run(trivial, [], "one", n), args.repeats),
+        }
+
+    print(f"{n} points, median of {args.repeats} run(s), wall-clock seconds")
+    for label, seconds in figures.items():
+        print(f"  {label:<13} {seconds:8.2f} s   {1000 * seconds / n:7.3f} ms/point")
+    ddlbench, floor = figures["snakemake -n"], figures["trivial -n"]
+    print(f"  ddlbench Snakefile / trivial Snakefile: {ddlbench / floor:.2f}x")
+    print(f"  ddlbench's extra planning cost: {1000 * (ddlbench - floor) / n:.3f} ms per job")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Shared fixtures: the repository root, tiny points and sweeps, and running the CLI as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddlbench.sweep import Point
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def repo() -> Path:
+    return REPO
+
+
+def make_point(**overrides) -> Point:
+    """A point small enough to train in a second or two on one CPU core."""
+    fields = dict(
+        model="resnet8",
+        dataset="cifar10",
+        strategy="ddp",
+        nodes=1,
+        ranks_per_node=1,
+        batch_size=8,
+        threads=1,
+        repetition=0,
+        warmup_steps=1,
+        steps=3,
+        seed=0,
+        learning_rate=0.05,
+        timeout_s=120.0,
+        model_options=(("norm", "batch"),),
+    )
+    fields.update(overrides)
+    return Point(**fields)
+
+
+@pytest.fixture
+def point_factory():
+    return make_point
+
+
+@pytest.fixture
+def write_sweep(tmp_path):
+    """Write a sweep YAML into tmp_path (results inside tmp_path too) and return its path."""
+
+    def write(name: str = "sweep.yaml", **config) -> Path:
+        data = {"name": "tiny", "results_dir": str(tmp_path / "results")} | config
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    return write
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO, timeout: float = 600):
+    """Run the installed `ddlbench` console script in a subprocess."""
+    return subprocess.run(
+        [str(BIN / "ddlbench"), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+
+
+def run_snakemake(*args: str, env: dict[str, str] | None = None, timeout: float = 900):
+    """Run the real Snakemake on the repository's Snakefile, with the venv's bin first on PATH."""
+    environ = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}
+    return subprocess.run(
+        [str(BIN / "snakemake"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environ,
+        timeout=timeout,
+    )
