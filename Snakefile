@@ -12,9 +12,12 @@ if not config:
 include: "workflow/rules/common.smk"
 
 
+# The records are asked for directly too: Snakemake would not otherwise notice a deleted record
+# (an intermediate file) while the report is up to date, and deleting one is how a point is rerun.
 rule all:
     input:
         REPORT,
+        RECORDS,
 
 
 include: "workflow/rules/points.smk"

@@ -75,9 +75,7 @@ class Registry(Generic[Spec]):
         try:
             return self._entries[name]
         except KeyError:
-            raise KeyError(
-                f"unknown {self.kind} {name!r}; known {self.kind}s: {', '.join(self.names())}"
-            ) from None
+            raise KeyError(f"unknown {self.kind} {name!r}; known {self.kind}s: {', '.join(self.names())}") from None
 
     def names(self) -> list[str]:
         return sorted(self._entries)

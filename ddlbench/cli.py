@@ -24,7 +24,10 @@ log = logging.getLogger("ddlbench")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if not args.quiet else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if not args.quiet else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     try:
         return args.handler(args)
     except DdlbenchError as exc:
@@ -49,7 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--point", help="a point id of the sweep given by --configfile (see `ddlbench plan`)")
     _add_sweep_options(run)
     run.add_argument("--out", type=Path, help="record path (default: the point's place in the sweep's folder)")
-    run.add_argument("--launcher", default="auto", help="auto (srun inside a SLURM allocation, else local), local, srun")
+    run.add_argument(
+        "--launcher", default="auto", help="auto (srun inside a SLURM allocation, else local), local, srun"
+    )
     run.add_argument("--dump-params", type=Path, help="save the final full model state here (for checks)")
     run.set_defaults(handler=_run_point)
 
@@ -69,7 +74,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_sweep_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--configfile", type=Path, help=f"sweep YAML (default: {DEFAULT_SWEEP.relative_to(DEFAULT_SWEEP.parents[2])})")
+    group.add_argument(
+        "--configfile",
+        type=Path,
+        help=f"sweep YAML (default: {DEFAULT_SWEEP.relative_to(DEFAULT_SWEEP.parents[2])})",
+    )
     group.add_argument("--config-json", help="the sweep as JSON")
 
 
@@ -96,14 +105,29 @@ def _plan(args: argparse.Namespace) -> int:
     elif args.format == "json":
         print(json.dumps([point.to_dict() | {"point_id": point.point_id} for point in plan.points], indent=1))
     else:
-        columns = ["point_id", "model", "dataset", "strategy", "nodes", "ranks_per_node", "batch_size", "threads", "repetition"]
-        rows = [[str(point.point_id if c == "point_id" else getattr(point, c)) for c in columns] for point in plan.points]
+        columns = [
+            "point_id",
+            "model",
+            "dataset",
+            "strategy",
+            "nodes",
+            "ranks_per_node",
+            "batch_size",
+            "threads",
+            "repetition",
+        ]
+        rows = [
+            [str(point.point_id if c == "point_id" else getattr(point, c)) for c in columns] for point in plan.points
+        ]
         widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
         print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
         for row in rows:
             print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
     excluded = f" ({len(plan.excluded)} excluded)" if plan.excluded else ""
-    print(f"{len(plan.points)} points{excluded} in sweep {config.name!r}", file=sys.stderr if args.format != "table" else sys.stdout)
+    print(
+        f"{len(plan.points)} points{excluded} in sweep {config.name!r}",
+        file=sys.stderr if args.format != "table" else sys.stdout,
+    )
     return 0
 
 
@@ -126,7 +150,9 @@ def _run_point(args: argparse.Namespace) -> int:
         config = _sweep(args)
         points = expand_sweep(config).by_id()
         if args.point not in points:
-            raise DdlbenchError(f"no point {args.point!r} in sweep {config.name!r}; `ddlbench plan --format ids` lists them")
+            raise DdlbenchError(
+                f"no point {args.point!r} in sweep {config.name!r}; `ddlbench plan --format ids` lists them"
+            )
         point = points[args.point]
         out = args.out or record_path(config.sweep_dir, point.point_id)
     else:

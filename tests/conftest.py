@@ -84,3 +84,13 @@ def run_snakemake(*args: str, env: dict[str, str] | None = None, timeout: float 
         env=environ,
         timeout=timeout,
     )
+
+
+def job_counts(result: subprocess.CompletedProcess) -> dict[str, int]:
+    """Snakemake's job-count table (rule → jobs, and `total`), from a real or a dry run."""
+    counts = {}
+    for line in (result.stdout + result.stderr).splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit() and not line.startswith(" "):
+            counts[parts[0]] = int(parts[1])
+    return counts

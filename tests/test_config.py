@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from ddlbench.config import load_sweep_config, sweep_config_from_mapping
 from ddlbench.errors import ConfigError
-from tests.conftest import REPO, run_cli, run_snakemake
+from tests.conftest import REPO, job_counts, run_cli, run_snakemake
 
 SHIPPED = sorted((REPO / "workflow" / "config").glob("*.yaml"))
 VALID = {"models": ["resnet8"], "datasets": ["cifar10"], "strategies": ["ddp"], "nodes": [1, 2]}
@@ -97,5 +96,4 @@ def test_user_configfile_replaces_the_default_rather_than_merging(write_sweep):
     path = write_sweep(**(VALID | {"nodes": [1]}))
     result = run_snakemake("-n", "--cores", "1", "--configfile", str(path))
     assert result.returncode == 0, result.stderr
-    counts = dict(line.split()[:2] for line in result.stdout.splitlines() if line.startswith(("run_point", "total")))
-    assert counts == {"run_point": "1", "total": "4"}  # 1 point + aggregate + report + all
+    assert job_counts(result) == {"run_point": 1, "aggregate": 1, "report": 1, "all": 1, "total": 4}

@@ -52,4 +52,6 @@ def test_reference_check_is_sensitive_to_the_data_split(tmp_path):
     assert record.status == "ok"
     got = torch.load(tmp_path / "p.pt")
     want, _ = train_reference(point)
-    assert any(not torch.allclose(got[n], want[n], rtol=RTOL, atol=ATOL) for n, _ in build_model(point).named_parameters())
+    assert any(
+        not torch.allclose(got[n], want[n], rtol=RTOL, atol=ATOL) for n, _ in build_model(point).named_parameters()
+    )

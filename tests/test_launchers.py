@@ -12,8 +12,22 @@ from tests.conftest import make_point
 
 
 def test_rank_env_from_local_launch():
-    env = rank_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "NODE_RANK": "1", "DDLBENCH_INIT_METHOD": "file:///x"})
-    assert (env.rank, env.world_size, env.local_rank, env.node_rank, env.init_method) == (3, 4, 1, 1, "file:///x")
+    env = rank_env(
+        {
+            "RANK": "3",
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": "1",
+            "NODE_RANK": "1",
+            "DDLBENCH_INIT_METHOD": "file:///x",
+        }
+    )
+    assert (env.rank, env.world_size, env.local_rank, env.node_rank, env.init_method) == (
+        3,
+        4,
+        1,
+        1,
+        "file:///x",
+    )
 
 
 def test_rank_env_from_srun():

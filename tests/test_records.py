@@ -24,7 +24,13 @@ from tests.conftest import make_point
 def sample_record(status="ok") -> PointRecord:
     point = make_point(nodes=2)
     ranks = tuple(
-        RankResult(rank=r, hostname=f"n{r}", step_times_s=(0.1, 0.2, 0.3), losses=(2.3, 2.2, 2.1, 2.0), peak_rss_bytes=10**8)
+        RankResult(
+            rank=r,
+            hostname=f"n{r}",
+            step_times_s=(0.1, 0.2, 0.3),
+            losses=(2.3, 2.2, 2.1, 2.0),
+            peak_rss_bytes=10**8,
+        )
         for r in range(2)
     )
     return PointRecord(
@@ -46,16 +52,33 @@ def sample_record(status="ok") -> PointRecord:
         if status == "ok"
         else None,
         provenance=Provenance(
-            ddlbench_version="0.1.0", git_commit="abc", git_dirty=False, python_version="3.11.7", torch_version="2.13.0",
-            backend="gloo", launcher="local", hostnames=("n0", "n1"), cpu_model="cpu", gpu_model=None,
-            slurm_job_id="42", config_hash=point.spec_hash, start_time="t0", end_time="t1",
-        ),  # fmt: skip
+            ddlbench_version="0.1.0",
+            git_commit="abc",
+            git_dirty=False,
+            python_version="3.11.7",
+            torch_version="2.13.0",
+            backend="gloo",
+            launcher="local",
+            hostnames=("n0", "n1"),
+            cpu_model="cpu",
+            gpu_model=None,
+            slurm_job_id="42",
+            config_hash=point.spec_hash,
+            start_time="t0",
+            end_time="t1",
+        ),
         ranks=ranks,
         failures=()
         if status == "ok"
         else (
             RankFailure(
-                rank=1, hostname="n1", error_type="InjectedFault", message="boom", traceback="tb", out_of_memory=False, time=1.0
+                rank=1,
+                hostname="n1",
+                error_type="InjectedFault",
+                message="boom",
+                traceback="tb",
+                out_of_memory=False,
+                time=1.0,
             ),
         ),
     )
@@ -87,7 +110,9 @@ def test_truncated_record_is_a_clear_error(tmp_path):
         read_record(path)
 
 
-@pytest.mark.parametrize("values", [[3.0], [1.0, 2.0], [5.0, 1.0, 4.0, 2.0, 3.0], list(np.random.default_rng(0).random(101))])
+@pytest.mark.parametrize(
+    "values", [[3.0], [1.0, 2.0], [5.0, 1.0, 4.0, 2.0, 3.0], list(np.random.default_rng(0).random(101))]
+)
 def test_stats_match_numpy(values):
     stats = Stats.of(values)
     assert stats.median == pytest.approx(np.percentile(values, 50))

@@ -7,7 +7,7 @@ import pytest
 
 from ddlbench.config import load_sweep_config
 from ddlbench.sweep import expand_sweep
-from tests.conftest import run_snakemake
+from tests.conftest import job_counts, run_snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +51,15 @@ def test_sweep_with_a_failing_point_reaches_the_report(write_sweep, tmp_path):
     again = run_snakemake("--cores", "2", "--configfile", str(path))
     assert again.returncode == 0
     assert "Nothing to be done" in again.stdout + again.stderr  # a failed point's record is data, not a rerun
+
+    # deleting a record reruns that point and no other (then the table and the report)
+    (sweep_dir / "points" / failing.point_id / "record.json").unlink()
+    rerun = run_snakemake("--cores", "2", "--configfile", str(path))
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert job_counts(rerun) == {"run_point": 1, "aggregate": 1, "report": 1, "all": 1, "total": 4}
+    table = pd.read_parquet(sweep_dir / "table.parquet")
+    assert len(table) == len(plan.points)
+    assert set(table["status"]) == {"ok"}
 
 
 def test_dry_run_and_lint_are_clean():

@@ -133,9 +133,7 @@ def _resolve_model_options(
                 accepted = ", ".join(spec.options) or "none"
                 raise ConfigError(key, f"{option!r} is not an option of {model}; accepted: {accepted}")
             if value not in spec.options[option]:
-                raise ConfigError(
-                    key, f"{value!r} is not accepted; choose from: {', '.join(spec.options[option])}"
-                )
+                raise ConfigError(key, f"{value!r} is not accepted; choose from: {', '.join(spec.options[option])}")
             options[option] = value
         resolved[model] = tuple(sorted(options.items()))
     return resolved

@@ -29,7 +29,15 @@ class Launcher(Protocol):
 
 
 def worker_command(point: Point, rank_dir: Path, dump_params: Path | None) -> list[str]:
-    command = [sys.executable, "-m", "ddlbench.launch.worker", "--spec", point.to_json(), "--rank-dir", str(rank_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "ddlbench.launch.worker",
+        "--spec",
+        point.to_json(),
+        "--rank-dir",
+        str(rank_dir),
+    ]
     if dump_params is not None:
         command += ["--dump-params", str(dump_params)]
     return command
@@ -41,7 +49,7 @@ def thread_env(point: Point) -> dict[str, str]:
 
 
 class LocalLauncher:
-    """nodes × ranks_per_node processes on this host; each pretends to be on node rank // ranks_per_node."""
+    """nodes × ranks_per_node processes on this host; rank r stands in for node r // ranks_per_node."""
 
     name = "local"
 
@@ -55,8 +63,9 @@ class LocalLauncher:
                 **thread_env(point),
                 "RANK": str(rank),
                 "WORLD_SIZE": str(point.world_size),
-                "LOCAL_RANK": str(rank % point.ranks_per_node),
-                "LOCAL_WORLD_SIZE": str(point.ranks_per_node),
+                # every "node" is this host, so the device index is the rank among all ranks here
+                "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(point.world_size),
                 "NODE_RANK": str(rank // point.ranks_per_node),
                 # a file store: no port to pick, so points running side by side cannot collide
                 INIT_METHOD_VAR: f"file://{rendezvous.resolve()}",
@@ -101,9 +110,7 @@ class SrunLauncher:
 
 def first_host(nodelist: str) -> str:
     """First hostname of a SLURM node list such as "n[1-4],m2", as scontrol expands it."""
-    result = subprocess.run(
-        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
-    )
+    result = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
     return result.stdout.split()[0]
 
 

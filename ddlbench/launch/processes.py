@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -74,10 +75,8 @@ def stop_processes(processes: list[subprocess.Popen]) -> None:
     for sig, grace in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, 0.0)):
         running = [process for process in processes if process.poll() is None]
         for process in running:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # it ended between poll and kill
                 os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                pass
         end = time.monotonic() + grace
         while time.monotonic() < end and any(process.poll() is None for process in running):
             time.sleep(POLL_S)

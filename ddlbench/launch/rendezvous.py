@@ -26,7 +26,12 @@ class RankEnv:
 def rank_env(environ: Mapping[str, str]) -> RankEnv:
     """Read a rank's identity from torchrun-style variables, else from srun's SLURM_* variables."""
     if "RANK" in environ:
-        keys = {"rank": "RANK", "world_size": "WORLD_SIZE", "local_rank": "LOCAL_RANK", "node_rank": "NODE_RANK"}
+        keys = {
+            "rank": "RANK",
+            "world_size": "WORLD_SIZE",
+            "local_rank": "LOCAL_RANK",
+            "node_rank": "NODE_RANK",
+        }
     elif "SLURM_PROCID" in environ:
         keys = {
             "rank": "SLURM_PROCID",

@@ -71,9 +71,7 @@ def run_point(
     return record
 
 
-def judge(
-    point: Point, outcome: LaunchOutcome, results: list[RankResult], failures: list[RankFailure]
-) -> Verdict:
+def judge(point: Point, outcome: LaunchOutcome, results: list[RankResult], failures: list[RankFailure]) -> Verdict:
     """Status and reason of a launch, most telling first: the time limit; running out of memory; a rank
     that died without a word (its peers then fail with 'connection reset', which is not the cause); the
     earliest exception; a missing result; a loss that stopped being finite."""

@@ -17,6 +17,7 @@ from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
+from ddlbench.errors import DdlbenchError
 from ddlbench.launch.rendezvous import RankEnv, rank_env
 from ddlbench.records import RankFailure, write_json_atomic
 from ddlbench.sweep import Point
@@ -76,6 +77,11 @@ def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None) -
     from ddlbench.train.strategies import RankContext
 
     if torch.cuda.is_available():
+        if env.local_rank >= torch.cuda.device_count():
+            raise DdlbenchError(
+                f"local rank {env.local_rank} needs GPU {env.local_rank}, but this host has "
+                f"{torch.cuda.device_count()}; run fewer ranks per host"
+            )
         device, backend = torch.device("cuda", env.local_rank), "nccl"
         torch.cuda.set_device(device)
     else:

@@ -7,8 +7,8 @@ import io
 import matplotlib
 
 matplotlib.use("Agg")  # no display on login or compute nodes
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
 matplotlib.rcParams["svg.fonttype"] = "none"  # keep text as text: smaller, searchable, no font files
 matplotlib.rcParams["svg.hashsalt"] = "ddlbench"  # stable ids, so the same data gives the same SVG

@@ -14,6 +14,7 @@ except ConfigError as error:
 SWEEP_DIR = str(PLAN.config.sweep_dir)
 REPORT = str(PLAN.config.report_path)
 POINTS = PLAN.by_id()
+RECORDS = [f"{SWEEP_DIR}/points/{point_id}/record.json" for point_id in POINTS]
 CONFIG_JSON = json.dumps(PLAN.config.to_dict(), sort_keys=True)
 
 

@@ -1,6 +1,6 @@
 rule aggregate:
     input:
-        expand(f"{SWEEP_DIR}/points/{{point}}/record.json", point=POINTS),
+        RECORDS,
     output:
         parquet=f"{SWEEP_DIR}/table.parquet",
         csv=f"{SWEEP_DIR}/table.csv",

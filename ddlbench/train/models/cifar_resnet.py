@@ -43,9 +43,7 @@ class BasicBlock(nn.Module):
 
 def build_cifar_resnet(*, blocks_per_stage: int, in_channels: int, num_classes: int, norm: str) -> nn.Sequential:
     layers: list[nn.Module] = [
-        nn.Sequential(
-            nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), _norm(norm, 16), nn.ReLU(inplace=True)
-        )
+        nn.Sequential(nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), _norm(norm, 16), nn.ReLU(inplace=True))
     ]
     channels = 16
     for stage, width in enumerate((16, 32, 64)):

@@ -45,8 +45,6 @@ class Trainer(Protocol):
         ...
 
 
-def build_trainer(
-    strategy: str, model: nn.Module, *, ctx: RankContext, make_optimizer: OptimizerFactory
-) -> Trainer:
+def build_trainer(strategy: str, model: nn.Module, *, ctx: RankContext, make_optimizer: OptimizerFactory) -> Trainer:
     parallelize = resolve_builder(STRATEGIES.get(strategy).builder)
     return parallelize(model, ctx=ctx, make_optimizer=make_optimizer)
