@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
 from ddlbench.launch.runner import run_point
 from ddlbench.records import read_record
-from tests.conftest import make_point
+from tests.conftest import BIN, make_point
 
 pytestmark = pytest.mark.slow
 
@@ -64,3 +69,41 @@ def test_nan_loss_is_a_diverged_failure_with_its_figures(tmp_path, monkeypatch):
 def test_fault_aimed_at_another_point_leaves_this_one_alone(tmp_path, monkeypatch):
     record = run_with_fault(tmp_path, monkeypatch, "raise@no-such-point")
     assert record.status == "ok"
+
+
+def workers_of(rank_dir: Path) -> list[int]:
+    """Pids of live rank processes started for `rank_dir` (it is on their command line)."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = next(line for line in (proc / "status").read_text().splitlines() if line.startswith("State:"))
+        except (OSError, StopIteration):
+            continue
+        if "ddlbench.launch.worker" in cmdline and str(rank_dir) in cmdline and "zombie" not in state:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_sigterm_stops_every_rank_and_leaves_no_record(tmp_path):
+    """What Snakemake's Ctrl-C or a scancel does to a point: ranks must not be orphaned, no half record."""
+    point = make_point(nodes=2, timeout_s=300.0)
+    out = tmp_path / "record.json"
+    runner = subprocess.Popen(
+        [str(BIN / "ddlbench"), "run-point", "--spec", point.to_json(), "--out", str(out), "--launcher", "local"],
+        env={**os.environ, "DDLBENCH_INJECT_FAULT": "hang"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(workers_of(tmp_path / "ranks")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(workers_of(tmp_path / "ranks")) == 2, "the ranks never started"
+    time.sleep(2)  # let them reach the injected hang
+    runner.send_signal(signal.SIGTERM)
+    output, _ = runner.communicate(timeout=60)
+    assert runner.returncode == 143, output
+    assert "interrupted" in output and "no record written" in output
+    assert not out.exists()
+    assert workers_of(tmp_path / "ranks") == []

@@ -18,6 +18,10 @@ POINT_COLUMNS = [
 ]  # fmt: skip
 
 
+# What makes two points the same configuration at different node counts (repetitions pooled).
+SERIES_KEYS = ["model", "dataset", "strategy", "ranks_per_node", "batch_size", "threads", "model_options"]
+
+
 def record_path(sweep_dir: Path, point_id: str) -> Path:
     return sweep_dir / "points" / point_id / "record.json"
 
@@ -32,7 +36,27 @@ def build_table(plan: Plan) -> pd.DataFrame:
         except RecordError as exc:
             reason = "no record yet" if not path.exists() else str(exc)
             rows.append(_point_row(point) | {"status": "missing", "reason": reason})
-    return pd.DataFrame(rows)
+    return add_scaling(pd.DataFrame(rows))
+
+
+def add_scaling(table: pd.DataFrame) -> pd.DataFrame:
+    """Speedup and parallel efficiency over the smallest node count of each series.
+
+    speedup(n) = T(n) / T(n0) and efficiency(n) = speedup(n) / (n / n0), where T is the median global
+    samples/s of a successful point and T(n0) the median over repetitions at the series' smallest
+    successful node count n0. Dimensionless; empty where the point failed or the series has no base.
+    """
+    table = table.assign(speedup=float("nan"), scaling_efficiency=float("nan"))
+    if "samples_per_s_median" not in table.columns:
+        return table
+    ok = table["status"] == "ok"
+    for _, series in table[ok].groupby(SERIES_KEYS):
+        base_nodes = series["nodes"].min()
+        base = series.loc[series["nodes"] == base_nodes, "samples_per_s_median"].median()
+        speedup = series["samples_per_s_median"] / base
+        table.loc[series.index, "speedup"] = speedup
+        table.loc[series.index, "scaling_efficiency"] = speedup / (series["nodes"] / base_nodes)
+    return table
 
 
 def record_row(record: PointRecord) -> dict[str, Any]:

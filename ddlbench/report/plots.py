@@ -13,13 +13,14 @@ import pandas as pd
 matplotlib.rcParams["svg.fonttype"] = "none"  # keep text as text: smaller, searchable, no font files
 matplotlib.rcParams["svg.hashsalt"] = "ddlbench"  # stable ids, so the same data gives the same SVG
 
-SERIES_KEYS = ["strategy", "dataset", "ranks_per_node", "batch_size", "threads"]
+from ddlbench.analysis.aggregate import SERIES_KEYS  # noqa: E402
 
 
 def throughput_vs_nodes_svg(points: pd.DataFrame, model: str) -> str:
     """Global samples/s (median over steps, then over repetitions) against nodes, a line per configuration.
 
-    Error bars span the step-level p5–p95 of the repetition with the median throughput.
+    Error bars span the step-level p5–p95 (medians over repetitions); the dotted line of the same colour
+    is ideal linear scaling from the smallest node count.
     """
     figure, axes = plt.subplots(figsize=(6.4, 3.8))
     ok = points[(points["model"] == model) & (points["status"] == "ok")]
@@ -29,8 +30,11 @@ def throughput_vs_nodes_svg(points: pd.DataFrame, model: str) -> str:
             p5=("samples_per_s_p5", "median"),
             p95=("samples_per_s_p95", "median"),
         )
-        label = "{} {} {}/node b{} t{}".format(*key)
-        axes.errorbar(
+        config = dict(zip(SERIES_KEYS, key, strict=True))
+        label = "{strategy} {dataset} {ranks_per_node}/node b{batch_size} t{threads}".format(**config)
+        if config["model_options"] not in ("{}", '{"norm": "batch"}'):
+            label += f" {config['model_options']}"
+        line = axes.errorbar(
             by_nodes.index,
             by_nodes["median"],
             yerr=[by_nodes["median"] - by_nodes["p5"], by_nodes["p95"] - by_nodes["median"]],
@@ -38,6 +42,10 @@ def throughput_vs_nodes_svg(points: pd.DataFrame, model: str) -> str:
             capsize=3,
             label=label,
         )
+        if len(by_nodes) > 1:  # ideal: throughput proportional to nodes from the smallest count
+            base_nodes = by_nodes.index[0]
+            ideal = by_nodes["median"].iloc[0] * by_nodes.index / base_nodes
+            axes.plot(by_nodes.index, ideal, linestyle=":", color=line[0].get_color(), alpha=0.6)
     axes.set_title(f"{model}: throughput vs nodes")
     axes.set_xlabel("nodes")
     axes.set_ylabel("global samples/s (median step)")

@@ -19,7 +19,8 @@ from ddlbench.report.plots import throughput_vs_nodes_svg
 TABLE_COLUMNS = [
     "point_id", "model", "dataset", "strategy", "nodes", "ranks_per_node", "batch_size", "threads",
     "repetition", "status", "samples_per_s_median", "samples_per_s_p5", "samples_per_s_p95",
-    "step_time_s_median", "peak_rss_bytes", "cuda_peak_allocated_bytes", "loss_first", "loss_last",
+    "step_time_s_median", "speedup", "scaling_efficiency", "peak_rss_bytes", "cuda_peak_allocated_bytes",
+    "loss_first", "loss_last",
 ]  # fmt: skip
 
 
