@@ -97,27 +97,17 @@ def resolve_builder(reference: str) -> Callable[..., Any]:
 
 # --- models ----------------------------------------------------------------------------------------
 # CIFAR-style ResNets (He et al. 2016, section 4.2): depth 6n+2, three stages of 16/32/64 channels.
-_NORMS = ("batch", "group")
-MODELS.register(
-    ModelSpec(
-        name="resnet8",
-        builder="ddlbench.train.models.cifar_resnet:build_resnet8",
-        input_kind="image2d",
-        default_batch_size=32,
-        description="CIFAR ResNet-8 (n=1), 78k parameters",
-        options={"norm": _NORMS},
+for _depth, _parameters in ((8, "78k"), (20, "272k")):
+    MODELS.register(
+        ModelSpec(
+            name=f"resnet{_depth}",
+            builder=f"ddlbench.train.models.cifar_resnet:build_resnet{_depth}",
+            input_kind="image2d",
+            default_batch_size=32,
+            description=f"CIFAR ResNet-{_depth} (n={(_depth - 2) // 6}), {_parameters} parameters on CIFAR-10",
+            options={"norm": ("batch", "group")},
+        )
     )
-)
-MODELS.register(
-    ModelSpec(
-        name="resnet20",
-        builder="ddlbench.train.models.cifar_resnet:build_resnet20",
-        input_kind="image2d",
-        default_batch_size=32,
-        description="CIFAR ResNet-20 (n=3), 272k parameters",
-        options={"norm": _NORMS},
-    )
-)
 
 # --- datasets (synthetic unless a path to real data is given; never downloaded) ----------------------
 DATASETS.register(

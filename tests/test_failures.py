@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlbench.launch.runner import run_point
+from ddlbench.launch.runner import rank_dir_for, run_point
 from ddlbench.records import read_record
 from tests.conftest import BIN, make_point
 
@@ -26,7 +26,7 @@ def run_with_fault(tmp_path, monkeypatch, fault, **point_fields):
     record = read_record(out)
     # compared as JSON text, since NaN != NaN would fail a diverged record's equality
     assert json.dumps(record.to_dict(), sort_keys=True) == json.dumps(returned.to_dict(), sort_keys=True)
-    assert not (out.parent / "ranks").exists()
+    assert list(out.parent.iterdir()) == [out]  # the ranks' scratch folder is gone
     return record
 
 
@@ -97,13 +97,13 @@ def test_sigterm_stops_every_rank_and_leaves_no_record(tmp_path):
         text=True,
     )
     deadline = time.monotonic() + 60
-    while len(workers_of(tmp_path / "ranks")) < 2 and time.monotonic() < deadline:
+    while len(workers_of(rank_dir_for(out))) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(workers_of(tmp_path / "ranks")) == 2, "the ranks never started"
+    assert len(workers_of(rank_dir_for(out))) == 2, "the ranks never started"
     time.sleep(2)  # let them reach the injected hang
     runner.send_signal(signal.SIGTERM)
     output, _ = runner.communicate(timeout=60)
     assert runner.returncode == 143, output
     assert "interrupted" in output and "no record written" in output
     assert not out.exists()
-    assert workers_of(tmp_path / "ranks") == []
+    assert workers_of(rank_dir_for(out)) == []

@@ -40,7 +40,7 @@ def run_point(
 ) -> PointRecord:
     """Run `point` and write its record to `out`, whatever the outcome; returns the record."""
     start_time = utc_now()
-    rank_dir = out.parent / "ranks"
+    rank_dir = rank_dir_for(out)
     shutil.rmtree(rank_dir, ignore_errors=True)
     rank_dir.mkdir(parents=True)
     chosen = select_launcher(launcher)
@@ -69,6 +69,12 @@ def run_point(
     shutil.rmtree(rank_dir, ignore_errors=True)
     log.info("point %s: %s%s", point.point_id, record.status, f" ({record.reason})" if record.reason else "")
     return record
+
+
+def rank_dir_for(out: Path) -> Path:
+    """Scratch folder where the ranks of the point recorded at `out` write; beside the record, so on
+    the shared filesystem under SLURM, and distinct for every record path."""
+    return out.with_name(f"{out.name}.ranks")
 
 
 def judge(point: Point, outcome: LaunchOutcome, results: list[RankResult], failures: list[RankFailure]) -> Verdict:
