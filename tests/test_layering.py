@@ -25,10 +25,15 @@ def test_module_does_not_import_torch(module):
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0, f"{module} imports torch"
 
 
-def test_plan_and_report_commands_do_not_import_torch(tmp_path):
+def test_plan_aggregate_and_report_commands_do_not_import_torch(tmp_path):
+    table, csv, html = tmp_path / "t.parquet", tmp_path / "t.csv", tmp_path / "r.html"
     code = (
-        "import sys; from ddlbench.cli import main; main(['-q', 'plan', '--format', 'ids']); "
-        "sys.exit('torch' in sys.modules)"
+        "import sys; from ddlbench.cli import main\n"
+        "assert main(['-q', 'plan', '--format', 'ids']) == 0\n"
+        f"assert main(['-q', 'aggregate', '--parquet', '{table}', '--csv', '{csv}']) == 0\n"
+        f"assert main(['-q', 'report', '--table', '{table}', '--out', '{html}']) == 0\n"
+        "sys.exit(3 if 'torch' in sys.modules else 0)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, "planning imported torch"
+    assert result.returncode == 0, result.stderr or "the commands imported torch"
+    assert "<svg" in html.read_text()

@@ -67,7 +67,8 @@ def run_point(
     )
     write_record(out, record)
     shutil.rmtree(rank_dir, ignore_errors=True)
-    log.info("point %s: %s%s", point.point_id, record.status, f" ({record.reason})" if record.reason else "")
+    detail = f" ({record.reason})" if record.reason else ""
+    log.info("point %s: %s after %.1f s of launch%s", point.point_id, record.status, outcome.wall_s, detail)
     return record
 
 
