@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import ddlbench
-from ddlbench.config import DEFAULT_SWEEP, SweepConfig, load_sweep_config, sweep_config_from_mapping
+from ddlbench.config import AXES, DEFAULT_SWEEP, SweepConfig, load_sweep_config, sweep_config_from_mapping
 from ddlbench.errors import DdlbenchError
 
 log = logging.getLogger("ddlbench")
@@ -105,17 +105,7 @@ def _plan(args: argparse.Namespace) -> int:
     elif args.format == "json":
         print(json.dumps([point.to_dict() | {"point_id": point.point_id} for point in plan.points], indent=1))
     else:
-        columns = [
-            "point_id",
-            "model",
-            "dataset",
-            "strategy",
-            "nodes",
-            "ranks_per_node",
-            "batch_size",
-            "threads",
-            "repetition",
-        ]
+        columns = ["point_id", *AXES.values(), "repetition"]
         rows = [
             [str(point.point_id if c == "point_id" else getattr(point, c)) for c in columns] for point in plan.points
         ]

@@ -22,7 +22,7 @@ def test_defaults_are_filled_in():
     config = sweep_config_from_mapping(VALID)
     assert config.ranks_per_node == (1,)
     assert config.batch_size == (32,)
-    assert config.options_for("resnet8") == {"norm": "batch"}
+    assert dict(config.model_options) == {"resnet8": (("norm", "batch"),)}
     assert config.exclude == ()
 
 

@@ -35,3 +35,18 @@ def test_a_rank_with_missing_steps_is_an_error():
 def test_divergence_is_the_first_nonfinite_loss():
     assert first_nonfinite_step([2.0, 1.0]) is None
     assert first_nonfinite_step([2.0, math.nan, math.inf]) == 1
+
+
+def test_inconsistent_rank_results_still_give_a_failed_verdict():
+    from ddlbench.launch.processes import LaunchOutcome
+    from ddlbench.launch.runner import judge
+
+    point = make_point(nodes=2, steps=2)
+    outcome = LaunchOutcome(
+        returncodes=(0, 0), ranks_of_process=((0,), (1,)), timed_out=False, stopped=(False, False), wall_s=1.0
+    )
+    verdict = judge(point, outcome, [rank(0, [0.1, 0.2]), rank(1, [0.1])], [])
+    assert verdict.status == "failed"
+    assert verdict.reason == "rank results are inconsistent: ranks timed [1, 2] steps, expected 2 each"
+    good = judge(point, outcome, [rank(0, [0.1, 0.2]), rank(1, [0.1, 0.3])], [])
+    assert good.status == "ok" and good.metrics.step_time_s.max == 0.3

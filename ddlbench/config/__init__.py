@@ -52,9 +52,6 @@ class SweepConfig:
     model_options: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
     exclude: tuple[tuple[tuple[str, Any], ...], ...]
 
-    def options_for(self, model: str) -> dict[str, str]:
-        return dict(dict(self.model_options)[model])
-
     def to_dict(self) -> dict[str, Any]:
         """The config as plain JSON-able data, defaults filled in (round-trips through from_mapping)."""
         data = asdict(self)

@@ -103,8 +103,11 @@ def judge(point: Point, outcome: LaunchOutcome, results: list[RankResult], failu
     missing = sorted(set(range(point.world_size)) - {result.rank for result in results})
     if missing:
         return Verdict(status="failed", reason=f"ranks {missing} ended without writing a result", metrics=None)
-    metrics = summarize_ranks(point, results)
-    losses = mean_loss_per_step(results)
+    try:
+        metrics = summarize_ranks(point, results)
+        losses = mean_loss_per_step(results)
+    except ValueError as exc:  # results the ranks wrote but that do not add up: still a record
+        return Verdict(status="failed", reason=f"rank results are inconsistent: {exc}", metrics=None)
     diverged_at = first_nonfinite_step(losses)
     if diverged_at is not None:
         reason = f"diverged: loss is {losses[diverged_at]} at step {diverged_at} (warm-up included)"
