@@ -2,11 +2,18 @@
 #   snakemake --cores 2                              # the embedded default sweep
 #   snakemake --cores 2 --configfile my-sweep.yaml   # any sweep file, validated before anything runs
 
+#   snakemake --profile slurm                       # on a SLURM login node, after `ddlbench profile slurm`
+
+# The profile `slurm` passes its site file as config key slurm_site; the rest of config is the sweep.
+SITE_FILE = config.pop("slurm_site", None)
+
 # A --configfile replaces the default instead of being merged into it: a merged sweep would keep
 # axes and exclusions the user never wrote.
 if not config:
 
     configfile: "workflow/config/default.yaml"
+
+    config.pop("slurm_site", None)  # Snakemake applies --config again over a configfile
 
 
 include: "workflow/rules/common.smk"

@@ -1,4 +1,5 @@
-"""The `ddlbench` command: plan a sweep, run one point, aggregate records, render the report.
+"""The `ddlbench` command: plan a sweep, run one point, aggregate records, render the report (and, in
+cli_slurm.py, write the SLURM profile, submit, rerun and follow a sweep).
 
 Every subcommand that needs a sweep takes it as a YAML file (--configfile, the embedded default when
 absent) or as resolved JSON (--config-json, what the Snakefile passes). Imports are deferred so that
@@ -69,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--table", type=Path, help="Parquet table (default: <sweep dir>/table.parquet)")
     report.add_argument("--out", type=Path, help="default: <sweep dir>/report.html")
     report.set_defaults(handler=_report)
+
+    from ddlbench.cli_slurm import add_commands
+
+    add_commands(commands, _add_sweep_options, _sweep)
     return parser
 
 

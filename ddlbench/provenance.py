@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import ddlbench
-from ddlbench.records import Provenance, RankResult
+from ddlbench.records import Provenance, RankResult, SlurmJob
 
 SOURCE_DIR = Path(ddlbench.__file__).resolve().parents[1]
 
@@ -57,7 +57,13 @@ def installed_version(package: str) -> str | None:
 
 
 def collect_provenance(
-    *, launcher: str, ranks: list[RankResult], config_hash: str | None, start_time: str, end_time: str
+    *,
+    launcher: str,
+    ranks: list[RankResult],
+    config_hash: str | None,
+    start_time: str,
+    end_time: str,
+    slurm: SlurmJob | None = None,
 ) -> Provenance:
     commit, dirty = git_state()
     hostnames = tuple(dict.fromkeys(rank.hostname for rank in sorted(ranks, key=lambda r: r.rank)))
@@ -75,7 +81,8 @@ def collect_provenance(
         hostnames=hostnames,
         cpu_model=cpu_model(),
         gpu_model=", ".join(device_names) or None,
-        slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+        slurm_job_id=slurm.job_id if slurm else os.environ.get("SLURM_JOB_ID"),
+        slurm=slurm,
         config_hash=config_hash,
         start_time=start_time,
         end_time=end_time,

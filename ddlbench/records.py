@@ -110,6 +110,21 @@ class Metrics:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SlurmJob:
+    """The SLURM job a point ran in, as the controller described it."""
+
+    job_id: str
+    array_job_id: str | None
+    array_task_id: str | None
+    partition: str | None
+    node_list: str | None
+    num_nodes: int | None
+    num_cpus: int | None  # CPUs of the whole allocation
+    num_gpus: int  # GPUs of the whole allocation
+    restarts: int  # times SLURM requeued the job before this run
+
+
+@dataclass(frozen=True, kw_only=True)
 class Provenance:
     """Where, when and with what a point ran."""
 
@@ -124,6 +139,7 @@ class Provenance:
     cpu_model: str
     gpu_model: str | None
     slurm_job_id: str | None
+    slurm: SlurmJob | None = None  # absent from version-1 records
     config_hash: str | None  # sha256 of the point's canonical spec (every setting that shaped the run)
     start_time: str  # ISO 8601, UTC
     end_time: str
@@ -133,7 +149,8 @@ class Provenance:
 class PointRecord:
     """The outcome of one point; written for every status, so failures are data too."""
 
-    SCHEMA_VERSION: ClassVar[int] = 1
+    SCHEMA_VERSION: ClassVar[int] = 2  # 2: provenance.slurm
+    READABLE_VERSIONS: ClassVar[tuple[int, ...]] = (1, 2)
     point_id: str
     point: Point
     status: Status
@@ -151,10 +168,9 @@ class PointRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PointRecord:
         version = data.get("schema_version")
-        if version != cls.SCHEMA_VERSION:
-            raise RecordError(
-                f"record schema version {version!r} is not supported (this ddlbench reads {cls.SCHEMA_VERSION})"
-            )
+        if version not in cls.READABLE_VERSIONS:
+            readable = ", ".join(str(v) for v in cls.READABLE_VERSIONS)
+            raise RecordError(f"record schema version {version!r} is not supported (this ddlbench reads {readable})")
         metrics = data["metrics"]
         if metrics is not None:
             metrics = Metrics(
@@ -166,6 +182,8 @@ class PointRecord:
             )
         provenance = dict(data["provenance"])
         provenance["hostnames"] = tuple(provenance["hostnames"])
+        if provenance.get("slurm") is not None:
+            provenance["slurm"] = SlurmJob(**provenance["slurm"])
         return cls(
             point_id=data["point_id"],
             point=Point.from_dict(data["point"]),

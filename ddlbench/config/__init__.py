@@ -51,12 +51,16 @@ class SweepConfig:
     # model -> complete option mapping (defaults filled), as sorted pairs so the object stays hashable
     model_options: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
     exclude: tuple[tuple[tuple[str, Any], ...], ...]
+    slurm_partition: str | None = None
+    slurm_mem_per_rank_mb: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain JSON-able data, defaults filled in (round-trips through from_mapping)."""
         data = asdict(self)
         data["model_options"] = {model: dict(options) for model, options in self.model_options}
         data["exclude"] = [dict(entry) for entry in self.exclude]
+        slurm = {"partition": data.pop("slurm_partition"), "mem_per_rank_mb": data.pop("slurm_mem_per_rank_mb")}
+        data["slurm"] = {key: value for key, value in slurm.items() if value is not None}
         for key in AXES:
             data[key] = list(data[key])
         return data
@@ -108,6 +112,8 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
         timeout_s=float(data["timeout_s"]),
         model_options=tuple(sorted(model_options.items())),
         exclude=tuple(tuple(sorted(entry.items())) for entry in data["exclude"]),
+        slurm_partition=data["slurm"].get("partition"),
+        slurm_mem_per_rank_mb=data["slurm"].get("mem_per_rank_mb"),
     )
 
 

@@ -6,7 +6,9 @@ other (a rendezvous file on one host; the first node of the allocation over TCP 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,8 +17,9 @@ from pathlib import Path
 from typing import Protocol
 
 from ddlbench.errors import DdlbenchError
-from ddlbench.launch.processes import LaunchOutcome, start_process, supervise
+from ddlbench.launch.processes import LaunchOutcome, StderrTee, start_process, supervise
 from ddlbench.launch.rendezvous import INIT_METHOD_VAR, slurm_master_port
+from ddlbench.launch.slurm import current_allocation, first_host
 from ddlbench.sweep import Point
 
 LAUNCHERS = ("auto", "local", "srun")
@@ -25,7 +28,7 @@ LAUNCHERS = ("auto", "local", "srun")
 class Launcher(Protocol):
     name: str
 
-    def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None) -> LaunchOutcome: ...
+    def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float) -> LaunchOutcome: ...
 
 
 def worker_command(point: Point, rank_dir: Path, dump_params: Path | None) -> list[str]:
@@ -53,7 +56,7 @@ class LocalLauncher:
 
     name = "local"
 
-    def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None) -> LaunchOutcome:
+    def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float) -> LaunchOutcome:
         rendezvous = rank_dir / "rendezvous"
         rendezvous.unlink(missing_ok=True)
         processes = []
@@ -72,7 +75,12 @@ class LocalLauncher:
             }
             processes.append(start_process(worker_command(point, rank_dir, dump_params), env))
         ranks = [(rank,) for rank in range(point.world_size)]
-        return supervise(processes, ranks_of_process=ranks, timeout_s=point.timeout_s)
+        return supervise(processes, ranks_of_process=ranks, timeout_s=timeout_s)
+
+
+# What slurmstepd and srun print when SLURM's memory enforcement kills a step (jobacct_gather's
+# OverMemoryKill says "exceeded memory limit"; the cgroup plugin reports "oom-kill event(s)").
+SLURM_MEMORY_KILL = re.compile(r"exceeded (job |step )?memory limit|oom[-_ ]kill", re.IGNORECASE)
 
 
 class SrunLauncher:
@@ -90,6 +98,9 @@ class SrunLauncher:
             f"--ntasks={point.world_size}",
             f"--ntasks-per-node={point.ranks_per_node}",
             f"--cpus-per-task={point.threads}",
+            # the launcher may itself run in a step (submitit's, Snakemake's `srun -n1`) that holds the
+            # allocation's CPUs and memory; the ranks share them with it
+            "--overlap",
             "--kill-on-bad-exit=0",  # ddlbench stops the step itself, after collecting failure texts
             "--export=ALL",
             *worker_command(point, rank_dir, dump_params),
@@ -97,21 +108,30 @@ class SrunLauncher:
 
     def rendezvous_env(self) -> dict[str, str]:
         job_id = self.environ["SLURM_JOB_ID"]
-        master = first_host(self.environ["SLURM_JOB_NODELIST"])
+        node_list = self.environ.get("SLURM_JOB_NODELIST")
+        if not node_list:  # Snakemake's job step passes on only the job id
+            allocation = current_allocation(self.environ)
+            node_list = allocation.node_list if allocation else None
+        if not node_list:
+            raise DdlbenchError(f"cannot find the nodes of SLURM job {job_id}")
+        master = first_host(node_list)
         port = slurm_master_port(job_id)
         return {"MASTER_ADDR": master, "MASTER_PORT": str(port), INIT_METHOD_VAR: f"tcp://{master}:{port}"}
 
-    def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None) -> LaunchOutcome:
-        env = {**self.environ, **thread_env(point), **self.rendezvous_env()}
-        process = start_process(self.command(point, rank_dir=rank_dir, dump_params=dump_params), env)
+    def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float) -> LaunchOutcome:
+        # variables of an enclosing step would override the shape asked for on the command line
+        inherited = {key: value for key, value in self.environ.items() if not key.startswith("SLURM_STEP")}
+        for key in ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_CPUS_PER_TASK", "SLURM_CPU_BIND"):
+            inherited.pop(key, None)
+        env = {**inherited, **thread_env(point), **self.rendezvous_env()}
+        command = self.command(point, rank_dir=rank_dir, dump_params=dump_params)
+        process = subprocess.Popen(command, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+        tee = StderrTee(process.stderr, SLURM_MEMORY_KILL)
+        tee.start()
         ranks = [tuple(range(point.world_size))]
-        return supervise([process], ranks_of_process=ranks, timeout_s=point.timeout_s)
-
-
-def first_host(nodelist: str) -> str:
-    """First hostname of a SLURM node list such as "n[1-4],m2", as scontrol expands it."""
-    result = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
-    return result.stdout.split()[0]
+        outcome = supervise([process], ranks_of_process=ranks, timeout_s=timeout_s)
+        tee.join(timeout=10)
+        return dataclasses.replace(outcome, launcher_messages=tuple(tee.matches))
 
 
 def select_launcher(name: str, environ: Mapping[str, str] | None = None) -> Launcher:

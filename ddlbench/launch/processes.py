@@ -5,10 +5,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
+import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import IO
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +30,30 @@ class LaunchOutcome:
     timed_out: bool
     stopped: tuple[bool, ...]  # whether ddlbench stopped the process (its return code is then ours)
     wall_s: float
+    # lines the launcher itself printed that explain a failure (srun: "Exceeded job memory limit")
+    launcher_messages: tuple[str, ...] = field(default_factory=tuple)
 
 
 def start_process(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     # a session of its own per process, so that stopping it reaches its children too
     return subprocess.Popen(command, env=env, start_new_session=True)
+
+
+class StderrTee(threading.Thread):
+    """Copies a launcher's stderr to ours line by line, keeping the lines that match `pattern`."""
+
+    def __init__(self, stream: IO[str], pattern: re.Pattern[str]) -> None:
+        super().__init__(daemon=True)
+        self.stream = stream
+        self.pattern = pattern
+        self.matches: list[str] = []
+
+    def run(self) -> None:
+        for line in self.stream:
+            sys.stderr.write(line)
+            if self.pattern.search(line):
+                self.matches.append(line.strip())
+        sys.stderr.flush()
 
 
 def supervise(

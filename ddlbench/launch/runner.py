@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ddlbench.launch.launchers import select_launcher
 from ddlbench.launch.processes import LaunchOutcome, describe_returncode
+from ddlbench.launch.slurm import current_allocation
 from ddlbench.launch.worker import failure_file, rank_file
 from ddlbench.metrics import first_nonfinite_step, mean_loss_per_step, summarize_ranks
 from ddlbench.provenance import collect_provenance, utc_now
@@ -37,18 +38,22 @@ def run_point(
     out: Path,
     launcher: str = "auto",
     dump_params: Path | None = None,
+    timeout_s: float | None = None,
 ) -> PointRecord:
-    """Run `point` and write its record to `out`, whatever the outcome; returns the record."""
+    """Run `point` and write its record to `out`, whatever the outcome; returns the record.
+    `timeout_s` overrides the point's own limit (a rerun given more time) without changing the point."""
+    timeout_s = point.timeout_s if timeout_s is None else timeout_s
     start_time = utc_now()
     rank_dir = rank_dir_for(out)
     shutil.rmtree(rank_dir, ignore_errors=True)
     rank_dir.mkdir(parents=True)
     chosen = select_launcher(launcher)
+    slurm = current_allocation() if chosen.name == "srun" else None
     log.info("point %s: %d ranks via %s", point.point_id, point.world_size, chosen.name)
     with _stop_on_signals():
-        outcome = chosen.launch(point, rank_dir=rank_dir, dump_params=dump_params)
+        outcome = chosen.launch(point, rank_dir=rank_dir, dump_params=dump_params, timeout_s=timeout_s)
     results, failures = _read_rank_files(rank_dir, point.world_size)
-    verdict = judge(point, outcome, results, failures)
+    verdict = judge(point, outcome, results, failures, timeout_s=timeout_s)
     record = PointRecord(
         point_id=point.point_id,
         point=point,
@@ -61,6 +66,7 @@ def run_point(
             config_hash=point.spec_hash,
             start_time=start_time,
             end_time=utc_now(),
+            slurm=slurm,
         ),
         ranks=tuple(results),
         failures=tuple(failures),
@@ -72,22 +78,54 @@ def run_point(
     return record
 
 
+def write_unfinished_record(point: Point, *, out: Path, status: Status, reason: str) -> PointRecord:
+    """The record of a point whose run was cut short from outside (the scheduler gave up on it)."""
+    now = utc_now()
+    record = PointRecord(
+        point_id=point.point_id,
+        point=point,
+        status=status,
+        reason=reason,
+        metrics=None,
+        provenance=collect_provenance(
+            launcher="srun",
+            ranks=[],
+            config_hash=point.spec_hash,
+            start_time=now,
+            end_time=now,
+            slurm=current_allocation(),
+        ),
+    )
+    write_record(out, record)
+    return record
+
+
 def rank_dir_for(out: Path) -> Path:
     """Scratch folder where the ranks of the point recorded at `out` write; beside the record, so on
     the shared filesystem under SLURM, and distinct for every record path."""
     return out.with_name(f"{out.name}.ranks")
 
 
-def judge(point: Point, outcome: LaunchOutcome, results: list[RankResult], failures: list[RankFailure]) -> Verdict:
-    """Status and reason of a launch, most telling first: the time limit; running out of memory; a rank
+def judge(
+    point: Point,
+    outcome: LaunchOutcome,
+    results: list[RankResult],
+    failures: list[RankFailure],
+    *,
+    timeout_s: float | None = None,
+) -> Verdict:
+    """Status and reason of a launch, most telling first: the time limit; running out of memory (a rank's
+    allocation failure, or SLURM killing the step at its memory limit); a rank
     that died without a word (its peers then fail with 'connection reset', which is not the cause); the
     earliest exception; a missing result; a loss that stopped being finite."""
     if outcome.timed_out:
         return Verdict(
             status="timeout",
-            reason=f"ran past its limit of {point.timeout_s:g} s; the ranks still running were stopped",
+            reason=f"ran past its limit of {timeout_s or point.timeout_s:g} s; the ranks still running were stopped",
             metrics=None,
         )
+    if outcome.launcher_messages:
+        return Verdict(status="oom", reason=f"SLURM stopped the ranks: {outcome.launcher_messages[0]}", metrics=None)
     oom = next((failure for failure in failures if failure.out_of_memory), None)
     if oom is not None:
         return Verdict(status="oom", reason=_failure_reason(oom), metrics=None)

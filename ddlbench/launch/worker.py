@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rank-dir", required=True, type=Path, help="where each rank writes its result")
     parser.add_argument("--dump-params", type=Path, help="rank 0 saves the final full state dict here")
     args = parser.parse_args(argv)
+    # SLURM warns a job of its time limit or preemption with SIGUSR2 to every step (submitit's signal);
+    # the point's launcher decides what to do, so a rank must not die of it
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     env = rank_env(os.environ)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s rank {env.rank}/{env.world_size} %(levelname)s %(message)s"

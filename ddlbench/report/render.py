@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from importlib.resources import files
-from pathlib import Path
 from typing import Any
 
-import jinja2
 import pandas as pd
 from markupsafe import Markup
 
@@ -15,6 +12,7 @@ from ddlbench.config import SweepConfig
 from ddlbench.provenance import utc_now
 from ddlbench.records import STATUSES
 from ddlbench.report.plots import throughput_vs_nodes_svg
+from ddlbench.templating import template_environment
 
 TABLE_COLUMNS = [
     "point_id", "model", "dataset", "strategy", "nodes", "ranks_per_node", "batch_size", "threads",
@@ -22,22 +20,6 @@ TABLE_COLUMNS = [
     "step_time_s_median", "speedup", "scaling_efficiency", "peak_rss_bytes", "cuda_peak_allocated_bytes",
     "loss_first", "loss_last",
 ]  # fmt: skip
-
-
-def templates_dir() -> Path:
-    """The repository's templates/ in a checkout; the copy packed into the wheel otherwise."""
-    checkout = Path(ddlbench.__file__).resolve().parents[1] / "templates"
-    return checkout if checkout.is_dir() else Path(str(files("ddlbench") / "_templates"))
-
-
-def template_environment() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(templates_dir()),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
 
 
 def render_report(config: SweepConfig, table: pd.DataFrame) -> str:
@@ -58,7 +40,7 @@ def render_report(config: SweepConfig, table: pd.DataFrame) -> str:
         "failed": _rows(failed[["point_id", "status", "reason"]]),
         "provenance": _provenance(table),
     }
-    return template_environment().get_template("report.html.j2").render(**context)
+    return template_environment(autoescape=True).get_template("report.html.j2").render(**context)
 
 
 def _rows(frame: pd.DataFrame) -> list[dict[str, str]]:

@@ -1,13 +1,21 @@
 # The sweep, validated once with the same code the CLI uses; a bad config stops here with one line.
 import json
+import os
 import sys
 
-from ddlbench.errors import ConfigError
+from ddlbench.errors import DdlbenchError
+from ddlbench.launch.resources import load_site
+from ddlbench.launch.submission import check_plan_on_cluster, point_resources
 from ddlbench.sweep import POINT_ID_PATTERN, plan_sweep
 
 try:
     PLAN = plan_sweep(config)
-except ConfigError as error:
+    # `--profile slurm` names the site file; without it the points run on this host
+    SITE = load_site(SITE_FILE) if SITE_FILE else None
+    RESOURCES = point_resources(PLAN, SITE) if SITE else {}
+    if SITE and "SLURM_JOB_ID" not in os.environ:  # on the login node, once, before any submission
+        check_plan_on_cluster(PLAN, SITE)
+except DdlbenchError as error:
     sys.stderr.write(f"ddlbench: invalid sweep config: {error}\n")
     sys.exit(2)
 
@@ -29,3 +37,14 @@ def point_spec(wildcards):
 def point_threads(wildcards):
     point = POINTS[wildcards.point]
     return point.world_size * point.threads
+
+
+def resource_of_point(key):
+    def value(wildcards):
+        return RESOURCES[wildcards.point][key]
+
+    return value
+
+
+# the same keys for every point (a Snakemake rule has one set); none when running locally
+RUN_POINT_RESOURCES = {key: resource_of_point(key) for key in next(iter(RESOURCES.values()), {})}

@@ -6,6 +6,8 @@ rule run_point:
     params:
         spec=point_spec,
     threads: point_threads
+    resources:
+        **RUN_POINT_RESOURCES,
     conda:
         "../../envs/compute.yaml"
     shell:

@@ -1,0 +1,258 @@
+"""The SLURM side of the `ddlbench` command: profile, submit, rerun, status.
+
+Imports are deferred, as in cli.py: none of these commands imports torch on the login node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from ddlbench.errors import DdlbenchError
+
+log = logging.getLogger("ddlbench")
+
+RERUN_STATUSES = ("failed", "oom", "timeout", "missing")
+
+
+def add_commands(commands: argparse._SubParsersAction, add_sweep_options: Callable, sweep_of: Callable) -> None:
+    profile = commands.add_parser("profile", help="write the Snakemake profile `slurm` and the site's settings")
+    profile.add_argument("kind", choices=("slurm",), help="the scheduler (only slurm)")
+    _add_site_options(profile)
+    profile.add_argument("--jobs", type=int, default=100, help="most jobs in the queue at once (default 100)")
+    profile.add_argument(
+        "--status-wait", type=int, default=10, help="seconds before the first status check (plugin default: 40)"
+    )
+    profile.add_argument(
+        "--status-command", choices=("sacct", "squeue"), help="how job states are read (default: plugin's choice)"
+    )
+    profile.add_argument("--dest", type=Path, help="profile folder (default: $XDG_CONFIG_HOME/snakemake/slurm)")
+    profile.add_argument("--force", action="store_true", help="replace a profile ddlbench did not write")
+    profile.set_defaults(handler=_profile)
+
+    submit = commands.add_parser("submit", help="submit a sweep's points to SLURM with submitit, wait, report")
+    add_sweep_options(submit)
+    _add_submission_options(submit)
+    submit.add_argument("--all", action="store_true", help="also points that already have a record")
+    submit.set_defaults(handler=lambda args: _submit(args, sweep_of(args)))
+
+    rerun = commands.add_parser("rerun", help="run again the points whose records have the given statuses")
+    add_sweep_options(rerun)
+    rerun.add_argument(
+        "--status",
+        default="failed,oom,timeout",
+        help=f"comma-separated statuses to rerun, of: {', '.join(RERUN_STATUSES)} (default failed,oom,timeout)",
+    )
+    _add_submission_options(rerun)
+    rerun.add_argument("--mem-factor", type=float, default=1.0, help="multiply each point's memory request")
+    rerun.add_argument("--time-factor", type=float, default=1.0, help="multiply each point's timeout and time limit")
+    rerun.add_argument("--local", action="store_true", help="run the points here, one after the other, not on SLURM")
+    rerun.set_defaults(handler=lambda args: _rerun(args, sweep_of(args)))
+
+    status = commands.add_parser("status", help="done, failed (by cause), running and pending points of a sweep")
+    add_sweep_options(status)
+    status.add_argument("--no-queue", action="store_true", help="read the records only, do not ask squeue")
+    status.add_argument("--points", action="store_true", help="list every point with its state and job ids")
+    status.set_defaults(handler=lambda args: _status(args, sweep_of(args)))
+
+
+def _add_site_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--partition", help="SLURM partition (required for `profile`)")
+    parser.add_argument("--account", help="SLURM account to charge")
+    parser.add_argument("--qos", help="SLURM quality of service")
+    parser.add_argument("--constraint", help="SLURM node constraint (features)")
+    parser.add_argument("--gpus-per-rank", type=int, help="GPUs per rank: 1 on GPU partitions (default 0)")
+    parser.add_argument("--mem-per-rank-mb", type=int, help="memory per rank in MB (default 4096)")
+    parser.add_argument("--time-margin-s", type=int, help="added to each point's timeout for its time limit (300)")
+    parser.add_argument("--require-account", action="store_true", help="refuse to submit without an account")
+
+
+def _add_submission_options(parser: argparse.ArgumentParser) -> None:
+    _add_site_options(parser)
+    parser.add_argument("--site", type=Path, help="site file (default: the one `ddlbench profile slurm` wrote)")
+    parser.add_argument("--no-wait", action="store_true", help="submit and return; `ddlbench status` follows up")
+    parser.add_argument("--max-requeues", type=int, default=2, help="requeues after preemption or time limit (2)")
+
+
+SITE_OPTIONS = (
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "gpus_per_rank",
+    "mem_per_rank_mb",
+    "time_margin_s",
+)
+
+
+def _site_overrides(args: argparse.Namespace) -> dict:
+    given = {key: getattr(args, key) for key in SITE_OPTIONS if getattr(args, key) is not None}
+    if args.require_account:
+        given["require_account"] = True
+    return given
+
+
+def _site(args: argparse.Namespace):
+    from dataclasses import replace
+
+    from ddlbench.launch.profile import load_default_site
+    from ddlbench.launch.resources import load_site, site_from_mapping
+
+    overrides = _site_overrides(args)
+    if args.site:
+        base = load_site(args.site)
+    elif "partition" in overrides:
+        return site_from_mapping(overrides, source="the command line")
+    else:
+        base = load_default_site()
+    return site_from_mapping(replace(base, **overrides).to_dict(), source="the site file and the command line")
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from ddlbench.launch.profile import ProfileOptions, write_profile
+    from ddlbench.launch.resources import site_from_mapping
+
+    site = site_from_mapping(_site_overrides(args), source="the command line")
+    options = ProfileOptions(jobs=args.jobs, status_wait_s=args.status_wait, status_command=args.status_command)
+    config = write_profile(site, options, directory=args.dest, force=args.force)
+    print(f"profile: {config}")
+    print("run from the repository root:  snakemake --profile slurm [--configfile SWEEP.yaml]")
+    return 0
+
+
+def _check_factors(args: argparse.Namespace) -> None:
+    for name in ("mem_factor", "time_factor"):
+        value = getattr(args, name, 1.0)
+        if not value > 0:
+            raise DdlbenchError(f"--{name.replace('_', '-')} {value} is not accepted; give a number > 0")
+    if args.max_requeues < 0:
+        raise DdlbenchError(f"--max-requeues {args.max_requeues} is not accepted; give an integer >= 0")
+
+
+def _submit_and_wait(args, config, points, *, mem_factor: float = 1.0, time_factor: float = 1.0) -> int:
+    from ddlbench.launch.slurm import check_cluster
+    from ddlbench.launch.submission import plan_resources, submit_points, wait_for
+
+    site = _site(args)
+    planned = plan_resources(points, site, sweep=config, mem_factor=mem_factor, time_factor=time_factor)
+    check_cluster(list(planned.items()), account_required=True if site.require_account else None)
+    jobs = submit_points(
+        points,
+        planned,
+        sweep_dir=config.sweep_dir,
+        name=config.name,
+        timeout_factor=time_factor,
+        max_requeues=args.max_requeues,
+    )
+    for point, job in zip(points, jobs, strict=True):
+        print(f"{point.point_id}\tjob {job.job_id}")
+    if args.no_wait:
+        return 0
+    wait_for(jobs)
+    return _refresh_outputs(config)
+
+
+def _submit(args: argparse.Namespace, config) -> int:
+    from ddlbench.launch.submission import record_path
+    from ddlbench.sweep import expand_sweep
+
+    _check_factors(args)
+    plan = expand_sweep(config)
+    points = [p for p in plan.points if args.all or not record_path(config.sweep_dir, p.point_id).exists()]
+    if not points:
+        print(f"every point of sweep {config.name!r} has a record; --all submits them again")
+        return _refresh_outputs(config)
+    return _submit_and_wait(args, config, points)
+
+
+def _rerun(args: argparse.Namespace, config) -> int:
+    from ddlbench.launch.submission import record_path
+    from ddlbench.records import RecordError, read_record
+    from ddlbench.sweep import expand_sweep
+
+    _check_factors(args)
+    wanted = [status.strip() for status in args.status.split(",") if status.strip()]
+    unknown = [status for status in wanted if status not in RERUN_STATUSES]
+    if unknown or not wanted:
+        raise DdlbenchError(
+            f"--status {args.status!r}: {', '.join(unknown) or 'nothing'} is not accepted; "
+            f"choose from: {', '.join(RERUN_STATUSES)}"
+        )
+    chosen = []
+    for point in expand_sweep(config).points:
+        path = record_path(config.sweep_dir, point.point_id)
+        try:
+            status = read_record(path).status if path.exists() else "missing"
+        except RecordError:
+            status = "failed"  # an unreadable record is not a measurement
+        if status in wanted:
+            chosen.append(point)
+            if path.exists():
+                _keep_previous(path)
+    print(f"{len(chosen)} point(s) of sweep {config.name!r} with status {', '.join(wanted)} to run again")
+    if not chosen:
+        return 0
+    if args.local:
+        from ddlbench.launch.runner import run_point
+
+        for point in chosen:
+            record = run_point(
+                point,
+                out=record_path(config.sweep_dir, point.point_id),
+                launcher="local",
+                timeout_s=point.timeout_s * args.time_factor,
+            )
+            print(f"{point.point_id}: {record.status}")
+        return _refresh_outputs(config)
+    return _submit_and_wait(args, config, chosen, mem_factor=args.mem_factor, time_factor=args.time_factor)
+
+
+def _keep_previous(path: Path) -> Path:
+    """Copy a record aside before its point runs again: nothing measured is lost."""
+    folder = path.parent / "previous"
+    folder.mkdir(exist_ok=True)
+    number = len(list(folder.glob("record-*.json"))) + 1
+    kept = folder / f"record-{number}.json"
+    shutil.copy2(path, kept)
+    return kept
+
+
+def _refresh_outputs(config) -> int:
+    """The table and the report, as the Snakefile's last two rules make them."""
+    from ddlbench.analysis.aggregate import build_table, save_table
+    from ddlbench.atomic import write_text_atomic
+    from ddlbench.report.render import render_report
+    from ddlbench.sweep import expand_sweep
+
+    table = build_table(expand_sweep(config))
+    save_table(table, parquet=config.sweep_dir / "table.parquet", csv=config.sweep_dir / "table.csv")
+    write_text_atomic(config.report_path, render_report(config, table))
+    print(f"{len(table)} points {table['status'].value_counts().to_dict()}; report: {config.report_path.resolve()}")
+    return 0
+
+
+def _status(args: argparse.Namespace, config) -> int:
+    from ddlbench.launch.slurm import SlurmError, query_queue
+    from ddlbench.launch.status import summarize, sweep_status
+    from ddlbench.launch.submission import read_jobs_index
+    from ddlbench.sweep import expand_sweep
+
+    queue = []
+    if not args.no_queue and shutil.which("squeue"):
+        try:
+            queue = query_queue()
+        except SlurmError as exc:
+            print(f"(queue not read: {exc})")
+    statuses = sweep_status(
+        expand_sweep(config), queue=queue, jobs_index=read_jobs_index(config.sweep_dir), sweep_dir=config.sweep_dir
+    )
+    print(f"sweep {config.name!r}: {summarize(statuses)}")
+    for status in statuses:
+        if args.points or status.state not in ("ok", "not started"):
+            jobs = ",".join(status.job_ids) or "-"
+            reason = f"  {status.reason}" if status.reason else ""
+            print(f"{status.state:<12} {status.point_id}  jobs {jobs}{reason}")
+    return 0

@@ -1,0 +1,183 @@
+"""What a point asks of SLURM: one pure mapping from a point and the site's settings to an allocation.
+
+Snakemake's SLURM plugin and submitit both submit from this mapping, so a point gets the same
+allocation whichever way it is submitted. Torch-free: the Snakefile imports it on the login node.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ddlbench.errors import ConfigError
+from ddlbench.sweep import Point
+
+# The point's own launcher process (run-point: supervision, the record) runs beside the ranks on the
+# first node; it needs about 100 MB. Its share is added to every node so the request stays uniform.
+LAUNCHER_MEM_MB = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class Site:
+    """A cluster's settings, written once by `ddlbench profile slurm`; every point is submitted with them."""
+
+    partition: str
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    gpus_per_rank: int = 0  # 1 on GPU partitions: one rank per GPU
+    mem_per_rank_mb: int = 4096
+    time_margin_s: int = 300  # added to a point's timeout: start-up, data generation, writing the record
+    require_account: bool = False  # the site rejects jobs without an account
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+SITE_KEYS = tuple(field.name for field in fields(Site))
+
+
+def site_from_mapping(raw: object, *, source: str = "site settings") -> Site:
+    """Validate site settings (a site file's content, or options) into a Site."""
+    if not isinstance(raw, dict):
+        raise ConfigError("", f"{source} must be a mapping of {', '.join(SITE_KEYS)}")
+    unknown = sorted(set(raw) - set(SITE_KEYS))
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown site setting in {source}; accepted: {', '.join(SITE_KEYS)}")
+    if not raw.get("partition"):
+        raise ConfigError("partition", f"{source} must name the SLURM partition to submit to")
+    for key in ("partition", "account", "qos", "constraint"):
+        value = raw.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ConfigError(key, f"{value!r} is not a name; give a non-empty string")
+    for key, lowest in (("gpus_per_rank", 0), ("mem_per_rank_mb", 16), ("time_margin_s", 0)):
+        value = raw.get(key, getattr(Site, key))
+        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+            raise ConfigError(key, f"{value!r} is not accepted; give an integer >= {lowest}")
+    if not isinstance(raw.get("require_account", False), bool):
+        raise ConfigError("require_account", f"{raw['require_account']!r} is not accepted; give true or false")
+    return Site(**raw)
+
+
+def load_site(path: str | Path) -> Site:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError("", f"cannot read the site file {str(path)!r}: {exc.strerror}") from None
+    return site_from_mapping(raw, source=str(path))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resources:
+    """One point's SLURM allocation: nodes × tasks_per_node ranks, each with cpus_per_task cores."""
+
+    partition: str
+    account: str | None
+    qos: str | None
+    constraint: str | None
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    gpus_per_node: int
+    mem_per_node_mb: int
+    time_min: int
+
+    @property
+    def ntasks(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    @property
+    def time_limit(self) -> str:
+        """The time limit as sbatch's D-HH:MM:SS."""
+        days, minutes = divmod(self.time_min, 24 * 60)
+        return f"{days}-{minutes // 60:02d}:{minutes % 60:02d}:00"
+
+
+def resources_for(
+    point: Point,
+    site: Site,
+    *,
+    mem_per_rank_mb: int | None = None,
+    partition: str | None = None,
+    mem_factor: float = 1.0,
+    time_factor: float = 1.0,
+) -> Resources:
+    """The allocation of `point`: its nodes and ranks, `threads` cores per rank, one GPU per rank when the
+    site has them, memory per rank (the sweep's value, else the site's) times `mem_factor`, and a time
+    limit of the point's timeout × `time_factor` plus the site's margin, so that ddlbench's own timeout
+    fires first and still writes a `timeout` record."""
+    per_rank = mem_per_rank_mb if mem_per_rank_mb is not None else site.mem_per_rank_mb
+    return Resources(
+        partition=partition or site.partition,
+        account=site.account,
+        qos=site.qos,
+        constraint=site.constraint,
+        nodes=point.nodes,
+        tasks_per_node=point.ranks_per_node,
+        cpus_per_task=point.threads,
+        gpus_per_node=site.gpus_per_rank * point.ranks_per_node,
+        mem_per_node_mb=math.ceil(per_rank * point.ranks_per_node * mem_factor) + LAUNCHER_MEM_MB,
+        time_min=math.ceil((point.timeout_s * time_factor + site.time_margin_s) / 60),
+    )
+
+
+def snakemake_resources(resources: Resources) -> dict[str, Any]:
+    """Resources of the run_point rule, as the Snakemake SLURM executor plugin reads them.
+
+    Every point carries the `mpi` key, so the plugin's job step runs the rule's shell command in the
+    batch script itself (without it, it would wrap the command in `srun -n1`) and ddlbench's own srun
+    starts the ranks. The plugin wants `mpi` true only with more than one task, and one of `tasks` and
+    `tasks_per_node`, each above 1; the keys are the same for every point, with falsy values where a
+    setting does not apply, because Snakemake needs one set of resource keys per rule."""
+    several = resources.ntasks > 1
+    per_node = several and resources.tasks_per_node > 1
+    out: dict[str, Any] = {
+        "slurm_partition": resources.partition,
+        "nodes": resources.nodes,
+        "cpus_per_task": resources.cpus_per_task,
+        "mem_mb": resources.mem_per_node_mb,
+        "runtime": resources.time_min,
+        "mpi": "srun" if several else "",
+        "tasks": 0 if per_node else resources.ntasks,
+        "tasks_per_node": resources.tasks_per_node if per_node else 0,
+    }
+    # site-wide settings: present for every point or for none
+    if resources.account:
+        out["slurm_account"] = resources.account
+    if resources.qos:
+        out["qos"] = resources.qos
+    if resources.constraint:
+        out["constraint"] = resources.constraint
+    if resources.gpus_per_node:
+        out["gres"] = f"gpu:{resources.gpus_per_node}"
+        out["tasks_per_gpu"] = 1
+    return out
+
+
+def submitit_parameters(resources: Resources) -> dict[str, Any]:
+    """`update_parameters` keywords of a submitit AutoExecutor for this allocation.
+
+    submitit runs its function in an `srun` step of one task on the first node (the point's launcher),
+    and the ranks start in a second step that overlaps it, as under Snakemake."""
+    params: dict[str, Any] = {
+        "slurm_partition": resources.partition,
+        "nodes": resources.nodes,
+        "tasks_per_node": resources.tasks_per_node,
+        "cpus_per_task": resources.cpus_per_task,
+        "slurm_mem": f"{resources.mem_per_node_mb}M",
+        "timeout_min": resources.time_min,
+        "slurm_srun_args": ["--ntasks=1", "--nodes=1"],
+    }
+    if resources.gpus_per_node:
+        params["gpus_per_node"] = resources.gpus_per_node
+    extra = {key: value for key, value in (("account", resources.account), ("qos", resources.qos)) if value}
+    if resources.constraint:
+        params["slurm_constraint"] = resources.constraint
+    if extra:
+        params["slurm_additional_parameters"] = extra
+    return params

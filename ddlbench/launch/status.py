@@ -1,0 +1,88 @@
+"""Where a sweep stands: per point, its record's status or its job's state in the queue, and its job ids.
+
+Points are matched to queued jobs by the comment Snakemake's SLURM plugin gives each job
+(`rule_run_point_wildcards_<point id>`) and by the jobs index `ddlbench submit` keeps. The queue is
+read with one squeue call.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddlbench.launch.slurm import QueuedJob
+from ddlbench.records import Provenance, RecordError, read_record
+from ddlbench.sweep import Plan
+
+SNAKEMAKE_COMMENT_PREFIX = "rule_run_point_wildcards_"
+RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING"})
+PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED"})
+# in the order the summary lists them
+STATES = ("ok", "failed", "oom", "timeout", "running", "pending", "not started", "unreadable")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PointStatus:
+    point_id: str
+    state: str  # one of STATES
+    reason: str | None
+    job_ids: tuple[str, ...]  # every job known to have run this point, oldest first
+
+
+def point_of_job(job: QueuedJob, job_points: Mapping[str, str]) -> str | None:
+    if job.comment.startswith(SNAKEMAKE_COMMENT_PREFIX):
+        return job.comment[len(SNAKEMAKE_COMMENT_PREFIX) :]
+    return job_points.get(job.job_id)
+
+
+def sweep_status(
+    plan: Plan, *, queue: list[QueuedJob], jobs_index: Mapping[str, list[str]], sweep_dir: Path
+) -> list[PointStatus]:
+    """One PointStatus per planned point. A job in the queue wins over an older record (a rerun)."""
+    job_points = {job_id: point_id for point_id, job_ids in jobs_index.items() for job_id in job_ids}
+    queued: dict[str, QueuedJob] = {}
+    for job in queue:
+        point_id = point_of_job(job, job_points)
+        if point_id is not None:
+            queued[point_id] = job
+    statuses = []
+    for point in plan.points:
+        job_ids = list(jobs_index.get(point.point_id, []))
+        reason = None
+        job = queued.get(point.point_id)
+        if job is not None and job.job_id not in job_ids:
+            job_ids.append(job.job_id)
+        path = sweep_dir / "points" / point.point_id / "record.json"
+        if job is not None and job.state in RUNNING_STATES:
+            state = "running"
+        elif job is not None and job.state in PENDING_STATES:
+            state = "pending"
+        elif path.exists():
+            try:
+                record = read_record(path)
+                state, reason = record.status, record.reason
+                ran_in = _job_id_of(record.provenance)
+                if ran_in and ran_in not in job_ids:
+                    job_ids.append(ran_in)
+            except RecordError as exc:
+                state, reason = "unreadable", str(exc)
+        else:
+            state = "not started"
+        statuses.append(PointStatus(point_id=point.point_id, state=state, reason=reason, job_ids=tuple(job_ids)))
+    return statuses
+
+
+def _job_id_of(provenance: Provenance) -> str | None:
+    slurm = provenance.slurm
+    if slurm is not None and slurm.array_task_id is not None:
+        return f"{slurm.array_job_id}_{slurm.array_task_id}"
+    return provenance.slurm_job_id
+
+
+def summarize(statuses: list[PointStatus]) -> str:
+    """`12 points: 8 ok, 2 failed, 1 oom, 1 running`, in STATES order, zero counts left out."""
+    counts = Counter(status.state for status in statuses)
+    parts = [f"{counts[state]} {state}" for state in STATES if counts[state]]
+    return f"{len(statuses)} points: " + ", ".join(parts)

@@ -1,0 +1,195 @@
+"""Submitting a sweep's points to SLURM without Snakemake (submitit), and what both ways share.
+
+Points that need the same allocation go out as one job array (one sbatch); each array task runs one
+point with the same runner as `ddlbench run-point`, so the records are the same. A point whose job is
+preempted or reaches its time limit is requeued through submitit's checkpointing and runs again from
+its start (a benchmark's timings cannot be stitched across allocations), up to a bound; past it, the
+point's record says `timeout`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddlbench.atomic import write_text_atomic
+from ddlbench.errors import DdlbenchError
+from ddlbench.launch.resources import Resources, Site, resources_for, snakemake_resources, submitit_parameters
+from ddlbench.launch.slurm import check_cluster
+from ddlbench.sweep import Plan, Point
+
+log = logging.getLogger(__name__)
+
+JOBS_INDEX = "slurm-jobs.json"  # in the sweep folder: which SLURM job ran which point
+MAX_REQUEUES = 2
+
+
+def plan_resources(
+    points: Iterable[Point], site: Site, *, sweep: Any = None, mem_factor: float = 1.0, time_factor: float = 1.0
+) -> dict[str, Resources]:
+    """point id → allocation, with the sweep's own partition and memory (its `slurm` section) over the site's."""
+    return {
+        point.point_id: resources_for(
+            point,
+            site,
+            partition=getattr(sweep, "slurm_partition", None),
+            mem_per_rank_mb=getattr(sweep, "slurm_mem_per_rank_mb", None),
+            mem_factor=mem_factor,
+            time_factor=time_factor,
+        )
+        for point in points
+    }
+
+
+def point_resources(plan: Plan, site: Site) -> dict[str, dict[str, Any]]:
+    """Snakemake resources of every point of a plan (the run_point rule reads them)."""
+    planned = plan_resources(plan.points, site, sweep=plan.config)
+    return {point_id: snakemake_resources(resources) for point_id, resources in planned.items()}
+
+
+def check_plan_on_cluster(plan: Plan, site: Site) -> None:
+    check_cluster(list(plan_resources(plan.points, site, sweep=plan.config).items()))
+
+
+def record_path(sweep_dir: Path, point_id: str) -> Path:
+    return sweep_dir / "points" / point_id / "record.json"
+
+
+class PointJob:
+    """What one array task runs: a point, through the srun launcher, writing its record.
+
+    submitit calls `checkpoint` when SLURM signals preemption or the time limit; the job is then
+    requeued with the next attempt, until MAX_REQUEUES, after which a `timeout` record is written."""
+
+    def __init__(self, spec: str, out: str, *, timeout_s: float, attempt: int = 0, max_requeues: int = MAX_REQUEUES):
+        self.spec = spec
+        self.out = out
+        self.timeout_s = timeout_s
+        self.attempt = attempt
+        self.max_requeues = max_requeues
+
+    @property
+    def point(self) -> Point:
+        return Point.from_dict(json.loads(self.spec))
+
+    def __call__(self) -> str:
+        from ddlbench.launch.runner import run_point
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        log.info("point %s, attempt %d", self.point.point_id, self.attempt)
+        return run_point(self.point, out=Path(self.out), launcher="srun", timeout_s=self.timeout_s).status
+
+    def checkpoint(self) -> Any:
+        import submitit
+
+        if self.attempt >= self.max_requeues:
+            from ddlbench.launch.runner import write_unfinished_record
+
+            write_unfinished_record(
+                self.point,
+                out=Path(self.out),
+                status="timeout",
+                reason=f"SLURM stopped the job (time limit or preemption) {self.attempt + 1} times; "
+                f"not requeued again after {self.max_requeues} requeues",
+            )
+            return None
+        log.warning("point %s: stopped by SLURM; requeuing as attempt %d", self.point.point_id, self.attempt + 1)
+        again = PointJob(
+            self.spec, self.out, timeout_s=self.timeout_s, attempt=self.attempt + 1, max_requeues=self.max_requeues
+        )
+        return submitit.helpers.DelayedSubmission(again)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submitted:
+    point_id: str
+    job_id: str
+
+
+def submit_points(
+    points: list[Point],
+    planned: Mapping[str, Resources],
+    *,
+    sweep_dir: Path,
+    name: str,
+    timeout_factor: float = 1.0,
+    max_requeues: int = MAX_REQUEUES,
+    array_parallelism: int = 64,
+) -> list[Any]:
+    """Submit `points`, one job array per distinct allocation; returns submitit's jobs in point order."""
+    import submitit
+
+    groups: dict[Resources, list[Point]] = {}
+    for point in points:
+        groups.setdefault(planned[point.point_id], []).append(point)
+    folder = sweep_dir / "submitit" / "%j"
+    jobs_by_point: dict[str, Any] = {}
+    for resources, members in groups.items():
+        executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        executor.update_parameters(
+            name=f"ddlbench-{name}",
+            slurm_array_parallelism=array_parallelism,
+            **submitit_parameters(resources),
+        )
+        callables = [
+            PointJob(
+                point.to_json(),
+                str(record_path(sweep_dir, point.point_id).resolve()),
+                timeout_s=point.timeout_s * timeout_factor,
+                max_requeues=max_requeues,
+            )
+            for point in members
+        ]
+        with executor.batch():
+            group_jobs = [executor.submit(job) for job in callables]
+        for point, job in zip(members, group_jobs, strict=True):
+            jobs_by_point[point.point_id] = job
+        log.info(
+            "submitted %d point(s) as job array %s (%d node(s) × %d task(s), %s)",
+            len(members),
+            group_jobs[0].job_id.split("_")[0],
+            resources.nodes,
+            resources.tasks_per_node,
+            resources.time_limit,
+        )
+    remember_jobs(sweep_dir, {point_id: job.job_id for point_id, job in jobs_by_point.items()})
+    return [jobs_by_point[point.point_id] for point in points]
+
+
+def remember_jobs(sweep_dir: Path, jobs: Mapping[str, str]) -> None:
+    """Add point → job ids to the sweep's jobs index (a point keeps every job that ever ran it)."""
+    index = read_jobs_index(sweep_dir)
+    for point_id, job_id in jobs.items():
+        index.setdefault(point_id, [])
+        if job_id not in index[point_id]:
+            index[point_id].append(job_id)
+    write_text_atomic(sweep_dir / JOBS_INDEX, json.dumps(index, indent=1, sort_keys=True) + "\n")
+
+
+def read_jobs_index(sweep_dir: Path) -> dict[str, list[str]]:
+    path = sweep_dir / JOBS_INDEX
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise DdlbenchError(f"{path} is not valid JSON: {exc}") from None
+
+
+def wait_for(jobs: list[Any], *, poll_s: float = 5.0) -> None:
+    """Wait until every job has ended; submitit asks SLURM about all of them in one call per poll."""
+    pending = list(jobs)
+    while pending:
+        pending = [job for job in pending if not job.done()]
+        if pending:
+            time.sleep(poll_s)
+    for job in jobs:
+        try:
+            job.result()
+        except Exception as exc:
+            log.warning("job %s ended without a result: %s", job.job_id, str(exc).strip().splitlines()[-1][:500])
