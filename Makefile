@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: run test venv lint bench clean
+.PHONY: run test venv lint bench bench-slurm slurm-up slurm-down clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,17 @@ lint: venv
 
 bench: venv
 	$(BIN)/python benchmarks/plan_speed.py
+
+# A real SLURM cluster on this host (root; Debian packages): 4 nodes, partitions cpu and gpu.
+# `make slurm-up` is idempotent and prints the `export SLURM_CONF=...` line a shell needs.
+slurm-up:
+	tests/cluster/slurm.sh up
+
+slurm-down:
+	tests/cluster/slurm.sh down
+
+bench-slurm: venv
+	$(BIN)/python benchmarks/scheduler_load.py
 
 clean:
 	rm -rf results/*/ .snakemake

@@ -52,9 +52,9 @@ def point_factory():
 def write_sweep(tmp_path):
     """Write a sweep YAML into tmp_path (results inside tmp_path too) and return its path."""
 
-    def write(name: str = "sweep.yaml", **config) -> Path:
+    def write(filename: str = "sweep.yaml", /, **config) -> Path:
         data = {"name": "tiny", "results_dir": str(tmp_path / "results")} | config
-        path = tmp_path / name
+        path = tmp_path / filename
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         return path
 

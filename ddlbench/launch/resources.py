@@ -16,9 +16,10 @@ import yaml
 from ddlbench.errors import ConfigError
 from ddlbench.sweep import Point
 
-# The point's own launcher process (run-point: supervision, the record) runs beside the ranks on the
-# first node; it needs about 100 MB. Its share is added to every node so the request stays uniform.
-LAUNCHER_MEM_MB = 256
+# The batch step on the first node holds the point's launcher (run-point: supervision, the record) and,
+# under Snakemake, the job-side Snakemake process: 440 MB together, measured on the test cluster, where
+# SLURM holds every step of the job to the job's per-node memory. Added to every node's request.
+LAUNCHER_MEM_MB = 768
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +87,9 @@ class Resources:
     gpus_per_node: int
     mem_per_node_mb: int
     time_min: int
+    # SLURM's warning before the time limit (submitit requeues on it): inside the margin, so that
+    # ddlbench's own timeout, which writes a `timeout` record, comes first
+    signal_delay_s: int
 
     @property
     def ntasks(self) -> int:
@@ -123,6 +127,7 @@ def resources_for(
         gpus_per_node=site.gpus_per_rank * point.ranks_per_node,
         mem_per_node_mb=math.ceil(per_rank * point.ranks_per_node * mem_factor) + LAUNCHER_MEM_MB,
         time_min=math.ceil((point.timeout_s * time_factor + site.time_margin_s) / 60),
+        signal_delay_s=max(10, min(90, site.time_margin_s // 2)),
     )
 
 
@@ -162,22 +167,27 @@ def snakemake_resources(resources: Resources) -> dict[str, Any]:
 def submitit_parameters(resources: Resources) -> dict[str, Any]:
     """`update_parameters` keywords of a submitit AutoExecutor for this allocation.
 
-    submitit runs its function in an `srun` step of one task on the first node (the point's launcher),
-    and the ranks start in a second step that overlaps it, as under Snakemake."""
+    submitit runs its function once, in an `srun` step of one task on the first node (the point's
+    launcher), and the ranks start in a second step that overlaps it, as under Snakemake. submitit
+    counts the results it waits for from its own `nodes` and `tasks_per_node`, so those stay 1 and
+    the allocation's real shape goes to sbatch directly."""
+    sbatch: dict[str, Any] = {"nodes": resources.nodes, "ntasks_per_node": resources.tasks_per_node}
+    for key, value in (("account", resources.account), ("qos", resources.qos)):
+        if value:
+            sbatch[key] = value
     params: dict[str, Any] = {
         "slurm_partition": resources.partition,
-        "nodes": resources.nodes,
-        "tasks_per_node": resources.tasks_per_node,
+        "nodes": 1,
+        "tasks_per_node": 1,
         "cpus_per_task": resources.cpus_per_task,
         "slurm_mem": f"{resources.mem_per_node_mb}M",
         "timeout_min": resources.time_min,
+        "slurm_signal_delay_s": resources.signal_delay_s,
         "slurm_srun_args": ["--ntasks=1", "--nodes=1"],
+        "slurm_additional_parameters": sbatch,
     }
     if resources.gpus_per_node:
         params["gpus_per_node"] = resources.gpus_per_node
-    extra = {key: value for key, value in (("account", resources.account), ("qos", resources.qos)) if value}
     if resources.constraint:
         params["slurm_constraint"] = resources.constraint
-    if extra:
-        params["slurm_additional_parameters"] = extra
     return params

@@ -1,7 +1,10 @@
-"""Fault injection for testing the failure paths for real: DDLBENCH_INJECT_FAULT=<kind>[@<text>].
+"""Fault injection for testing the failure paths for real: DDLBENCH_INJECT_FAULT=<fault>[,<fault>...],
+each <fault> being <kind>[~first][@<text>].
 
 <kind> is raise | oom | hang | nan | kill; the fault strikes the last rank at the first measured step of every
-point whose id contains <text> (all points without it). Nothing happens when the variable is unset.
+point whose id contains <text> (all points without it); the first matching fault wins. `~first` limits it to
+a job's first run (SLURM_RESTART_COUNT unset or 0), so a requeued job runs clean. Nothing happens when the
+variable is unset.
 """
 
 from __future__ import annotations
@@ -22,13 +25,17 @@ class InjectedFault(RuntimeError):
 
 
 def planned_fault(point_id: str, environ: dict[str, str] | None = None) -> str | None:
-    value = (environ if environ is not None else os.environ).get(ENV_VAR, "")
-    if not value:
-        return None
-    kind, _, target = value.partition("@")
-    if kind not in KINDS:
-        raise ValueError(f"{ENV_VAR}={value!r}: unknown fault {kind!r}; accepted: {', '.join(KINDS)}")
-    return kind if target in point_id else None
+    environ = environ if environ is not None else os.environ
+    value = environ.get(ENV_VAR, "")
+    restarted = int(environ.get("SLURM_RESTART_COUNT") or 0) > 0
+    for entry in filter(None, value.split(",")):
+        kind, _, target = entry.partition("@")
+        kind, _, when = kind.partition("~")
+        if kind not in KINDS or when not in ("", "first"):
+            raise ValueError(f"{ENV_VAR}={value!r}: unknown fault {entry!r}; accepted kinds: {', '.join(KINDS)}")
+        if target in point_id and not (when == "first" and restarted):
+            return kind
+    return None
 
 
 def strike(kind: str, model: nn.Module) -> None:

@@ -1,0 +1,275 @@
+"""ddlbench against a real SLURM controller: `snakemake --profile slurm`, `ddlbench submit` (submitit),
+failures, reruns, status and the checks made before submission.
+
+Needs the one-host cluster of tests/cluster/slurm.sh (`make slurm-up`). Without it these tests skip,
+unless DDLBENCH_REQUIRE_SLURM=1 (CI sets it), when they fail instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import BIN, REPO, job_counts, make_point, run_cli, run_snakemake
+
+from ddlbench.launch.profile import ProfileOptions, write_profile
+from ddlbench.launch.resources import Site
+from ddlbench.records import read_record
+
+pytestmark = pytest.mark.slurm
+
+
+def _cluster_answers() -> str | None:
+    if shutil.which("sinfo") is None:
+        return "sinfo is not installed"
+    try:
+        result = subprocess.run(["sinfo", "-h", "-o", "%P %a"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer"
+    if result.returncode != 0 or "cpu" not in result.stdout:
+        return f"no SLURM cluster with a `cpu` partition: {result.stderr.strip() or result.stdout.strip()}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_env(tmp_path_factory) -> dict[str, str]:
+    """Environment for commands that submit: a profile `slurm` in a private XDG_CONFIG_HOME."""
+    problem = _cluster_answers()
+    if problem:
+        if os.environ.get("DDLBENCH_REQUIRE_SLURM") == "1":
+            pytest.fail(f"DDLBENCH_REQUIRE_SLURM=1 but {problem}; run `make slurm-up`")
+        pytest.skip(f"{problem}; run `make slurm-up`")
+    config_home = tmp_path_factory.mktemp("xdg")
+    site = Site(partition="cpu", mem_per_rank_mb=1000, time_margin_s=60)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CONFIG_HOME", str(config_home))
+        write_profile(site, ProfileOptions(jobs=8, status_wait_s=2, latency_wait_s=5))
+    return {
+        "XDG_CONFIG_HOME": str(config_home),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "DDLBENCH_INJECT_FAULT": "",
+    }
+
+
+def wait_until(predicate, *, timeout_s: float, what: str, poll_s: float = 1.0):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def records_of(sweep_dir: Path) -> dict[str, object]:
+    return {path.parent.name: read_record(path) for path in sorted((sweep_dir / "points").glob("*/record.json"))}
+
+
+def one_row_per_point(sweep_file: Path, env: dict[str, str], expected_points: int) -> pd.DataFrame:
+    result = run_cli("aggregate", "--configfile", str(sweep_file), env=env)
+    assert result.returncode == 0, result.stderr
+    table = pd.read_parquet(Path(result.stdout.split("-> ")[1].split(",")[0]))
+    assert len(table) == expected_points
+    assert table["point_id"].is_unique
+    return table
+
+
+def sweep(write_sweep, name: str, **overrides) -> Path:
+    config = dict(
+        name=name,
+        models=["resnet8"],
+        datasets=["cifar10"],
+        strategies=["ddp"],
+        nodes=[1, 2],
+        ranks_per_node=[1],
+        batch_size=[8],
+        warmup_steps=1,
+        steps=3,
+        timeout_s=30,
+    )
+    return write_sweep(f"{name}.yaml", **(config | overrides))
+
+
+def test_srun_ranks_on_two_nodes_match_the_local_run(slurm_env, tmp_path):
+    """The same 2-rank point through srun over two (virtual) nodes and as local processes: same weights."""
+    point = make_point(nodes=2, steps=3)
+    local = tmp_path / "local.pt"
+    result = run_cli(
+        "run-point", "--spec", point.to_json(), "--out", str(tmp_path / "local.json"), "--launcher", "local",
+        "--dump-params", str(local), env=slurm_env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    command = shlex.join(
+        [str(BIN / "ddlbench"), "run-point", "--spec", point.to_json(), "--out", str(tmp_path / "srun.json"),
+         "--dump-params", str(tmp_path / "srun.pt")]
+    )  # fmt: skip
+    batch = subprocess.run(
+        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", "--mem=1500M", "--time=5",
+         f"--output={tmp_path / 'job.out'}", "--wrap", command],
+        capture_output=True, text=True, env={**os.environ, **slurm_env}, timeout=300,
+    )  # fmt: skip
+    assert batch.returncode == 0, batch.stderr + (tmp_path / "job.out").read_text()
+    record = read_record(tmp_path / "srun.json")
+    assert record.status == "ok", record.reason
+    assert record.provenance.launcher == "srun"
+    assert record.provenance.slurm.num_nodes == 2
+    assert record.provenance.slurm.partition == "cpu"
+    import torch
+
+    ours, theirs = torch.load(tmp_path / "srun.pt"), torch.load(local)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_profile_sweep_records_failures_and_rerun_fixes_exactly_those(slurm_env, write_sweep, tmp_path):
+    sweep_file = sweep(write_sweep, "faults", nodes=[1, 2], ranks_per_node=[1, 2])
+    faults = {"DDLBENCH_INJECT_FAULT": "raise@-n1x2-,hang@-n2x1-"}
+    result = run_snakemake("--profile", "slurm", "--configfile", str(sweep_file), env=slurm_env | faults)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep_dir = tmp_path / "results" / "faults"
+    records = records_of(sweep_dir)
+    by_shape = {point_id.split("-")[3]: record for point_id, record in records.items()}
+    assert {shape: r.status for shape, r in by_shape.items()} == {
+        "n1x1": "ok", "n1x2": "failed", "n2x1": "timeout", "n2x2": "ok",
+    }  # fmt: skip
+    assert "InjectedFault" in by_shape["n1x2"].reason
+    assert "ran past its limit of 30 s" in by_shape["n2x1"].reason
+    spread = by_shape["n2x2"].provenance.slurm
+    assert (spread.num_nodes, spread.num_cpus, spread.partition) == (2, 4, "cpu")
+    assert by_shape["n2x2"].provenance.slurm_job_id == spread.job_id
+    assert (sweep_dir / "report.html").exists()
+
+    status = run_cli("status", "--configfile", str(sweep_file), env=slurm_env)
+    assert status.returncode == 0, status.stderr
+    assert "4 points: 2 ok, 1 failed, 1 timeout" in status.stdout
+    assert f"jobs {by_shape['n1x2'].provenance.slurm_job_id}" in status.stdout
+
+    untouched = {
+        shape: (sweep_dir / "points" / r.point_id / "record.json").read_text() for shape, r in by_shape.items()
+    }
+    rerun = run_cli(
+        "rerun", "--configfile", str(sweep_file), "--status", "failed,timeout", "--time-factor", "2", env=slurm_env
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "2 point(s)" in rerun.stdout
+    after = records_of(sweep_dir)
+    assert {r.point_id: r.status for r in after.values()} == {r.point_id: "ok" for r in by_shape.values()}
+    for shape in ("n1x1", "n2x2"):  # not rerun
+        assert (sweep_dir / "points" / by_shape[shape].point_id / "record.json").read_text() == untouched[shape]
+    for shape in ("n1x2", "n2x1"):  # rerun, the earlier record kept
+        kept = sweep_dir / "points" / by_shape[shape].point_id / "previous" / "record-1.json"
+        assert kept.read_text() == untouched[shape]
+        assert after[by_shape[shape].point_id].provenance.slurm_job_id != by_shape[shape].provenance.slurm_job_id
+    table = one_row_per_point(sweep_file, slurm_env, 4)
+    assert set(table["status"]) == {"ok"}
+
+
+def test_point_over_its_memory_limit_is_oom_and_reruns_with_more_memory(slurm_env, write_sweep, tmp_path):
+    # resnet8 at batch 512 needs over 1 GB per rank: over 100 MB + the launcher's share, under 40 × that
+    sweep_file = sweep(write_sweep, "memory", nodes=[2], batch_size=[512], steps=1, slurm={"mem_per_rank_mb": 100})
+    result = run_snakemake("--profile", "slurm", "--configfile", str(sweep_file), env=slurm_env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (record,) = records_of(tmp_path / "results" / "memory").values()
+    assert record.status == "oom"
+    assert "exceeded memory limit" in record.reason.lower()
+    rerun = run_cli("rerun", "--configfile", str(sweep_file), "--status", "oom", "--mem-factor", "40", env=slurm_env)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    (again,) = records_of(tmp_path / "results" / "memory").values()
+    assert again.status == "ok", again.reason
+    table = one_row_per_point(sweep_file, slurm_env, 1)
+    assert table["slurm_node_list"].iloc[0] is not None
+
+
+def test_scancelled_point_has_no_record_and_the_next_run_reruns_only_it(slurm_env, write_sweep, tmp_path):
+    sweep_file = sweep(write_sweep, "cancel", timeout_s=240)
+    sweep_dir = tmp_path / "results" / "cancel"
+    env = {**os.environ, **slurm_env, "DDLBENCH_INJECT_FAULT": "hang@-n2x1-"}
+    snakemake = subprocess.Popen(
+        [str(BIN / "snakemake"), "--profile", "slurm", "--configfile", str(sweep_file)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+
+        def hanging_job() -> str | None:
+            if not list(sweep_dir.glob("points/*n1x1*/record.json")):
+                return None  # the other point has finished: the hanging one is surely in training
+            status = run_cli("status", "--configfile", str(sweep_file), env=slurm_env).stdout
+            for line in status.splitlines():
+                if line.startswith("running") and "-n2x1-" in line:
+                    return line.split("jobs ")[1].split()[0]
+            return None
+
+        job_id = wait_until(hanging_job, timeout_s=180, what="the hanging point to run", poll_s=2)
+        subprocess.run(["scancel", job_id], check=True, env=env)
+        output, _ = snakemake.communicate(timeout=180)
+    finally:
+        if snakemake.poll() is None:
+            snakemake.kill()
+    assert snakemake.returncode != 0
+    assert "Error in rule run_point" in output and f"SLURM-job '{job_id}' failed" in output
+    assert [path.parent.name for path in sweep_dir.glob("points/*/record.json")] == [
+        path.parent.name for path in sweep_dir.glob("points/*n1x1*/record.json")
+    ]
+    again = run_snakemake("--profile", "slurm", "--configfile", str(sweep_file), env=slurm_env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert job_counts(again) == {"aggregate": 1, "all": 1, "report": 1, "run_point": 1, "total": 4}
+    table = one_row_per_point(sweep_file, slurm_env, 2)
+    assert set(table["status"]) == {"ok"}
+
+
+def test_submit_runs_an_array_and_requeues_a_preempted_point(slurm_env, write_sweep, tmp_path):
+    sweep_file = sweep(write_sweep, "requeue", nodes=[1], repetitions=2, timeout_s=240)
+    sweep_dir = tmp_path / "results" / "requeue"
+    env = slurm_env | {"DDLBENCH_INJECT_FAULT": "hang~first@-r1-"}
+    submitted = run_cli("submit", "--configfile", str(sweep_file), "--no-wait", env=env)
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    jobs = dict(line.split("\tjob ") for line in submitted.stdout.splitlines() if "\tjob " in line)
+    assert len(jobs) == 2
+    assert len({job_id.split("_")[0] for job_id in jobs.values()}) == 1, "two points of one shape: one array"
+    index = json.loads((sweep_dir / "slurm-jobs.json").read_text())
+    assert {point: ids[-1] for point, ids in index.items()} == jobs
+    hanging = next(job_id for point_id, job_id in jobs.items() if "-r1-" in point_id)
+    wait_until(lambda: list(sweep_dir.glob("points/*-r0-*/record.json")), timeout_s=180, what="the first repetition")
+    time.sleep(5)  # the second repetition is past its warm-up and hangs
+    subprocess.run(["scancel", "--signal=USR2", hanging], check=True, env={**os.environ, **env})  # as preemption
+    wait_until(lambda: list(sweep_dir.glob("points/*-r1-*/record.json")), timeout_s=240, what="the requeued point")
+    records = records_of(sweep_dir)
+    requeued = next(record for point_id, record in records.items() if "-r1-" in point_id)
+    assert requeued.status == "ok", requeued.reason
+    assert requeued.provenance.slurm.restarts == 1
+    assert requeued.provenance.slurm.array_task_id is not None
+    table = one_row_per_point(sweep_file, slurm_env, 2)
+    assert set(table["status"]) == {"ok"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "cli", "fragment"),
+    [
+        ({"nodes": [8]}, [], "needs 8 nodes, but partition 'cpu' has 4"),
+        ({"slurm": {"partition": "gpux"}}, [], "partition 'gpux' does not exist; partitions of this cluster: cpu, gpu"),
+        ({"timeout_s": 3 * 3600}, [], "is over the 120 min that partition 'cpu' allows"),
+        ({}, ["--require-account"], "requires an account and none is set"),
+    ],
+)
+def test_bad_submissions_are_refused_before_anything_is_queued(
+    slurm_env, write_sweep, tmp_path, overrides, cli, fragment
+):
+    sweep_file = sweep(write_sweep, "refused", **overrides)
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    submitted = run_cli("submit", "--configfile", str(sweep_file), "--no-wait", *cli, env=slurm_env)
+    assert submitted.returncode == 2
+    assert fragment in submitted.stderr and "point resnet8-cifar10-ddp-" in submitted.stderr
+    if not cli:
+        snakemake = run_snakemake("--profile", "slurm", "--configfile", str(sweep_file), env=slurm_env)
+        assert snakemake.returncode == 2
+        assert fragment in snakemake.stderr and "Traceback" not in snakemake.stderr
+    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+    assert not (tmp_path / "results" / "refused" / "points").exists()
