@@ -33,11 +33,7 @@ def make_shims(folder: Path, log: Path) -> None:
         if real is None:
             sys.exit(f"{command} not found: run `make slurm-up` first")
         shim = folder / command
-        shim.write_text(
-            "#!/bin/sh\n"
-            f'echo "{command} ${{SLURM_JOB_ID:+job}}" >> "{log}"\n'
-            f'exec "{real}" "$@"\n'
-        )
+        shim.write_text(f'#!/bin/sh\necho "{command} ${{SLURM_JOB_ID:+job}}" >> "{log}"\nexec "{real}" "$@"\n')
         shim.chmod(0o755)
 
 
@@ -98,10 +94,11 @@ def main() -> None:
              "--time-margin-s", "60", "--jobs", "100", "--status-wait", "5"],
             env=env, check=True, capture_output=True,
         )  # fmt: skip
+        smk_sweep = sweep_file(folder, "smk", args.points)
         runs = [
             run(
                 "snakemake --profile slurm",
-                [str(BIN / "snakemake"), "--profile", "slurm", "--configfile", str(sweep_file(folder, "smk", args.points))],
+                [str(BIN / "snakemake"), "--profile", "slurm", "--configfile", str(smk_sweep)],
                 env,
                 log,
             ),

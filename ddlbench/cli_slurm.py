@@ -27,7 +27,10 @@ def add_commands(commands: argparse._SubParsersAction, add_sweep_options: Callab
         "--status-wait", type=int, default=10, help="seconds before the first status check (plugin default: 40)"
     )
     profile.add_argument(
-        "--status-command", choices=("sacct", "squeue"), help="how job states are read (default: plugin's choice)"
+        "--status-command",
+        choices=("sacct", "squeue"),
+        default="squeue",
+        help="how job states are read (default squeue: the plugin misreads sacct's 'CANCELLED by UID')",
     )
     profile.add_argument("--dest", type=Path, help="profile folder (default: $XDG_CONFIG_HOME/snakemake/slurm)")
     profile.add_argument("--force", action="store_true", help="replace a profile ddlbench did not write")

@@ -173,14 +173,15 @@ def test_profile_sweep_records_failures_and_rerun_fixes_exactly_those(slurm_env,
 
 
 def test_point_over_its_memory_limit_is_oom_and_reruns_with_more_memory(slurm_env, write_sweep, tmp_path):
-    # resnet8 at batch 512 needs over 1 GB per rank: over 100 MB + the launcher's share, under 40 × that
-    sweep_file = sweep(write_sweep, "memory", nodes=[2], batch_size=[512], steps=1, slurm={"mem_per_rank_mb": 100})
+    # resnet8 at batch 1024 holds about 1.5 GB per rank for seconds: over 100 MB + the launcher's share
+    # (SLURM polls memory every second), well under 30 × 100 MB + that share
+    sweep_file = sweep(write_sweep, "memory", nodes=[2], batch_size=[1024], steps=1, slurm={"mem_per_rank_mb": 100})
     result = run_snakemake("--profile", "slurm", "--configfile", str(sweep_file), env=slurm_env)
     assert result.returncode == 0, result.stderr[-3000:]
     (record,) = records_of(tmp_path / "results" / "memory").values()
     assert record.status == "oom"
     assert "exceeded memory limit" in record.reason.lower()
-    rerun = run_cli("rerun", "--configfile", str(sweep_file), "--status", "oom", "--mem-factor", "40", env=slurm_env)
+    rerun = run_cli("rerun", "--configfile", str(sweep_file), "--status", "oom", "--mem-factor", "30", env=slurm_env)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     (again,) = records_of(tmp_path / "results" / "memory").values()
     assert again.status == "ok", again.reason

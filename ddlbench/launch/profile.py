@@ -48,7 +48,10 @@ class ProfileOptions:
     jobs: int = 100
     status_wait_s: int = 10
     latency_wait_s: int = 30
-    status_command: str | None = None  # None: the plugin's choice (sacct when accounting works)
+    # squeue, not the plugin's default sacct: plugin 2.8.0 reads sacct's "CANCELLED by <uid>" as still
+    # running, so a job cancelled with scancel would keep Snakemake waiting forever (seen on the test
+    # cluster). squeue says CANCELLED, and keeps ended jobs for MinJobAge (the plugin checks it).
+    status_command: str | None = "squeue"
 
 
 def write_profile(site: Site, options: ProfileOptions, *, directory: Path | None = None, force: bool = False) -> Path:
