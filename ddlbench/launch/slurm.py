@@ -154,7 +154,7 @@ _GPU_TRES = re.compile(r"gres/gpu(?::[^=,]*)?=(\d+)")
 
 
 def parse_allocation(job_id: str, scontrol_line: str) -> SlurmJob:
-    fields = parse_oneliner(scontrol_line)
+    fields = parse_oneliner(scontrol_line.strip().splitlines()[0] if scontrol_line.strip() else "")
     gpus = sum(int(count) for count in _GPU_TRES.findall(fields.get("AllocTRES", "")))
 
     def number(key: str) -> int | None:
@@ -182,8 +182,11 @@ def current_allocation(environ: Mapping[str, str] | None = None) -> SlurmJob | N
     job_id = environ.get("SLURM_JOB_ID")
     if not job_id:
         return None
+    # an array task's SLURM_JOB_ID may be the array's own id, which scontrol expands to every task
+    array_job, array_task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    query = f"{array_job}_{array_task}" if array_job and array_task else job_id
     try:
-        return parse_allocation(job_id, run_slurm(["scontrol", "show", "job", "-o", job_id]))
+        return parse_allocation(job_id, run_slurm(["scontrol", "show", "job", "-o", query]))
     except SlurmError as exc:
         log.warning("cannot describe SLURM job %s: %s", job_id, exc)
         return SlurmJob(
