@@ -6,6 +6,7 @@ login node whose controller does not answer must not hang ddlbench. Torch-free.
 
 from __future__ import annotations
 
+import functools
 import getpass
 import logging
 import os
@@ -186,7 +187,7 @@ def current_allocation(environ: Mapping[str, str] | None = None) -> SlurmJob | N
     array_job, array_task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
     query = f"{array_job}_{array_task}" if array_job and array_task else job_id
     try:
-        return parse_allocation(job_id, run_slurm(["scontrol", "show", "job", "-o", query]))
+        return parse_allocation(job_id, _describe_job(query))
     except SlurmError as exc:
         log.warning("cannot describe SLURM job %s: %s", job_id, exc)
         return SlurmJob(
@@ -200,6 +201,12 @@ def current_allocation(environ: Mapping[str, str] | None = None) -> SlurmJob | N
             num_gpus=0,
             restarts=int(environ.get("SLURM_RESTART_COUNT", "0")),
         )
+
+
+@functools.cache
+def _describe_job(query: str) -> str:
+    # the launcher and the record both need the allocation: ask the controller once per process
+    return run_slurm(["scontrol", "show", "job", "-o", query])
 
 
 def first_host(node_list: str) -> str:
