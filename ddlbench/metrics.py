@@ -34,6 +34,7 @@ def summarize_ranks(point: Point, ranks: list[RankResult]) -> Metrics:
         cuda_peak_reserved_bytes=_max_or_none(rank.cuda_peak_reserved_bytes for rank in ranks),
         loss_first=losses[0],
         loss_last=losses[-1],
+        tensor_peak_bytes=_max_or_none(rank.tensor_peak_bytes for rank in ranks),
     )
 
 

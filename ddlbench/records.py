@@ -65,6 +65,10 @@ class RankResult:
     step_times_s: tuple[float, ...]  # measured steps only, device-synchronised wall time per step
     losses: tuple[float, ...]  # every step, warm-up included; empty on ranks that compute no loss
     peak_rss_bytes: int  # getrusage ru_maxrss of the rank's process (whole process, not just tensors)
+    # CPU only: tensor storages alive at the start of the probed (last warm-up) step, plus the highest
+    # point reached by storages allocated during it (ddlbench.train.memory); None on CUDA or unprobed
+    tensor_peak_bytes: int | None = None
+    tensor_resident_bytes: int | None = None  # the first term: parameters, gradients, optimizer state…
     cuda_peak_allocated_bytes: int | None = None  # torch.cuda.max_memory_allocated
     cuda_peak_reserved_bytes: int | None = None  # torch.cuda.max_memory_reserved
     device: str = "cpu"
@@ -72,6 +76,8 @@ class RankResult:
     backend: str = ""
     torch_version: str = ""
     threads: int = 1
+    # the strategy's facts about this rank's share (mesh, stages, micro-batches, shard sizes…)
+    facts: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
@@ -107,6 +113,7 @@ class Metrics:
     cuda_peak_reserved_bytes: int | None
     loss_first: float  # mean over loss-computing ranks, first step (warm-up included)
     loss_last: float  # same, last measured step
+    tensor_peak_bytes: int | None = None  # max over ranks of the CPU tensor-level peak; None on CUDA
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,8 +156,8 @@ class Provenance:
 class PointRecord:
     """The outcome of one point; written for every status, so failures are data too."""
 
-    SCHEMA_VERSION: ClassVar[int] = 2  # 2: provenance.slurm
-    READABLE_VERSIONS: ClassVar[tuple[int, ...]] = (1, 2)
+    SCHEMA_VERSION: ClassVar[int] = 3  # 2: provenance.slurm; 3: rank facts and tensor memory peaks
+    READABLE_VERSIONS: ClassVar[tuple[int, ...]] = (1, 2, 3)
     point_id: str
     point: Point
     status: Status

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from ddlbench.catalog import DATASETS
 from ddlbench.sweep import Point
 from ddlbench.train.kernel import MOMENTUM, build_model, step_batches
+from ddlbench.train.losses import loss_for
 
 
 def train_reference(point: Point, *, shards: int = 1) -> tuple[dict[str, torch.Tensor], list[float]]:
     """Train the point's model in one process over the same global batches as the parallel run.
 
     With shards > 1 each global batch is cut into `shards` equal slices whose gradients are averaged,
-    which is what data parallelism computes when a layer (BatchNorm) depends on the whole local batch.
+    which is what data parallelism computes when a layer (BatchNorm) depends on the whole local batch,
+    and what a pipeline computes over its micro-batches.
     Returns the final state dict and the loss of each step (mean over shards).
     """
     torch.set_num_threads(1)
     model = build_model(point)
+    loss_fn = loss_for(DATASETS.get(point.dataset).task)
     optimizer = torch.optim.SGD(model.parameters(), lr=point.learning_rate, momentum=MOMENTUM)
     batches = step_batches(point, 0, point.global_batch_size, torch.device("cpu"))
     losses = []
@@ -26,7 +29,7 @@ def train_reference(point: Point, *, shards: int = 1) -> tuple[dict[str, torch.T
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for x, y in zip(inputs.chunk(shards), targets.chunk(shards), strict=True):
-            loss = F.cross_entropy(model(x), y) / shards
+            loss = loss_fn(model(x), y) / shards
             loss.backward()
             total += loss.item()
         optimizer.step()

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from ddlbench.catalog import MODELS
+from ddlbench.catalog import DATASETS, MODELS, STRATEGIES
 from ddlbench.config.schema import validate_raw
 from ddlbench.errors import ConfigError
 
@@ -24,6 +24,8 @@ AXES: dict[str, str] = {
     "ranks_per_node": "ranks_per_node",
     "batch_size": "batch_size",
     "threads": "threads",
+    "micro_batches": "micro_batches",
+    "split": "split",
 }
 
 DEFAULT_SWEEP = Path(__file__).resolve().parents[2] / "workflow" / "config" / "default.yaml"
@@ -42,6 +44,8 @@ class SweepConfig:
     ranks_per_node: tuple[int, ...]
     batch_size: tuple[int, ...]
     threads: tuple[int, ...]
+    micro_batches: tuple[int, ...]
+    split: tuple[int, ...]
     warmup_steps: int
     steps: int
     repetitions: int
@@ -51,6 +55,9 @@ class SweepConfig:
     # model -> complete option mapping (defaults filled), as sorted pairs so the object stays hashable
     model_options: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
     exclude: tuple[tuple[tuple[str, Any], ...], ...]
+    # strategy -> complete option mapping (defaults filled), like model_options
+    strategy_options: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    data: tuple[tuple[str, str], ...] = ()  # dataset -> path of real data; absent datasets are synthetic
     slurm_partition: str | None = None
     slurm_mem_per_rank_mb: int | None = None
 
@@ -59,6 +66,8 @@ class SweepConfig:
         data = asdict(self)
         data["model_options"] = {model: dict(options) for model, options in self.model_options}
         data["exclude"] = [dict(entry) for entry in self.exclude]
+        data["strategy_options"] = {strategy: dict(options) for strategy, options in self.strategy_options}
+        data["data"] = dict(self.data)
         slurm = {"partition": data.pop("slurm_partition"), "mem_per_rank_mb": data.pop("slurm_mem_per_rank_mb")}
         data["slurm"] = {key: value for key, value in slurm.items() if value is not None}
         for key in AXES:
@@ -99,6 +108,8 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
     """Validate a raw mapping (from YAML, JSON or Snakemake's `config`) into a SweepConfig."""
     data = validate_raw(raw)
     model_options = _resolve_model_options(data["models"], data["model_options"])
+    strategy_options = _resolve_strategy_options(data["strategies"], data["strategy_options"])
+    _check_data(data["datasets"], data["data"])
     _check_exclude(data)
     return SweepConfig(
         name=data["name"],
@@ -112,6 +123,8 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
         timeout_s=float(data["timeout_s"]),
         model_options=tuple(sorted(model_options.items())),
         exclude=tuple(tuple(sorted(entry.items())) for entry in data["exclude"]),
+        strategy_options=tuple(sorted(strategy_options.items())),
+        data=tuple(sorted(data["data"].items())),
         slurm_partition=data["slurm"].get("partition"),
         slurm_mem_per_rank_mb=data["slurm"].get("mem_per_rank_mb"),
     )
@@ -140,6 +153,45 @@ def _resolve_model_options(
             options[option] = value
         resolved[model] = tuple(sorted(options.items()))
     return resolved
+
+
+def _resolve_strategy_options(
+    strategies: list[str], given: Mapping[str, Mapping[str, Any]]
+) -> dict[str, tuple[tuple[str, str], ...]]:
+    for strategy in given:
+        if strategy not in strategies:
+            raise ConfigError(
+                f"strategy_options.{strategy}",
+                f"{strategy!r} is not in `strategies`; options may be given for: {', '.join(strategies)}",
+            )
+    resolved = {}
+    for strategy in strategies:
+        spec = STRATEGIES.get(strategy)
+        options = spec.default_options()
+        for option, raw_value in given.get(strategy, {}).items():
+            key = f"strategy_options.{strategy}.{option}"
+            if option not in spec.options:
+                accepted = ", ".join(spec.options) or "none"
+                raise ConfigError(key, f"{option!r} is not an option of {strategy}; accepted: {accepted}")
+            value = str(raw_value)
+            problem = spec.options[option].check(value)
+            if problem:
+                raise ConfigError(key, f"{value!r} is not accepted: {problem}")
+            options[option] = value
+        resolved[strategy] = tuple(sorted(options.items()))
+    return resolved
+
+
+def _check_data(datasets: list[str], data: Mapping[str, str]) -> None:
+    for dataset, path in data.items():
+        if dataset not in datasets:
+            raise ConfigError(
+                f"data.{dataset}", f"{dataset!r} is not in `datasets`; paths may be given for: {', '.join(datasets)}"
+            )
+        if not DATASETS.get(dataset).real_data:
+            raise ConfigError(f"data.{dataset}", f"{dataset} is synthetic only; it reads no real data")
+        if not Path(path).exists():
+            raise ConfigError(f"data.{dataset}", f"{path!r} does not exist (real data is never downloaded)")
 
 
 def _check_exclude(data: Mapping[str, Any]) -> None:

@@ -14,9 +14,11 @@ from torch import Tensor, nn
 from ddlbench.catalog import DATASETS, MODELS, resolve_builder
 from ddlbench.records import RankResult
 from ddlbench.sweep import Point
-from ddlbench.train.data import SyntheticImages
+from ddlbench.train.data import open_dataset
 from ddlbench.train.faults import planned_fault, strike
-from ddlbench.train.strategies import RankContext, build_trainer
+from ddlbench.train.losses import loss_for
+from ddlbench.train.memory import TensorPeak
+from ddlbench.train.strategies import RankContext, StrategySetup, build_trainer
 
 log = logging.getLogger(__name__)
 
@@ -37,22 +39,45 @@ def build_model(point: Point) -> nn.Module:
     torch.manual_seed(point.seed)
     builder = resolve_builder(model_spec.builder)
     return builder(
-        in_channels=dataset_spec.sample_shape[0],
-        num_classes=dataset_spec.num_classes,
+        sample_shape=dataset_spec.sample_shape,
+        num_outputs=dataset_spec.num_outputs,
         **dict(point.model_options),
+        **dict(model_spec.shape),
     )
+
+
+def open_point_data(point: Point):
+    return open_dataset(DATASETS.get(point.dataset), seed=point.seed, path=point.data_path or None)
 
 
 def step_batches(point: Point, start: int, stop: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
     """This rank's samples [start, stop) of each of the pool's global batches."""
-    dataset = SyntheticImages(DATASETS.get(point.dataset), seed=point.seed)
+    dataset = open_point_data(point)
     global_batch = point.global_batch_size
     pool = min(point.warmup_steps + point.steps, DATA_POOL_STEPS)
     batches = []
     for step in range(pool):
-        images, labels = dataset.batch(step * global_batch + start, stop - start)
-        batches.append((images.to(device), labels.to(device)))
+        inputs, targets = dataset.batch(step * global_batch + start, stop - start)
+        batches.append((inputs.to(device), targets.to(device)))
     return batches
+
+
+def make_optimizer_for(point: Point):
+    return lambda params: torch.optim.SGD(params, lr=point.learning_rate, momentum=MOMENTUM)
+
+
+def strategy_setup(point: Point, ctx: RankContext) -> StrategySetup:
+    sample, _ = open_point_data(point).batch(0, 1)
+    return StrategySetup(
+        ctx=ctx,
+        make_optimizer=make_optimizer_for(point),
+        loss_fn=loss_for(DATASETS.get(point.dataset).task),
+        sample=sample,
+        global_batch_size=point.global_batch_size,
+        micro_batches=point.micro_batches,
+        split=point.split,
+        options=dict(point.strategy_options),
+    )
 
 
 def train_point(
@@ -61,12 +86,7 @@ def train_point(
     """Run the point's warm-up and measured steps on this rank; return what it measured."""
     torch.set_num_threads(point.threads)
     model = build_model(point)
-    trainer = build_trainer(
-        point.strategy,
-        model,
-        ctx=ctx,
-        make_optimizer=lambda params: torch.optim.SGD(params, lr=point.learning_rate, momentum=MOMENTUM),
-    )
+    trainer = build_trainer(point.strategy, model, strategy_setup(point, ctx))
     start, stop = trainer.local_batch_range(point.global_batch_size)
     batches = step_batches(point, start, stop, ctx.device)
     fault = planned_fault(point.point_id) if ctx.rank == ctx.world_size - 1 else None
@@ -78,6 +98,10 @@ def train_point(
         if on_cuda:
             torch.cuda.synchronize(ctx.device)
 
+    # on the CPU the last warm-up step runs under a tensor-memory probe (it slows that step, which is
+    # not timed); the CUDA allocator's own peak counters need no probe
+    probe_step = point.warmup_steps - 1 if not on_cuda else -1
+    probe: TensorPeak | None = None
     losses: list[float] = []
     step_times: list[float] = []
     dist.barrier()  # start the clock on all ranks together
@@ -85,6 +109,13 @@ def train_point(
         if fault and step == point.warmup_steps:
             strike(fault, model)
         inputs, targets = batches[step % len(batches)]
+        if step == probe_step:
+            probe = TensorPeak(ctx.device.type, exclude=[t for batch in batches for t in batch])
+            with probe:
+                loss = trainer.step(inputs, targets)
+            if loss is not None:
+                losses.append(loss.item())
+            continue
         synchronize()
         began = time.perf_counter()
         loss = trainer.step(inputs, targets)
@@ -102,6 +133,8 @@ def train_point(
         step_times_s=tuple(step_times),
         losses=tuple(losses),
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # ru_maxrss is KiB
+        tensor_peak_bytes=probe.peak_bytes if probe else None,
+        tensor_resident_bytes=probe.resident_bytes if probe else None,
         cuda_peak_allocated_bytes=torch.cuda.max_memory_allocated(ctx.device) if on_cuda else None,
         cuda_peak_reserved_bytes=torch.cuda.max_memory_reserved(ctx.device) if on_cuda else None,
         device=ctx.device.type,
@@ -109,5 +142,6 @@ def train_point(
         backend=ctx.backend,
         torch_version=torch.__version__,
         threads=torch.get_num_threads(),
+        facts=trainer.facts(),
     )
     return result, (trainer.full_state_dict() if keep_state else None)

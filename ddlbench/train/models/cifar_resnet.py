@@ -55,9 +55,9 @@ def build_cifar_resnet(*, blocks_per_stage: int, in_channels: int, num_classes: 
     return nn.Sequential(*layers)
 
 
-def build_resnet8(*, in_channels: int, num_classes: int, norm: str = "batch") -> nn.Sequential:
-    return build_cifar_resnet(blocks_per_stage=1, in_channels=in_channels, num_classes=num_classes, norm=norm)
+def build_resnet8(*, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch") -> nn.Sequential:
+    return build_cifar_resnet(blocks_per_stage=1, in_channels=sample_shape[0], num_classes=num_outputs, norm=norm)
 
 
-def build_resnet20(*, in_channels: int, num_classes: int, norm: str = "batch") -> nn.Sequential:
-    return build_cifar_resnet(blocks_per_stage=3, in_channels=in_channels, num_classes=num_classes, norm=norm)
+def build_resnet20(*, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch") -> nn.Sequential:
+    return build_cifar_resnet(blocks_per_stage=3, in_channels=sample_shape[0], num_classes=num_outputs, norm=norm)

@@ -2,39 +2,49 @@
 
 from __future__ import annotations
 
-import torch.nn.functional as F
+from typing import Any
+
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlbench.train.strategies import OptimizerFactory, RankContext, Trainer
+from ddlbench.train.strategies import StrategySetup, Trainer
+from ddlbench.train.strategies.common import count_parameters, cpu_state, slice_of
 
 
 class DataParallelTrainer:
     """Each rank trains on its own contiguous slice of the global batch; DDP averages the gradients."""
 
-    def __init__(self, model: nn.Module, *, ctx: RankContext, make_optimizer: OptimizerFactory) -> None:
-        self.ctx = ctx
-        model = model.to(ctx.device)
-        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        self.model = DistributedDataParallel(model, device_ids=device_ids)
-        self.optimizer = make_optimizer(self.model.parameters())
+    def __init__(self, model: nn.Module, setup: StrategySetup) -> None:
+        self.ctx, self.loss_fn = setup.ctx, setup.loss_fn
+        self.bucket_cap_mb = float(setup.options.get("bucket_cap_mb", "25"))
+        model = model.to(self.ctx.device)
+        device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+        self.model = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=self.bucket_cap_mb)
+        self.optimizer = setup.make_optimizer(self.model.parameters())
 
     def local_batch_range(self, global_batch_size: int) -> tuple[int, int]:
-        per_rank = global_batch_size // self.ctx.world_size
-        return self.ctx.rank * per_rank, (self.ctx.rank + 1) * per_rank
+        return slice_of(global_batch_size, self.ctx.rank, self.ctx.world_size)
 
     def step(self, inputs: Tensor, targets: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(inputs), targets)
+        loss = self.loss_fn(self.model(inputs), targets)
         loss.backward()  # returns after the last bucket's all-reduce has finished
         self.optimizer.step()
         return loss.detach()
 
     def full_state_dict(self) -> dict[str, Tensor] | None:
-        if self.ctx.rank != 0:
-            return None
-        return {name: value.detach().cpu().clone() for name, value in self.model.module.state_dict().items()}
+        return cpu_state(self.model.module) if self.ctx.rank == 0 else None
+
+    def facts(self) -> dict[str, Any]:
+        buckets = self.model._get_ddp_logging_data().get("rebuilt_bucket_sizes")
+        return {
+            "mesh": {"dp": self.ctx.world_size},
+            "coords": {"dp": self.ctx.rank},
+            "local_parameters": count_parameters(self.model.module),
+            "bucket_cap_mb": self.bucket_cap_mb,
+            "bucket_bytes": [int(b) for b in str(buckets).split(", ")] if buckets else None,
+        }
 
 
-def parallelize_ddp(model: nn.Module, *, ctx: RankContext, make_optimizer: OptimizerFactory) -> Trainer:
-    return DataParallelTrainer(model, ctx=ctx, make_optimizer=make_optimizer)
+def parallelize_ddp(model: nn.Module, setup: StrategySetup) -> Trainer:
+    return DataParallelTrainer(model, setup)

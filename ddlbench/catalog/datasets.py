@@ -1,0 +1,81 @@
+"""The datasets: synthetic by default, deterministic per sample and seed; real data only from local files."""
+
+from __future__ import annotations
+
+from ddlbench.catalog import DATASETS, DatasetSpec
+
+_IMAGE_FOLDER = "an ImageFolder tree (<root>/<class>/<image>.jpg|png), read with Pillow"
+
+DATASETS.register(
+    DatasetSpec(
+        name="mnist",
+        input_kind="image2d",
+        sample_shape=(1, 28, 28),
+        task="classify",
+        num_outputs=10,
+        description="MNIST-shaped images, 1×28×28, 10 classes",
+        real_data="the MNIST IDX files (train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz]) in a folder",
+    )
+)
+DATASETS.register(
+    DatasetSpec(
+        name="cifar10",
+        input_kind="image2d",
+        sample_shape=(3, 32, 32),
+        task="classify",
+        num_outputs=10,
+        description="CIFAR-10-shaped images, 3×32×32, 10 classes",
+        real_data="the CIFAR-10 binary version (cifar-10-batches-bin/data_batch_*.bin)",
+    )
+)
+DATASETS.register(
+    DatasetSpec(
+        name="imagenet",
+        input_kind="image2d",
+        sample_shape=(3, 224, 224),
+        task="classify",
+        num_outputs=1000,
+        description="ImageNet-shaped images, 3×224×224, 1000 classes",
+        real_data=_IMAGE_FOLDER + ", resized and centre-cropped to 224×224",
+    )
+)
+DATASETS.register(
+    DatasetSpec(
+        name="highres",
+        input_kind="image2d",
+        sample_shape=(3, 512, 512),
+        task="classify",
+        num_outputs=1000,
+        description="DDLBench's high-resolution synthetic images, 3×512×512, 1000 classes",
+        real_data=_IMAGE_FOLDER + ", resized and centre-cropped to 512×512",
+    )
+)
+for _name, _side in (("cosmoflow", 128), ("cosmoflow32", 32)):
+    DATASETS.register(
+        DatasetSpec(
+            name=_name,
+            input_kind="volume3d",
+            sample_shape=(4, _side, _side, _side),
+            task="regress",
+            num_outputs=4,
+            description=f"CosmoFlow-like dark-matter volumes, 4×{_side}³ (redshift channels), 4 parameters to "
+            "regress"
+            + (" (the sub-volume size of the CosmoFlow benchmark)" if _side == 128 else " (small, for tests)"),
+            real_data="NumPy (.npy/.npz with x and y) or HDF5 (.h5 with datasets x and y) volumes in a folder",
+        )
+    )
+for _name, _length, _vocab, _what in (
+    ("tokens", 1024, 50257, "GPT-2's context and vocabulary"),
+    ("tokens_small", 64, 512, "small, for tests and quick sweeps"),
+):
+    DATASETS.register(
+        DatasetSpec(
+            name=_name,
+            input_kind="tokens",
+            sample_shape=(_length,),
+            task="language",
+            num_outputs=_vocab,
+            description=f"token sequences of length {_length}, vocabulary {_vocab} ({_what}); next-token targets",
+            real_data="a flat array of token ids (.npy, or .bin of uint16 as nanoGPT writes), cut into sequences",
+        )
+    )

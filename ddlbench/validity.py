@@ -1,0 +1,58 @@
+"""Which (strategy, model, dataset, ranks) combinations make sense, decided at plan time from the
+catalog's facts, so a sweep skips them with a reason instead of failing at run time."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ddlbench.catalog import DATASETS, MODELS, STRATEGIES
+
+if TYPE_CHECKING:
+    from ddlbench.sweep import Point
+
+
+def why_skipped(point: Point) -> str | None:
+    """None when the point can run; otherwise one sentence saying why it cannot."""
+    model, dataset, strategy = MODELS.get(point.model), DATASETS.get(point.dataset), STRATEGIES.get(point.strategy)
+    world, split = point.world_size, point.split
+    if model.input_kind != dataset.input_kind:
+        return f"{point.model} takes {model.input_kind} input; {point.dataset} gives {dataset.input_kind}"
+    if model.family not in strategy.families:
+        return f"{point.strategy} splits {' and '.join(strategy.families)} models; {point.model} is {model.family}"
+    if strategy.split_dim is not None:
+        if strategy.data_parallel:
+            if split < 2:
+                return f"{point.strategy} needs split >= 2 ranks per replica; split is {split}"
+            if world % split:
+                return f"{world} ranks do not divide into replicas of split={split}"
+            if world // split < 2:
+                return (
+                    f"{point.strategy} with split={split} on {world} ranks leaves one replica; "
+                    f"that is {_pure_name(point.strategy)}, or lower split"
+                )
+        elif world < 2:
+            return f"{point.strategy} cuts the model over ranks and needs at least 2; this point has 1"
+    if strategy.stages_per_rank:
+        stages = split * strategy.stages_per_rank
+        if stages > model.blocks:
+            return f"{stages} pipeline stages exceed the {model.blocks} blocks {point.model} can be cut into"
+    elif strategy.split_dim == "mp" and split > model.blocks:
+        return f"{split} model-parallel stages exceed the {model.blocks} blocks {point.model} can be cut into"
+    if strategy.micro_batched and point.batch_size % point.micro_batches:
+        return f"batch_size {point.batch_size} does not divide into {point.micro_batches} micro-batches"
+    if strategy.micro_batched and strategy.stages_per_rank == 2 and point.micro_batches % split:
+        return f"interleaved 1F1B needs micro_batches ({point.micro_batches}) to be a multiple of the ranks ({split})"
+    if strategy.split_dim == "tp":
+        heads, d_model = model.shape.get("heads", 0), model.shape.get("d_model", 0)
+        if heads % split or (4 * d_model) % split:
+            return f"tensor parallelism over {split} ranks needs {split} to divide the {heads} heads of {point.model}"
+    if strategy.split_dim == "sp":
+        extent = dataset.sample_shape[1]  # height, or depth for volumes
+        if extent % split:
+            return f"spatial split over {split} ranks needs {split} to divide the input's first axis ({extent})"
+    return None
+
+
+def _pure_name(hybrid: str) -> str:
+    pure = {"dp_pp": "a pipeline (gpipe/1f1b)", "dp_tp": "tensor", "dp_spatial": "spatial", "dp_filter": "filter"}
+    return pure.get(hybrid, "the pure strategy")
