@@ -46,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_sweep_options(plan)
     plan.add_argument("--format", choices=("table", "ids", "json"), default="table")
     plan.add_argument("--report-path", action="store_true", help="print only the path of the sweep's report")
+    plan.add_argument("--no-skipped", action="store_true", help="do not list the combinations that cannot run")
     plan.set_defaults(handler=_plan)
 
     run = commands.add_parser("run-point", help="run one point of a sweep and write its record")
@@ -108,22 +109,33 @@ def _plan(args: argparse.Namespace) -> int:
     if args.format == "ids":
         print("\n".join(point.point_id for point in plan.points))
     elif args.format == "json":
-        print(json.dumps([point.to_dict() | {"point_id": point.point_id} for point in plan.points], indent=1))
+        points = [point.to_dict() | {"point_id": point.point_id} for point in plan.points]
+        skipped = [point.to_dict() | {"point_id": point.point_id, "reason": why} for point, why in plan.skipped]
+        print(json.dumps({"points": points, "skipped": skipped}, indent=1))
     else:
         columns = ["point_id", *AXES.values(), "repetition"]
-        rows = [
-            [str(point.point_id if c == "point_id" else getattr(point, c)) for c in columns] for point in plan.points
-        ]
-        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
-        print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-        for row in rows:
-            print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
-    excluded = f" ({len(plan.excluded)} excluded)" if plan.excluded else ""
+        _print_table(columns, [[str(_column(point, c)) for c in columns] for point in plan.points])
+        if plan.skipped and not args.no_skipped:
+            print(f"\nskipped: {len(plan.skipped)} combinations cannot run")
+            _print_table(["point_id", "reason"], [[point.point_id, why] for point, why in plan.skipped])
+    excluded = f", {len(plan.excluded)} excluded" if plan.excluded else ""
+    skipped = f", {len(plan.skipped)} skipped" if plan.skipped else ""
     print(
-        f"{len(plan.points)} points{excluded} in sweep {config.name!r}",
+        f"{len(plan.points)} points{excluded}{skipped} in sweep {config.name!r}",
         file=sys.stderr if args.format != "table" else sys.stdout,
     )
     return 0
+
+
+def _column(point, column: str):
+    return point.point_id if column == "point_id" else getattr(point, column)
+
+
+def _print_table(columns: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for row in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _run_point(args: argparse.Namespace) -> int:

@@ -39,12 +39,16 @@ class Point:
     # them keep the ids (and records) they had before the fields existed
     micro_batches: int = 1  # pieces each replica's batch is cut into (pipelines); 1 elsewhere
     split: int = 1  # ranks that share one model replica (world size for model/pipeline/tensor/ParaDL splits)
-    strategy_options: tuple[tuple[str, str], ...] = ()  # the strategy's options, defaults filled in
+    strategy_options: tuple[tuple[str, str], ...] = ()  # the strategy's options that differ from its defaults
     data_path: str = ""  # real data to read; "" is synthetic data
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.ranks_per_node
+
+    def resolved_strategy_options(self) -> dict[str, str]:
+        """The strategy's options with its defaults filled in."""
+        return STRATEGIES.get(self.strategy).default_options() | dict(self.strategy_options)
 
     @property
     def replicas(self) -> int:
@@ -139,7 +143,7 @@ def expand_sweep(config: SweepConfig) -> Plan:
                 learning_rate=config.learning_rate,
                 timeout_s=config.timeout_s,
                 model_options=model_options[values["model"]],
-                strategy_options=strategy_options.get(values["strategy"], ()),
+                strategy_options=_changed_options(values["strategy"], strategy_options.get(values["strategy"], ())),
                 data_path=data.get(values["dataset"], ""),
             )
             if _is_excluded(values, config.exclude):
@@ -157,6 +161,13 @@ def expand_sweep(config: SweepConfig) -> Plan:
             )
         raise ConfigError("exclude", f"removes all {len(excluded)} points of the sweep; nothing would run")
     return Plan(config=config, points=tuple(kept), excluded=tuple(excluded), skipped=tuple(skipped.items()))
+
+
+def _changed_options(strategy: str, options: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """Only the options that differ from the strategy's defaults, so a point's id changes when (and only
+    when) a setting is changed; the rank fills the defaults back in (`Point.resolved_strategy_options`)."""
+    defaults = STRATEGIES.get(strategy).default_options()
+    return tuple((key, value) for key, value in options if defaults.get(key) != value)
 
 
 def resolve_layout(values: dict[str, Any]) -> dict[str, int]:

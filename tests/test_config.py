@@ -49,6 +49,15 @@ MISTAKES = [
     ("unknown model option", VALID | {"model_options": {"resnet8": {"depth": "9"}}}, "model_options.resnet8.depth", ["'depth'", "norm"]),
     ("bad model option value", VALID | {"model_options": {"resnet8": {"norm": "layer"}}}, "model_options.resnet8.norm", ["'layer'", "batch, group"]),
     ("not a mapping", ["models"], "", ["mapping"]),
+    ("options of an unswept strategy", VALID | {"strategy_options": {"gpipe": {"balance": "params"}}}, "strategy_options.gpipe", ["not in `strategies`", "ddp"]),
+    ("unknown strategy option", VALID | {"strategy_options": {"ddp": {"bucket": 1}}}, "strategy_options.ddp.bucket", ["'bucket'", "bucket_cap_mb"]),
+    ("non-numeric strategy option", VALID | {"strategy_options": {"ddp": {"bucket_cap_mb": "big"}}}, "strategy_options.ddp.bucket_cap_mb", ["'big'", "positive number"]),
+    ("negative strategy option", VALID | {"strategy_options": {"ddp": {"bucket_cap_mb": -1}}}, "strategy_options.ddp.bucket_cap_mb", ["'-1'", "positive number"]),
+    ("strategy option off its choices", VALID | {"strategies": ["gpipe"], "strategy_options": {"gpipe": {"balance": "time"}}}, "strategy_options.gpipe.balance", ["'time'", "flops, params"]),
+    ("data for an unswept dataset", VALID | {"data": {"mnist": "/"}}, "data.mnist", ["not in `datasets`", "cifar10"]),
+    ("data path that does not exist", VALID | {"data": {"cifar10": "/no/such/cifar"}}, "data.cifar10", ["'/no/such/cifar'", "does not exist", "never downloaded"]),
+    ("zero micro-batches", VALID | {"micro_batches": [0]}, "micro_batches[0]", ["0", "≥ 1"]),
+    ("nothing can run", VALID | {"strategies": ["gpipe"], "nodes": [1]}, "strategies", ["no point of the sweep can run", "at least 2"]),
 ]  # fmt: skip
 
 

@@ -64,6 +64,7 @@ def test_speedup_and_efficiency_are_over_the_smallest_node_count_of_each_series(
     from ddlbench.analysis.aggregate import add_scaling
 
     base = {"model": "m", "dataset": "d", "strategy": "ddp", "ranks_per_node": 1, "batch_size": 8, "threads": 1}
+    base |= {"micro_batches": 1, "strategy_options": "{}", "data": "synthetic"}
     rows = [
         base | {"model_options": "{}", "nodes": 2, "status": "ok", "samples_per_s_median": 100.0},
         base | {"model_options": "{}", "nodes": 2, "status": "ok", "samples_per_s_median": 120.0},  # repetition
@@ -76,3 +77,37 @@ def test_speedup_and_efficiency_are_over_the_smallest_node_count_of_each_series(
     assert table.loc[2, "scaling_efficiency"] == pytest.approx(0.75)  # 1.5× on 2× the nodes
     assert pd.isna(table.loc[3, "speedup"])
     assert table.loc[4, "speedup"] == 1.0  # its own series, its own base
+
+
+def test_strategies_are_compared_against_ddp_at_the_same_layout_and_skips_are_listed(tmp_path):
+    raw = {
+        "name": "cmp",
+        "results_dir": str(tmp_path),
+        "models": ["resnet8"],
+        "datasets": ["cifar10"],
+        "strategies": ["ddp", "gpipe"],
+        "nodes": [1, 2],
+    }
+    plan = expand_sweep(sweep_config_from_mapping(raw))
+    assert [(p.strategy, p.nodes) for p in plan.points] == [("ddp", 1), ("ddp", 2), ("gpipe", 2)]
+    base = sample_record("ok")
+    speeds = {("ddp", 1): 100.0, ("ddp", 2): 180.0, ("gpipe", 2): 90.0}
+    for point in plan.points:
+        stats = replace(base.metrics.samples_per_s, median=speeds[(point.strategy, point.nodes)])
+        record = replace(base, point=point, point_id=point.point_id, metrics=replace(base.metrics, samples_per_s=stats))
+        write_record(record_path(plan.config.sweep_dir, point.point_id), record)
+    table = build_table(plan)
+
+    from ddlbench.report.render import strategy_comparison
+
+    comparison = strategy_comparison(table).set_index(["strategy", "nodes"])
+    assert comparison.loc[("gpipe", 2), "vs_baseline"] == pytest.approx(0.5)  # 90 / 180 at 2 nodes
+    assert comparison.loc[("ddp", 1), "vs_baseline"] == pytest.approx(1.0)
+    assert comparison.loc[("gpipe", 2), "global_batch_size"] == 32  # one pipeline replica
+    assert comparison.loc[("ddp", 2), "global_batch_size"] == 64
+
+    html = render_report(plan.config, table)
+    section = html[html.index("<h2>Strategies compared</h2>") : html.index("<h2>Failed points</h2>")]
+    assert "<svg" in section and "gpipe mb4" in section  # the bar chart labels micro-batched strategies
+    skipped = html[html.index("<h2>Skipped combinations</h2>") : html.index("<h2>All points</h2>")]
+    assert plan.skipped[0][0].point_id in skipped and "needs at least 2" in skipped

@@ -68,6 +68,75 @@ def test_plan_command_prints_points_and_count(write_sweep):
     path = write_sweep(**BASE, exclude=[{"nodes": 4}])
     result = run_cli("plan", "--configfile", str(path))
     assert result.returncode == 0, result.stderr
-    assert "4 points (2 excluded) in sweep 'tiny'" in result.stdout
+    assert "4 points, 2 excluded in sweep 'tiny'" in result.stdout
     ids = run_cli("plan", "--configfile", str(path), "--format", "ids").stdout.split()
     assert ids == [p.point_id for p in plan(exclude=[{"nodes": 4}]).points]
+
+
+def test_default_sweep_ids_survive_the_new_axes():
+    """micro_batches, split, strategy options at their defaults and synthetic data stay out of the
+    canonical spec, so records measured before those axes existed keep their ids."""
+    from ddlbench.config import DEFAULT_SWEEP, load_sweep_config
+
+    ids = [point.point_id for point in expand_sweep(load_sweep_config(DEFAULT_SWEEP)).points]
+    assert ids[0] == "resnet8-cifar10-ddp-n1x1-b32-t1-r0-c0bee9b8"
+
+
+def test_axes_a_strategy_ignores_do_not_repeat_its_points():
+    result = plan(strategies=["ddp", "gpipe"], nodes=[2], micro_batches=[2, 4], split=[0, 2])
+    ddp = [p for p in result.points if p.strategy == "ddp"]
+    gpipe = [p for p in result.points if p.strategy == "gpipe"]
+    assert len(ddp) == 2 and {(p.micro_batches, p.split) for p in ddp} == {(1, 1)}  # one per model
+    assert sorted((p.model, p.micro_batches, p.split) for p in gpipe) == [
+        ("resnet20", 2, 2), ("resnet20", 4, 2), ("resnet8", 2, 2), ("resnet8", 4, 2)
+    ]  # fmt: skip
+    assert all(p.global_batch_size == 32 for p in gpipe)  # one replica: batch_size is the global batch
+    assert all(p.global_batch_size == 64 for p in ddp)
+
+
+def test_hybrid_split_defaults_to_ranks_per_node_and_counts_replicas():
+    result = plan(models=["resnet8"], strategies=["dp_pp"], nodes=[2], ranks_per_node=[2], split=[0, 4])
+    by_split = {p.split: p for p in result.points}
+    assert set(by_split) == {2}  # split 4 on 4 ranks leaves one replica: skipped
+    assert by_split[2].replicas == 2 and by_split[2].global_batch_size == 64
+    assert "-s2-" in by_split[2].point_id
+    (skipped, reason), *_ = result.skipped
+    assert skipped.split == 4 and "leaves one replica" in reason
+
+
+def test_combinations_that_cannot_run_are_skipped_with_a_reason():
+    result = plan(
+        models=["resnet8", "gpt_tiny"],
+        datasets=["cifar10", "tokens_small"],
+        strategies=["ddp", "tensor", "interleaved_1f1b"],
+        nodes=[1, 2],
+        batch_size=[6],
+        micro_batches=[3],
+    )
+    reasons = {(p.model, p.dataset, p.strategy, p.nodes): why for p, why in result.skipped}
+    assert "takes tokens input" in reasons[("gpt_tiny", "cifar10", "ddp", 1)]
+    assert "splits transformer models; resnet8 is cnn2d" in reasons[("resnet8", "cifar10", "tensor", 2)]
+    assert "needs at least 2" in reasons[("gpt_tiny", "tokens_small", "tensor", 1)]
+    assert "multiple of the ranks" in reasons[("resnet8", "cifar10", "interleaved_1f1b", 2)]
+    runnable = {(p.model, p.dataset, p.strategy, p.nodes) for p in result.points}
+    assert ("gpt_tiny", "tokens_small", "tensor", 2) in runnable
+    assert ("resnet8", "cifar10", "ddp", 2) in runnable
+    assert not runnable & set(reasons)
+
+
+def test_a_changed_strategy_option_changes_the_id_and_a_default_one_does_not():
+    default = plan(strategy_options={"ddp": {"bucket_cap_mb": 25}}).points[0]
+    assert default.point_id == plan().points[0].point_id
+    changed = plan(strategy_options={"ddp": {"bucket_cap_mb": 1}}).points[0]
+    assert changed.point_id != default.point_id
+    assert changed.resolved_strategy_options() == {"bucket_cap_mb": "1"}
+    assert Point.from_dict(changed.to_dict()) == changed
+
+
+def test_plan_command_lists_skipped_combinations_with_reasons(write_sweep):
+    path = write_sweep(models=["resnet8"], datasets=["cifar10"], strategies=["ddp", "gpipe"], nodes=[1, 2])
+    result = run_cli("plan", "--configfile", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "skipped: 1 combinations cannot run" in result.stdout
+    assert "gpipe cuts the model over ranks and needs at least 2" in result.stdout
+    assert "3 points, 1 skipped in sweep 'tiny'" in result.stdout

@@ -13,13 +13,17 @@ from ddlbench.records import PointRecord, RecordError, read_record
 from ddlbench.sweep import Plan, Point
 
 POINT_COLUMNS = [
-    "model", "dataset", "strategy", "nodes", "ranks_per_node", "batch_size", "threads", "repetition",
-    "warmup_steps", "steps", "seed",
+    "model", "dataset", "strategy", "nodes", "ranks_per_node", "batch_size", "micro_batches", "split",
+    "threads", "repetition", "warmup_steps", "steps", "seed",
 ]  # fmt: skip
 
 
-# What makes two points the same configuration at different node counts (repetitions pooled).
-SERIES_KEYS = ["model", "dataset", "strategy", "ranks_per_node", "batch_size", "threads", "model_options"]
+# What makes two points the same configuration at different node counts (repetitions pooled). Not
+# `split`: a pure model/pipeline split uses every rank, so it grows with the nodes by definition.
+SERIES_KEYS = [
+    "model", "dataset", "strategy", "ranks_per_node", "batch_size", "micro_batches", "threads", "model_options",
+    "strategy_options", "data",
+]  # fmt: skip
 
 
 def record_path(sweep_dir: Path, point_id: str) -> Path:
@@ -73,7 +77,10 @@ def record_row(record: PointRecord) -> dict[str, Any]:
             "cuda_peak_reserved_bytes": metrics.cuda_peak_reserved_bytes,
             "loss_first": metrics.loss_first,
             "loss_last": metrics.loss_last,
+            "tensor_peak_bytes": metrics.tensor_peak_bytes,
         }
+    if record.ranks:
+        row |= _facts_columns(record)
     prov = record.provenance
     row |= {
         "hostnames": ",".join(prov.hostnames),
@@ -98,13 +105,30 @@ def record_row(record: PointRecord) -> dict[str, Any]:
     return row
 
 
+def _facts_columns(record: PointRecord) -> dict[str, Any]:
+    """The strategy's facts, summarised: mesh and stage counts from rank 0, parameter spread over ranks."""
+    first = record.ranks[0].facts
+    local = [rank.facts.get("local_parameters") for rank in record.ranks]
+    local = [count for count in local if isinstance(count, int)]
+    stages = first.get("stages")
+    return {
+        "mesh": json.dumps(first.get("mesh"), sort_keys=True) if first.get("mesh") else None,
+        "stages": len(stages) if isinstance(stages, list) else None,
+        "local_parameters_max": max(local) if local else None,
+        "local_parameters_min": min(local) if local else None,
+    }
+
+
 def _point_row(point: Point) -> dict[str, Any]:
     row: dict[str, Any] = {"point_id": point.point_id}
     row |= {column: getattr(point, column) for column in POINT_COLUMNS}
     row |= {
         "world_size": point.world_size,
+        "replicas": point.replicas,
         "global_batch_size": point.global_batch_size,
         "model_options": json.dumps(dict(point.model_options), sort_keys=True),
+        "strategy_options": json.dumps(dict(point.strategy_options), sort_keys=True),
+        "data": point.data_path or "synthetic",
     }
     return row
 

@@ -11,20 +11,35 @@ import ddlbench
 from ddlbench.config import SweepConfig
 from ddlbench.provenance import utc_now
 from ddlbench.records import STATUSES
-from ddlbench.report.plots import throughput_vs_nodes_svg
+from ddlbench.report.plots import strategy_comparison_svg, throughput_vs_nodes_svg
+from ddlbench.sweep import expand_sweep
 from ddlbench.templating import template_environment
 
 TABLE_COLUMNS = [
-    "point_id", "model", "dataset", "strategy", "nodes", "ranks_per_node", "batch_size", "threads",
-    "repetition", "status", "samples_per_s_median", "samples_per_s_p5", "samples_per_s_p95",
-    "step_time_s_median", "speedup", "scaling_efficiency", "peak_rss_bytes", "cuda_peak_allocated_bytes",
-    "loss_first", "loss_last",
+    "point_id", "model", "dataset", "strategy", "nodes", "ranks_per_node", "split", "batch_size",
+    "micro_batches", "threads", "repetition", "status", "samples_per_s_median", "samples_per_s_p5",
+    "samples_per_s_p95", "step_time_s_median", "speedup", "scaling_efficiency", "peak_rss_bytes",
+    "tensor_peak_bytes", "cuda_peak_allocated_bytes", "loss_first", "loss_last",
 ]  # fmt: skip
+# One row per strategy at each (model, dataset, layout): what the strategies cost and hold.
+COMPARISON_COLUMNS = [
+    "model", "dataset", "nodes", "ranks_per_node", "strategy", "micro_batches", "split", "global_batch_size",
+    "samples_per_s", "vs_baseline", "step_time_s", "tensor_peak_mib", "peak_rss_mib", "cuda_peak_mib",
+    "local_parameters_max", "stages",
+]  # fmt: skip
+MIB = 2**20
 
 
 def render_report(config: SweepConfig, table: pd.DataFrame) -> str:
     models = [model for model in config.models if model in set(table["model"])]
     plots = {model: Markup(throughput_vs_nodes_svg(table, model)) for model in models}
+    pairs = sorted({(m, d) for m, d in zip(table["model"], table["dataset"], strict=True)})
+    comparison_plots = (
+        {f"{m} on {d}": Markup(strategy_comparison_svg(table, m, d)) for m, d in pairs}
+        if table["strategy"].nunique() > 1
+        else {}
+    )
+    skipped = [{"point_id": point.point_id, "reason": why} for point, why in expand_sweep(config).skipped]
     failed = table[table["status"] != "ok"]
     counts = {status: int((table["status"] == status).sum()) for status in (*STATUSES, "missing")}
     context: dict[str, Any] = {
@@ -35,12 +50,53 @@ def render_report(config: SweepConfig, table: pd.DataFrame) -> str:
         "counts": counts,
         "total": len(table),
         "plots": plots,
+        "comparison_plots": comparison_plots,
+        "comparison": _rows(strategy_comparison(table)),
+        "comparison_columns": COMPARISON_COLUMNS,
+        "baseline": BASELINE_STRATEGY,
+        "skipped": skipped,
         "columns": [column for column in TABLE_COLUMNS if column in table.columns],
         "rows": _rows(table),
         "failed": _rows(failed[["point_id", "status", "reason"]]),
         "provenance": _provenance(table),
     }
     return template_environment(autoescape=True).get_template("report.html.j2").render(**context)
+
+
+BASELINE_STRATEGY = "ddp"
+
+
+def strategy_comparison(table: pd.DataFrame) -> pd.DataFrame:
+    """Successful points pooled over repetitions (medians), one row per strategy and layout.
+
+    vs_baseline = samples/s of the row ÷ samples/s of ddp on the same model, dataset, nodes and ranks
+    per node (dimensionless; empty where ddp did not run there). Memory in MiB (2^20 bytes).
+    """
+    ok = table[table["status"] == "ok"]
+    if ok.empty:
+        return pd.DataFrame(columns=COMPARISON_COLUMNS)
+    keys = ["model", "dataset", "nodes", "ranks_per_node", "strategy", "micro_batches", "split", "global_batch_size"]
+    present = {c: c in ok.columns for c in ("tensor_peak_bytes", "cuda_peak_allocated_bytes", "stages")}
+    grouped = ok.groupby(keys, sort=True, dropna=False)
+    frame = grouped.agg(
+        samples_per_s=("samples_per_s_median", "median"),
+        step_time_s=("step_time_s_median", "median"),
+        peak_rss_mib=("peak_rss_bytes", lambda v: v.max() / MIB),
+        local_parameters_max=("local_parameters_max", "max")
+        if "local_parameters_max" in ok.columns
+        else ("samples_per_s_median", lambda v: None),
+    ).reset_index()
+    for column, source in (("tensor_peak_mib", "tensor_peak_bytes"), ("cuda_peak_mib", "cuda_peak_allocated_bytes")):
+        frame[column] = grouped[source].max().div(MIB).values if present[source] else None
+    frame["stages"] = grouped["stages"].max().values if present["stages"] else None
+    base = frame[frame["strategy"] == BASELINE_STRATEGY].set_index(["model", "dataset", "nodes", "ranks_per_node"])
+    base = base["samples_per_s"].groupby(level=[0, 1, 2, 3]).max()
+    layout = list(zip(frame["model"], frame["dataset"], frame["nodes"], frame["ranks_per_node"], strict=True))
+    frame["vs_baseline"] = [
+        speed / base[key] if key in base.index else float("nan")
+        for key, speed in zip(layout, frame["samples_per_s"], strict=True)
+    ]
+    return frame[COMPARISON_COLUMNS]
 
 
 def _rows(frame: pd.DataFrame) -> list[dict[str, str]]:

@@ -76,7 +76,7 @@ def strategy_setup(point: Point, ctx: RankContext) -> StrategySetup:
         global_batch_size=point.global_batch_size,
         micro_batches=point.micro_batches,
         split=point.split,
-        options=dict(point.strategy_options),
+        options=point.resolved_strategy_options(),
     )
 
 
