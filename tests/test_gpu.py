@@ -1,18 +1,45 @@
-"""GPU path: NCCL and the CUDA allocator's figures. Skipped cleanly on machines without CUDA."""
+"""GPU path: NCCL and the CUDA allocator's figures, for every strategy. Skipped cleanly without CUDA
+(and, per case, without enough GPUs: NCCL refuses two ranks on one device)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from ddlbench.catalog import STRATEGIES
 from ddlbench.launch.runner import run_point
 from tests.conftest import make_point
+from tests.equivalence import layout_point
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.slow,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
+
+# strategy -> (model, dataset, ranks, extra point fields): the smallest point that exercises it
+GPU_CASES = {
+    "ddp": ("resnet18", "cifar10", 2, {}),
+    "horovod": ("resnet18", "cifar10", 2, {}),
+    "model_parallel": ("resnet18", "cifar10", 2, {}),
+    "gpipe": ("resnet18", "cifar10", 2, {"micro_batches": 4}),
+    "1f1b": ("resnet18", "cifar10", 2, {"micro_batches": 4}),
+    "interleaved_1f1b": ("resnet18", "cifar10", 2, {"micro_batches": 4}),
+    "fsdp": ("resnet18", "cifar10", 2, {}),
+    "zero2": ("resnet18", "cifar10", 2, {}),
+    "tensor": ("gpt_tiny", "tokens_small", 2, {}),
+    "filter": ("resnet18", "cifar10", 2, {}),
+    "channel": ("resnet18", "cifar10", 2, {}),
+    "spatial": ("resnet18", "cifar10", 2, {}),
+    "dp_pp": ("resnet18", "cifar10", 4, {"micro_batches": 4, "split": 2}),
+    "dp_tp": ("gpt_tiny", "tokens_small", 4, {"split": 2}),
+    "dp_spatial": ("resnet18", "cifar10", 4, {"split": 2}),
+    "dp_filter": ("resnet18", "cifar10", 4, {"split": 2}),
+}
+
+
+def test_every_strategy_has_a_gpu_case():
+    assert set(GPU_CASES) == set(STRATEGIES.names())
 
 
 def test_point_on_cuda_uses_nccl_and_records_allocator_peaks(tmp_path):
@@ -23,3 +50,19 @@ def test_point_on_cuda_uses_nccl_and_records_allocator_peaks(tmp_path):
     assert record.provenance.gpu_model
     assert record.metrics.cuda_peak_allocated_bytes > 0
     assert record.metrics.cuda_peak_reserved_bytes >= record.metrics.cuda_peak_allocated_bytes
+
+
+@pytest.mark.parametrize("strategy", sorted(GPU_CASES))
+def test_strategy_runs_with_nccl_on_cuda(tmp_path, strategy):
+    model, dataset, ranks, extra = GPU_CASES[strategy]
+    if torch.cuda.device_count() < ranks:
+        pytest.skip(f"{strategy} needs {ranks} GPUs; this host has {torch.cuda.device_count()}")
+    point = layout_point(model=model, dataset=dataset, strategy=strategy, ranks_per_node=ranks, batch_size=16, **extra)
+    record = run_point(point, out=tmp_path / "record.json", launcher="local")
+    failures = "; ".join(f"{f.error_type}: {f.message}" for f in record.failures)
+    if strategy == "horovod" and "make horovod" in (record.reason or "") + failures:
+        pytest.skip("horovod is not built on this host")
+    assert record.status == "ok", f"{record.reason} {failures}"
+    assert record.provenance.backend == "nccl"
+    assert record.metrics.cuda_peak_allocated_bytes > 0
+    assert record.metrics.loss_last == record.metrics.loss_last  # finite, not NaN

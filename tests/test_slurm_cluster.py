@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import BIN, REPO, job_counts, make_point, run_cli, run_snakemake
+from conftest import BIN, REPO, job_counts, run_cli, run_snakemake
 
 from ddlbench.launch.profile import ProfileOptions, write_profile
 from ddlbench.launch.resources import Site
@@ -97,22 +97,35 @@ def sweep(write_sweep, name: str, **overrides) -> Path:
     return write_sweep(f"{name}.yaml", **(config | overrides))
 
 
-def test_srun_ranks_on_two_nodes_match_the_local_run(slurm_env, tmp_path):
-    """The same 2-rank point through srun over two (virtual) nodes and as local processes: same weights."""
-    point = make_point(nodes=2, steps=3)
+# (strategy, ranks per node, extra point fields): data parallel, a pipeline across the two nodes,
+# and a 2-D hybrid whose filter-parallel groups sit inside a node and whose replicas span the nodes
+SRUN_CASES = [
+    ("ddp", 1, {}),
+    ("1f1b", 1, {"micro_batches": 2, "model_options": (("norm", "group"),)}),
+    ("dp_filter", 2, {"split": 2, "model_options": (("norm", "group"),)}),
+]
+
+
+@pytest.mark.parametrize(("strategy", "per_node", "extra"), SRUN_CASES, ids=[c[0] for c in SRUN_CASES])
+def test_srun_ranks_on_two_nodes_match_the_local_run(slurm_env, tmp_path, strategy, per_node, extra):
+    """The same point through srun over two (virtual) nodes and as local processes: same weights."""
+    from tests.equivalence import layout_point
+
+    point = layout_point(strategy=strategy, nodes=2, ranks_per_node=per_node, steps=3, **extra)
     local = tmp_path / "local.pt"
     result = run_cli(
         "run-point", "--spec", point.to_json(), "--out", str(tmp_path / "local.json"), "--launcher", "local",
         "--dump-params", str(local), env=slurm_env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    assert read_record(tmp_path / "local.json").status == "ok", read_record(tmp_path / "local.json").reason
     command = shlex.join(
         [str(BIN / "ddlbench"), "run-point", "--spec", point.to_json(), "--out", str(tmp_path / "srun.json"),
          "--dump-params", str(tmp_path / "srun.pt")]
     )  # fmt: skip
     batch = subprocess.run(
-        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", "--mem=1500M", "--time=5",
-         f"--output={tmp_path / 'job.out'}", "--wrap", command],
+        ["sbatch", "--wait", "--nodes=2", f"--ntasks-per-node={per_node}", f"--mem={1000 + 1000 * per_node}M",
+         "--time=5", f"--output={tmp_path / 'job.out'}", "--wrap", command],
         capture_output=True, text=True, env={**os.environ, **slurm_env}, timeout=300,
     )  # fmt: skip
     assert batch.returncode == 0, batch.stderr + (tmp_path / "job.out").read_text()
@@ -121,6 +134,7 @@ def test_srun_ranks_on_two_nodes_match_the_local_run(slurm_env, tmp_path):
     assert record.provenance.launcher == "srun"
     assert record.provenance.slurm.num_nodes == 2
     assert record.provenance.slurm.partition == "cpu"
+    assert len({rank.hostname for rank in record.ranks}) >= 1 and len(record.ranks) == point.world_size
     import torch
 
     ours, theirs = torch.load(tmp_path / "srun.pt"), torch.load(local)

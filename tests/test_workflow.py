@@ -68,3 +68,41 @@ def test_dry_run_and_lint_are_clean():
     lint = run_snakemake("--lint", "--cores", "1")
     assert lint.returncode == 0, lint.stdout + lint.stderr
     assert "Lints for" not in lint.stdout + lint.stderr, lint.stdout + lint.stderr
+
+
+def test_a_strategy_comparison_sweep_reaches_the_comparison_report(write_sweep, tmp_path):
+    """The seeds sweep's shape, shrunk: data parallel against model and pipeline parallel, through
+    the real Snakemake; the 1-node pipeline points are skipped at plan time, not failed at run time."""
+    path = write_sweep(
+        **TINY | {"strategies": ["ddp", "model_parallel", "gpipe", "1f1b"], "micro_batches": [2], "steps": 2}
+    )
+    plan = expand_sweep(load_sweep_config(path))
+    assert sorted((p.strategy, p.nodes) for p in plan.points) == [
+        ("1f1b", 2), ("ddp", 1), ("ddp", 2), ("gpipe", 2), ("model_parallel", 2)
+    ]  # fmt: skip
+    result = run_snakemake("--cores", "2", "--configfile", str(path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep_dir = tmp_path / "results" / "tiny"
+    table = pd.read_parquet(sweep_dir / "table.parquet")
+    assert set(table["status"]) == {"ok"}, table[["point_id", "reason"]].to_string()
+    pipelines = table[table["strategy"].isin(["gpipe", "1f1b"])]
+    assert set(pipelines["stages"]) == {2} and set(pipelines["micro_batches"]) == {2}
+    html = (sweep_dir / "report.html").read_text()
+    compared = html[html.index("<h2>Strategies compared</h2>") : html.index("<h2>Failed points</h2>")]
+    for strategy in ("ddp", "model_parallel", "gpipe", "1f1b"):
+        assert f'<td class="text">{strategy}</td>' in compared
+    skipped = html[html.index("<h2>Skipped combinations</h2>") : html.index("<h2>All points</h2>")]
+    assert skipped.count("needs at least 2") == 3  # model_parallel, gpipe and 1f1b on one rank
+
+
+def test_the_seeds_sweep_plans_every_strategy_at_both_node_counts():
+    from ddlbench.config import REPO_CONFIGS
+
+    plan = expand_sweep(load_sweep_config(REPO_CONFIGS / "seeds.yaml"))
+    assert not plan.skipped
+    assert {(p.model, p.strategy, p.nodes) for p in plan.points} == {
+        (model, strategy, nodes)
+        for model in ("resnet18", "vgg11")
+        for strategy in ("ddp", "horovod", "model_parallel", "gpipe", "1f1b")
+        for nodes in (1, 2)
+    }

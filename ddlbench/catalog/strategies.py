@@ -83,6 +83,13 @@ STRATEGIES.register(
         description="ZeRO stage 2: every rank keeps all parameters; gradients are reduce-scattered and each "
         "rank keeps optimizer state for, and updates, only its shard, then all-gathers the parameters",
         mesh=("dp",),
+        options={
+            "bucket_cap_mb": OptionSpec(
+                default="25",
+                description="gradient bucket size in MiB; each bucket is reduce-scattered, and its full "
+                "gradients freed, as soon as backward has produced it",
+            )
+        },
     )
 )
 STRATEGIES.register(

@@ -28,7 +28,8 @@ AXES: dict[str, str] = {
     "split": "split",
 }
 
-DEFAULT_SWEEP = Path(__file__).resolve().parents[2] / "workflow" / "config" / "default.yaml"
+REPO_CONFIGS = Path(__file__).resolve().parents[2] / "workflow" / "config"  # the shipped sweeps
+DEFAULT_SWEEP = REPO_CONFIGS / "default.yaml"
 
 
 @dataclass(frozen=True, kw_only=True)

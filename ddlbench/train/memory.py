@@ -69,7 +69,10 @@ class TensorPeak(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor) and leaf.device.type == self.device_type:
-                self._track(leaf.untyped_storage())
+                try:  # a DTensor (FSDP2, tensor parallel) owns no storage: count its local shard
+                    self._track(_local(leaf).untyped_storage())
+                except (RuntimeError, NotImplementedError):  # other storage-less subclasses
+                    continue
         return out
 
     def _track(self, storage: torch.UntypedStorage) -> None:

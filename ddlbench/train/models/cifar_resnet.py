@@ -27,7 +27,7 @@ class BasicBlock(nn.Module):
         self.norm1 = _norm(norm, out_channels)
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
         self.norm2 = _norm(norm, out_channels)
-        self.relu = nn.ReLU(inplace=True)
+        self.relu = nn.ReLU()
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or in_channels != out_channels:
             self.shortcut = nn.Sequential(
@@ -43,7 +43,7 @@ class BasicBlock(nn.Module):
 
 def build_cifar_resnet(*, blocks_per_stage: int, in_channels: int, num_classes: int, norm: str) -> nn.Sequential:
     layers: list[nn.Module] = [
-        nn.Sequential(nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), _norm(norm, 16), nn.ReLU(inplace=True))
+        nn.Sequential(nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), _norm(norm, 16), nn.ReLU())
     ]
     channels = 16
     for stage, width in enumerate((16, 32, 64)):
