@@ -109,9 +109,9 @@ MODELS.register(
 # GPT-2-style decoder-only transformers (Radford et al. 2019): pre-norm blocks, learned positions,
 # causal self-attention, a 4×d MLP; blocks = embedding + layers + (final norm and LM head).
 for _name, _d_model, _heads, _layers, _parameters in (
-    ("gpt_tiny", 64, 4, 2, "~0.2M + embeddings"),
+    ("gpt_tiny", 64, 4, 2, "~0.1M + embeddings"),
     ("gpt_small", 768, 12, 12, "124M"),
-    ("gpt_medium", 1024, 16, 24, "350M"),
+    ("gpt_medium", 1024, 16, 24, "355M"),
     ("gpt_large", 1280, 20, 36, "774M"),
 ):
     MODELS.register(
@@ -122,7 +122,7 @@ for _name, _d_model, _heads, _layers, _parameters in (
             input_kind="tokens",
             default_batch_size=8,
             description=f"GPT-2-style transformer, d_model {_d_model}, {_heads} heads, {_layers} layers "
-            f"({_parameters} parameters with GPT-2's vocabulary)",
+            f"({_parameters} parameters counted GPT-2's way; the LM head is untied, adding vocab·d_model)",
             blocks=_layers + 2,
             parameters=_parameters,
             shape={"d_model": _d_model, "heads": _heads, "layers": _layers},
