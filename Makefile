@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: run test venv lint bench bench-slurm slurm-up slurm-down clean
+.PHONY: run test venv horovod lint bench bench-slurm slurm-up slurm-down clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 venv: $(BIN)/.installed
+
+# Optional: Horovod for the `horovod` strategy. Builds a patched 0.28.1 wheel once (minutes), caches it
+# under $DDLBENCH_WHEEL_CACHE (default ~/.cache/ddlbench/wheels), then only installs it (seconds).
+horovod: venv
+	envs/horovod.sh $(VENV)
 
 run: venv
 	$(BIN)/snakemake --cores $(CORES) --configfile $(SWEEP)

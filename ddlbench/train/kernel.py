@@ -144,4 +144,8 @@ def train_point(
         threads=torch.get_num_threads(),
         facts=trainer.facts(),
     )
-    return result, (trainer.full_state_dict() if keep_state else None)
+    state = trainer.full_state_dict() if keep_state else None
+    close = getattr(trainer, "close", None)
+    if close is not None:
+        close()  # a strategy's own runtime (Horovod's background thread) stops on every rank before teardown
+    return result, state

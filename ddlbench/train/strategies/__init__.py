@@ -72,6 +72,9 @@ class Trainer(Protocol):
         local and total parameter counts, shard sizes. Written into the record."""
         ...
 
+    # Optional: `close()`, called on every rank after the last step, stops a runtime the strategy
+    # started (Horovod's background thread) before the process group is torn down.
+
 
 def build_trainer(strategy: str, model: nn.Module, setup: StrategySetup) -> Trainer:
     parallelize = resolve_builder(STRATEGIES.get(strategy).builder)
