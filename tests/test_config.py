@@ -56,6 +56,7 @@ MISTAKES = [
     ("strategy option off its choices", VALID | {"strategies": ["gpipe"], "strategy_options": {"gpipe": {"balance": "time"}}}, "strategy_options.gpipe.balance", ["'time'", "flops, params"]),
     ("data for an unswept dataset", VALID | {"data": {"mnist": "/"}}, "data.mnist", ["not in `datasets`", "cifar10"]),
     ("data path that does not exist", VALID | {"data": {"cifar10": "/no/such/cifar"}}, "data.cifar10", ["'/no/such/cifar'", "does not exist", "never downloaded"]),
+    ("data folder of another format", VALID | {"data": {"cifar10": "/"}}, "data.cifar10", ["expected the CIFAR-10 binary version", "data_batch_1.bin"]),
     ("zero micro-batches", VALID | {"micro_batches": [0]}, "micro_batches[0]", ["0", "≥ 1"]),
     ("nothing can run", VALID | {"strategies": ["gpipe"], "nodes": [1]}, "strategies", ["no point of the sweep can run", "at least 2"]),
 ]  # fmt: skip

@@ -61,7 +61,8 @@ for _name, _side in (("cosmoflow", 128), ("cosmoflow32", 32)):
             description=f"CosmoFlow-like dark-matter volumes, 4×{_side}³ (redshift channels), 4 parameters to "
             "regress"
             + (" (the sub-volume size of the CosmoFlow benchmark)" if _side == 128 else " (small, for tests)"),
-            real_data="NumPy (.npy/.npz with x and y) or HDF5 (.h5 with datasets x and y) volumes in a folder",
+            real_data="NumPy (<name>data.npy with <name>label.npy, or .npz with arrays x and y) or HDF5 (.h5 with "
+            "datasets x and y) volumes in a folder, C×D×H×W or D×H×W×C, optionally stacked",
         )
     )
 for _name, _length, _vocab, _what in (

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from ddlbench.catalog import DATASETS, MODELS, STRATEGIES
+from ddlbench.catalog.data_layout import find_layout_problem
 from ddlbench.config.schema import validate_raw
 from ddlbench.errors import ConfigError
 
@@ -193,6 +194,9 @@ def _check_data(datasets: list[str], data: Mapping[str, str]) -> None:
             raise ConfigError(f"data.{dataset}", f"{dataset} is synthetic only; it reads no real data")
         if not Path(path).exists():
             raise ConfigError(f"data.{dataset}", f"{path!r} does not exist (real data is never downloaded)")
+        problem = find_layout_problem(DATASETS.get(dataset), path)
+        if problem:
+            raise ConfigError(f"data.{dataset}", problem)
 
 
 def _check_exclude(data: Mapping[str, Any]) -> None:

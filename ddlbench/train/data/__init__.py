@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from ddlbench.catalog import DatasetSpec
-from ddlbench.train.data.layout import DataPathError, find_layout_problem, format_of, require_existing
+from ddlbench.catalog.data_layout import DataPathError, find_layout_problem, format_of, require_existing
 
 if TYPE_CHECKING:
     from torch import Tensor

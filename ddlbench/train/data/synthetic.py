@@ -35,10 +35,11 @@ OFFSET_AMPLITUDE = 0.5
 TOKEN_RESTART_PROBABILITY = 1 / 16
 
 
-def _per_sample(samples: Tensor, rule: Callable[[Tensor], Tensor]) -> Tensor:
-    """rule applied to each sample alone, in float64, stacked (see the module's docstring for why)."""
+def _per_sample(samples: Tensor, rule: Callable[[Tensor], Tensor], *, empty: Tensor) -> Tensor:
+    """rule applied to each sample alone, in float64, stacked (see the module's docstring for why);
+    `empty` for a batch of none."""
     if not len(samples):
-        return rule(samples.double())
+        return empty
     return torch.stack([rule(sample.double()) for sample in samples])
 
 
@@ -98,7 +99,7 @@ class SyntheticImages(_PerSample):
             folded = whole.unflatten(2, (width // period, period)).unflatten(1, (height // period, period))
             return (textures @ folded.mean((1, 3)).flatten()).argmax()
 
-        return _per_sample(images, label)
+        return _per_sample(images, label, empty=torch.empty(0, dtype=torch.int64))
 
 
 class SyntheticVolumes(_PerSample):
@@ -128,7 +129,11 @@ class SyntheticVolumes(_PerSample):
 
     def targets_for(self, volumes: Tensor) -> Tensor:
         """The target rule: a function of the volume alone."""
-        return _per_sample(volumes, lambda volume: self._weights @ volume.mean((1, 2, 3)) / OFFSET_AMPLITUDE).float()
+        return _per_sample(
+            volumes,
+            lambda volume: self._weights @ volume.mean((1, 2, 3)) / OFFSET_AMPLITUDE,
+            empty=torch.empty(0, self.spec.num_outputs, dtype=torch.float64),
+        ).float()
 
 
 class SyntheticTokens(_PerSample):
@@ -145,8 +150,8 @@ class SyntheticTokens(_PerSample):
         vocab = spec.num_outputs
         generator = self._rule_generator()
         multiplier = 1
-        while multiplier == 1 or math.gcd(multiplier, vocab) != 1:  # coprime: the rule permutes the vocabulary
-            multiplier = int(torch.randint(2, max(vocab, 3), (1,), generator=generator))
+        while vocab > 2 and (multiplier == 1 or math.gcd(multiplier, vocab) != 1):  # coprime: a permutation
+            multiplier = int(torch.randint(2, vocab, (1,), generator=generator))
         self.multiplier = multiplier
         self.offset = int(torch.randint(vocab, (1,), generator=generator))
         # k steps of the rule from x are (power[k]·x + shift[k]) mod vocab
