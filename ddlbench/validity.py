@@ -40,8 +40,18 @@ def why_skipped(point: Point) -> str | None:
         return f"{split} model-parallel stages exceed the {model.blocks} blocks {point.model} can be cut into"
     if strategy.micro_batched and point.batch_size % point.micro_batches:
         return f"batch_size {point.batch_size} does not divide into {point.micro_batches} micro-batches"
-    if strategy.micro_batched and strategy.stages_per_rank == 2 and point.micro_batches % split:
-        return f"interleaved 1F1B needs micro_batches ({point.micro_batches}) to be a multiple of the ranks ({split})"
+    if strategy.micro_batched:
+        # what torch 2.13's schedules check when they are built (torch.distributed.pipelining.schedules)
+        schedule = point.resolved_strategy_options().get("schedule", point.strategy)
+        if schedule == "1f1b" and point.micro_batches < split:
+            return f"1F1B needs at least as many micro-batches as stages: {point.micro_batches} < {split}"
+        if strategy.stages_per_rank == 2:
+            rounds = max(1, point.micro_batches // split)  # ScheduleInterleaved1F1B's number_of_rounds
+            if point.micro_batches % rounds:
+                return (
+                    f"interleaved 1F1B runs micro-batches in rounds of max(1, micro_batches // ranks) = {rounds}; "
+                    f"micro_batches ({point.micro_batches}) is not a multiple of it"
+                )
     if strategy.split_dim == "tp":
         heads, d_model = model.shape.get("heads", 0), model.shape.get("d_model", 0)
         if heads % split or (4 * d_model) % split:

@@ -110,14 +110,14 @@ def test_combinations_that_cannot_run_are_skipped_with_a_reason():
         datasets=["cifar10", "tokens_small"],
         strategies=["ddp", "tensor", "interleaved_1f1b"],
         nodes=[1, 2],
-        batch_size=[6],
-        micro_batches=[3],
+        batch_size=[10],
+        micro_batches=[5],
     )
     reasons = {(p.model, p.dataset, p.strategy, p.nodes): why for p, why in result.skipped}
     assert "takes tokens input" in reasons[("gpt_tiny", "cifar10", "ddp", 1)]
     assert "splits transformer models; resnet8 is cnn2d" in reasons[("resnet8", "cifar10", "tensor", 2)]
     assert "needs at least 2" in reasons[("gpt_tiny", "tokens_small", "tensor", 1)]
-    assert "multiple of the ranks" in reasons[("resnet8", "cifar10", "interleaved_1f1b", 2)]
+    assert "rounds of" in reasons[("resnet8", "cifar10", "interleaved_1f1b", 2)]
     runnable = {(p.model, p.dataset, p.strategy, p.nodes) for p in result.points}
     assert ("gpt_tiny", "tokens_small", "tensor", 2) in runnable
     assert ("resnet8", "cifar10", "ddp", 2) in runnable
@@ -131,6 +131,12 @@ def test_a_changed_strategy_option_changes_the_id_and_a_default_one_does_not():
     assert changed.point_id != default.point_id
     assert changed.resolved_strategy_options() == {"bucket_cap_mb": "1"}
     assert Point.from_dict(changed.to_dict()) == changed
+
+
+def test_one_f_one_b_needs_as_many_micro_batches_as_stages():
+    result = plan(models=["resnet20"], strategies=["1f1b", "gpipe"], nodes=[4], micro_batches=[2])
+    assert [p.strategy for p in result.points] == ["gpipe"]
+    assert "1F1B needs at least as many micro-batches as stages: 2 < 4" in result.skipped[0][1]
 
 
 def test_plan_command_lists_skipped_combinations_with_reasons(write_sweep):

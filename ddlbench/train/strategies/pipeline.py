@@ -1,0 +1,225 @@
+"""Pipeline parallelism with torch.distributed.pipelining: GPipe, 1F1B, interleaved 1F1B, and dp × pp.
+
+The flat nn.Sequential is cut into balanced contiguous stages (`balance`); each rank wraps its
+stage(s) in a PipelineStage built by hand (shapes are inferred from the first micro-batch) and a
+schedule runs the micro-batches. Gradients are the mean over micro-batches (the schedules' default
+scale_grads), which for equal micro-batches is the gradient of the replica's batch mean loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from ddlbench.train.strategies import StrategySetup, Trainer
+from ddlbench.train.strategies.balance import BlockProbe, StagePlan, plan_stages, probe_blocks, release_blocks
+from ddlbench.train.strategies.common import (
+    average_gradients,
+    build_mesh,
+    count_parameters,
+    cpu_state,
+    gather_state_on_rank0,
+    slice_of,
+)
+
+SINGLE_STAGE_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineLayout:
+    """Where this rank sits: its place in the pipeline and, for dp × pp, which replica it serves."""
+
+    pp_size: int
+    pp_rank: int
+    pp_group: dist.ProcessGroup | None  # None: the whole world is one pipeline
+    dp_size: int = 1
+    dp_rank: int = 0
+    dp_group: dist.ProcessGroup | None = None
+
+
+class ContiguousStage(nn.Sequential):
+    """A stage's blocks in sequence, returning a contiguous output.
+
+    The schedule sends outputs as they are and sizes receive buffers from the declared (contiguous)
+    layout; a block ending in a view must not break that. The names of the state stay those of a
+    plain nn.Sequential.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x).contiguous()
+
+
+def _meta(shape: tuple[int, ...], dtype: torch.dtype, *, requires_grad: bool) -> Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta").requires_grad_(requires_grad and dtype.is_floating_point)
+
+
+def stage_io(
+    probes: list[BlockProbe], sample: Tensor, bounds: tuple[int, int], micro_batch: int
+) -> tuple[Tensor, Tensor]:
+    """Meta tensors of one micro-batch's input and output of the stage holding blocks [lo, hi).
+
+    Given both, PipelineStage runs in its static mode. Left to infer them, it would run the stage once
+    on an uninitialised tensor of the right shape at the first step: BatchNorm's running statistics
+    would absorb that garbage (we saw inf) and dropout would draw random numbers the reference does not.
+    """
+    lo, hi = bounds
+    if lo == 0:
+        inputs = _meta((micro_batch, *sample.shape[1:]), sample.dtype, requires_grad=False)
+    else:
+        before = probes[lo - 1]
+        inputs = _meta((micro_batch, *before.output_shape[1:]), before.output_dtype, requires_grad=True)
+    last = probes[hi - 1]
+    return inputs, _meta((micro_batch, *last.output_shape[1:]), last.output_dtype, requires_grad=True)
+
+
+class PipelineTrainer:
+    """This rank's stage(s) of one pipeline replica, driven by a torch.distributed.pipelining schedule."""
+
+    def __init__(
+        self, model: nn.Sequential, setup: StrategySetup, *, schedule: str, stages_per_rank: int, layout: PipelineLayout
+    ) -> None:
+        self.ctx, self.layout, self.schedule_name = setup.ctx, layout, schedule
+        self.micro_batches = setup.micro_batches
+        num_stages = layout.pp_size * stages_per_rank
+        replica_batch = setup.global_batch_size // layout.dp_size
+        if replica_batch % self.micro_batches:
+            raise ValueError(
+                f"a replica's batch of {replica_batch} does not split into {self.micro_batches} micro-batches"
+            )
+        probes = probe_blocks(model, setup.sample)
+        self.plan: StagePlan = plan_stages(probes, num_stages, setup.options.get("balance", "flops"))
+        # looped placement: rank r holds stages r, r + pp, r + 2·pp … (what the interleaved schedule expects)
+        self.stage_indices = [layout.pp_rank + k * layout.pp_size for k in range(stages_per_rank)]
+        release_blocks(model, [self.plan.bounds[s] for s in self.stage_indices])
+        self.modules: list[tuple[int, nn.Sequential]] = []  # (first block index, stage module)
+        self.stages: list[PipelineStage] = []
+        for s in self.stage_indices:
+            lo, hi = self.plan.bounds[s]
+            module = ContiguousStage(*(model[i] for i in range(lo, hi))).to(self.ctx.device)
+            self.modules.append((lo, module))
+            inputs, outputs = stage_io(probes, setup.sample, (lo, hi), replica_batch // self.micro_batches)
+            self.stages.append(
+                PipelineStage(
+                    module,
+                    s,
+                    num_stages,
+                    self.ctx.device,
+                    input_args=inputs,
+                    output_args=outputs,
+                    group=layout.pp_group,
+                )
+            )
+        if stages_per_rank == 1:
+            self.schedule = SINGLE_STAGE_SCHEDULES[schedule](
+                self.stages[0], n_microbatches=self.micro_batches, loss_fn=setup.loss_fn
+            )
+        else:
+            self.schedule = ScheduleInterleaved1F1B(
+                self.stages, n_microbatches=self.micro_batches, loss_fn=setup.loss_fn
+            )
+        self.has_first = any(stage.is_first for stage in self.stages)
+        self.has_last = any(stage.is_last for stage in self.stages)
+        self.parameters = [p for _, module in self.modules for p in module.parameters()]
+        self.optimizer = setup.make_optimizer(self.parameters)
+
+    def local_batch_range(self, global_batch_size: int) -> tuple[int, int]:
+        # every rank of a replica is fed the replica's slice: the first stage reads the inputs, the
+        # last the targets
+        return slice_of(global_batch_size, self.layout.dp_rank, self.layout.dp_size)
+
+    def step(self, inputs: Tensor, targets: Tensor) -> Tensor | None:
+        self.optimizer.zero_grad(set_to_none=True)
+        losses: list[Tensor] = []
+        # only the first stage passes inputs and only the last passes targets; outputs are not merged
+        # (return_outputs=False), as nothing reads them and merging would copy the whole batch
+        args = (inputs,) if self.has_first else ()
+        if self.has_last:
+            self.schedule.step(*args, target=targets, losses=losses, return_outputs=False)
+        else:
+            self.schedule.step(*args, return_outputs=False)
+        # replicas of a dp × pp mesh saw different slices; their stages' gradients are averaged
+        average_gradients(self.parameters, self.layout.dp_group, self.layout.dp_size)
+        self.optimizer.step()
+        if not self.has_last:
+            return None
+        # the mean over equal micro-batches of their mean losses is the replica batch's mean loss
+        return torch.stack([loss.detach() for loss in losses]).mean()
+
+    def full_state_dict(self) -> dict[str, Tensor] | None:
+        local: dict[str, Tensor] = {}
+        if self.layout.dp_rank == 0:  # the replicas are equal; one is enough
+            for lo, module in self.modules:
+                for i, block in enumerate(module):
+                    local.update(cpu_state(block, prefix=f"{lo + i}."))
+        return gather_state_on_rank0(local)
+
+    def facts(self) -> dict[str, Any]:
+        layout = self.layout
+        mesh, coords = {"pp": layout.pp_size}, {"pp": layout.pp_rank}
+        if layout.dp_group is not None:
+            mesh, coords = {"dp": layout.dp_size} | mesh, {"dp": layout.dp_rank} | coords
+        return {
+            "mesh": mesh,
+            "coords": coords,
+            "local_parameters": sum(count_parameters(module) for _, module in self.modules),
+            "schedule": self.schedule_name,
+            "micro_batches": self.micro_batches,
+            "stages": self.stage_indices,
+            "num_stages": len(self.plan.bounds),
+            "stage_blocks": [list(bounds) for bounds in self.plan.bounds],
+            "stage_costs": list(self.plan.stage_costs),
+            "block_costs": list(self.plan.block_costs),
+            "balance": self.plan.rule,
+        }
+
+
+def _pure_layout(setup: StrategySetup, name: str) -> PipelineLayout:
+    world = setup.ctx.world_size
+    if setup.split != world:
+        raise ValueError(f"{name} cuts the model over all {world} ranks; split is {setup.split}")
+    return PipelineLayout(pp_size=world, pp_rank=setup.ctx.rank, pp_group=None)
+
+
+def _sequential(model: nn.Module, name: str) -> nn.Sequential:
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"{name} cuts a flat nn.Sequential; got {type(model).__name__}")
+    return model
+
+
+def parallelize_gpipe(model: nn.Module, setup: StrategySetup) -> Trainer:
+    layout = _pure_layout(setup, "gpipe")
+    return PipelineTrainer(_sequential(model, "gpipe"), setup, schedule="gpipe", stages_per_rank=1, layout=layout)
+
+
+def parallelize_1f1b(model: nn.Module, setup: StrategySetup) -> Trainer:
+    layout = _pure_layout(setup, "1f1b")
+    return PipelineTrainer(_sequential(model, "1f1b"), setup, schedule="1f1b", stages_per_rank=1, layout=layout)
+
+
+def parallelize_interleaved_1f1b(model: nn.Module, setup: StrategySetup) -> Trainer:
+    layout = _pure_layout(setup, "interleaved_1f1b")
+    return PipelineTrainer(
+        _sequential(model, "interleaved_1f1b"), setup, schedule="interleaved_1f1b", stages_per_rank=2, layout=layout
+    )
+
+
+def parallelize_dp_pp(model: nn.Module, setup: StrategySetup) -> Trainer:
+    schedule = setup.options.get("schedule", "1f1b")
+    if schedule not in SINGLE_STAGE_SCHEDULES:
+        raise ValueError(f"dp_pp schedule {schedule!r} unknown; accepted: {', '.join(SINGLE_STAGE_SCHEDULES)}")
+    mesh = build_mesh(setup.ctx, setup.split, "pp")
+    coords = mesh.get_coordinate()
+    layout = PipelineLayout(
+        pp_size=setup.split,
+        pp_rank=coords[1],
+        pp_group=mesh.get_group("pp"),
+        dp_size=setup.replicas,
+        dp_rank=coords[0],
+        dp_group=mesh.get_group("dp"),
+    )
+    return PipelineTrainer(_sequential(model, "dp_pp"), setup, schedule=schedule, stages_per_rank=1, layout=layout)
