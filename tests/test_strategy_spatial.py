@@ -1,0 +1,349 @@
+"""ParaDL spatial parallelism and its dp × sp hybrid: the halo-row arithmetic as pure functions, then real
+ranks (local launcher, gloo) against one process training on the same global batches."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from ddlbench.sweep import Point
+from ddlbench.train.kernel import MOMENTUM, build_model, step_batches, strategy_setup
+from ddlbench.train.losses import loss_for
+from ddlbench.train.models.cifar_resnet import build_resnet8
+from ddlbench.train.strategies import RankContext, build_trainer
+from ddlbench.train.strategies.halo import Piece, SlabWindowed, geometry, halo_windows, output_extent, rank_plan
+from ddlbench.train.strategies.spatial import plan_region
+from tests.equivalence import check_against_reference, layout_point
+
+# Each output row is computed from the same inputs and weights as in one process, but the slab-shaped
+# convolutions may pick other kernels, the norm statistics are combined from per-slab moments, and each
+# weight gradient is the sum of two ranks' partial sums: float32 rounding of ~1e-7 relative per step,
+# ~1e-6 after 4 SGD steps with momentum. These models are well conditioned on these batches (the reference
+# against itself with its weights scaled by 1 + 1e-7·noise ends <= 8e-7 apart for resnet8, vgg11, resnet18
+# and cosmoflow). The bounds are DDP's: room for rounding, none for a missing or misplaced halo row (the
+# negative test below: boundary outputs move by > 1e-2) or a statistic's gradient not shared (tried by
+# hand: parameters move by 5e-3).
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _cases() -> list[tuple[str, nn.Module, int, int]]:
+    """(label, layer, extent along dim 2, parts): the zoo's layer shapes plus wide/dilated kernels whose
+    windows reach past the neighbouring slab."""
+    return [
+        ("conv3x3", nn.Conv2d(2, 3, 3, padding=1), 32, 2),
+        ("conv3x3 on 4", nn.Conv2d(2, 3, 3, padding=1), 32, 4),
+        ("conv3x3 stride 2", nn.Conv2d(2, 3, 3, stride=2, padding=1), 32, 4),
+        ("shortcut 1x1 stride 2", nn.Conv2d(2, 3, 1, stride=2), 16, 2),
+        ("imagenet stem 7x7 stride 2", nn.Conv2d(2, 3, 7, stride=2, padding=3), 32, 2),
+        ("stem max-pool 3x3 stride 2", nn.MaxPool2d(3, stride=2, padding=1), 16, 2),
+        ("vgg max-pool 2x2", nn.MaxPool2d(2), 32, 4),
+        ("avg-pool 3x3", nn.AvgPool2d(3, stride=1, padding=1), 8, 4),
+        ("dilated 5x5 past the neighbour", nn.Conv2d(2, 3, 5, padding=4, dilation=2), 8, 4),
+        ("unpadded 5x5", nn.Conv2d(2, 3, 5, padding=(0, 2)), 12, 4),
+        ("conv3d", nn.Conv3d(2, 3, 3, padding=1), 8, 2),
+        ("max-pool3d", nn.MaxPool3d(2), 8, 2),
+    ]
+
+
+def _slab_outputs(layer: nn.Module, x: torch.Tensor, parts: int, *, drop_halo: bool = False) -> list[torch.Tensor]:
+    """Each rank's output slab as its SlabWindowed computes it, with the exchange done by hand: the window
+    assembled from the owners' slabs (all in one tensor here) and the layer's fill rows at the edges."""
+    geo = geometry(layer)
+    extent = x.shape[2]
+    windows = halo_windows(
+        extent, parts, kernel=geo.kernel[0], stride=geo.stride[0], padding=geo.padding[0], dilation=geo.dilation[0]
+    )
+    outputs = []
+    for rank, window in enumerate(windows):
+        slab_layer = SlabWindowed(layer, rank_plan(windows, rank, extent), group=None)
+        fill = torch.full_like(x.narrow(2, 0, 1), slab_layer.fill)
+        rows = [fill] * window.pad_before
+        for piece in window.pieces:
+            part = x.narrow(2, piece.start, piece.rows)
+            rows.append(torch.full_like(part, slab_layer.fill) if drop_halo and piece.owner != rank else part)
+        outputs.append(slab_layer.compute(torch.cat(rows + [fill] * window.pad_after, dim=2)))
+    return outputs
+
+
+@pytest.mark.parametrize(("label", "layer", "extent", "parts"), _cases(), ids=[case[0] for case in _cases()])
+def test_slab_windows_reproduce_the_whole_layer(label, layer, extent, parts):
+    torch.manual_seed(0)
+    dims = 3 if isinstance(layer, nn.Conv3d | nn.MaxPool3d) else 2
+    x = torch.randn(2, 2, extent, *([6] * (dims - 1)))
+    whole = layer(x)
+    slabs = _slab_outputs(layer, x, parts)
+    assert all(s.shape[2] == whole.shape[2] // parts for s in slabs)
+    # the same arithmetic on the same numbers: only the summation order of a convolution may differ
+    torch.testing.assert_close(torch.cat(slabs, dim=2), whole, rtol=1e-6, atol=1e-6)
+
+
+def test_dropping_the_halo_changes_the_boundary_rows():
+    """What a per-slab convolution with its own zero padding computes: the check above would catch it."""
+    torch.manual_seed(0)
+    layer, x = nn.Conv2d(2, 3, 3, padding=1), torch.randn(2, 2, 16, 6)
+    wrong = torch.cat(_slab_outputs(layer, x, 2, drop_halo=True), dim=2)
+    difference = (wrong - layer(x)).abs().amax(dim=(0, 1, 3))
+    assert difference[7] > 1e-2 and difference[8] > 1e-2  # the rows beside the slab boundary
+    assert difference[:7].max() < 1e-6 and difference[9:].max() < 1e-6
+
+
+def test_halo_rows_of_the_zoo_layers():
+    # 3×3, stride 1, pad 1 on 32 rows over 2 ranks: one row from each neighbour, one pad row at each edge
+    top, bottom = halo_windows(32, 2, kernel=3, stride=1, padding=1)
+    assert (top.start, top.stop, top.pad_before, top.pad_after) == (-1, 17, 1, 0)
+    assert top.pieces == (Piece(owner=0, start=0, stop=16), Piece(owner=1, start=16, stop=17))
+    assert (bottom.start, bottom.stop, bottom.pad_before, bottom.pad_after) == (15, 33, 0, 1)
+    assert bottom.pieces == (Piece(owner=0, start=15, stop=16), Piece(owner=1, start=16, stop=32))
+    # ImageNet stem, 7×7 stride 2 pad 3: asymmetric halo, 2 rows down to rank 0, 3 rows up to rank 1
+    stem = halo_windows(32, 2, kernel=7, stride=2, padding=3)
+    assert [rank_plan(stem, r, 32).halo_rows for r in (0, 1)] == [2, 3]
+    assert rank_plan(stem, 0, 32).sends == (Piece(owner=1, start=13, stop=16),)
+    # its 3×3 stride-2 max-pool: rank 0's windows end inside its slab; only rank 1 reads one row of rank 0
+    pool = halo_windows(16, 2, kernel=3, stride=2, padding=1)
+    assert [rank_plan(pool, r, 16).halo_rows for r in (0, 1)] == [0, 1]
+    assert not rank_plan(pool, 1, 16).sends
+    # the residual shortcut (1×1, stride 2) reads only its own rows: no messages at all
+    assert not any(rank_plan(halo_windows(16, 2, kernel=1, stride=2, padding=0), r, 16).communicates for r in (0, 1))
+    # a dilated 5×5 on 2-row slabs reads two ranks away
+    assert {p.owner for p in halo_windows(8, 4, kernel=5, stride=1, padding=4, dilation=2)[1].pieces} == {0, 1, 2, 3}
+
+
+def test_extents_that_do_not_split_are_refused():
+    assert output_extent(28, kernel=7, stride=2, padding=3, dilation=1) == 14
+    with pytest.raises(ValueError, match="equal slabs"):
+        halo_windows(14, 2, kernel=3, stride=2, padding=1)  # 7 output rows
+    with pytest.raises(ValueError, match="equal slabs"):
+        halo_windows(30, 4, kernel=3, stride=1, padding=1)  # 30 input rows
+
+
+@pytest.mark.parametrize(("parts", "children", "layers"), [(2, 4, 9), (8, 4, 9), (16, 3, 6)])
+def test_region_ends_where_the_extent_stops_splitting(parts, children, layers):
+    # resnet8 on 32×32: stem and stage 1 at 32 rows, stage 2 at 16, stage 3 at 8 (one row each on 8 ranks,
+    # too few on 16), then the head, whose adaptive pool ends the region
+    model = build_resnet8(sample_shape=(3, 32, 32), num_outputs=10, norm="group")
+    region = plan_region(model, torch.zeros(1, 3, 32, 32), parts)
+    assert (region.children, len(region.layers)) == (children, layers)
+    assert region.reason.startswith(f"child {children}:")
+
+
+# --------------------------------------------------------------------------- real ranks against a reference
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("norm", ["group", "batch"])  # BatchNorm too: statistics span every rank's slab
+def test_spatial_matches_single_process(tmp_path, norm):
+    record = check_against_reference(
+        tmp_path,
+        strategy="spatial",
+        model="resnet8",
+        dataset="cifar10",
+        nodes=1,
+        ranks_per_node=2,
+        batch_size=8,
+        model_options=(("norm", norm),),
+        shards=1,  # every rank sees the whole batch: the statistics are the full batch's
+        rtol=RTOL,
+        atol=ATOL,
+    )
+    facts = [rank.facts for rank in record.ranks]
+    assert [f["coords"]["sp"] for f in facts] == [0, 1] and all(f["mesh"] == {"sp": 2} for f in facts)
+    # stem and three blocks run on slabs; the head (adaptive pool, flatten, linear) runs replicated
+    assert all(f["spatial_children"] == 4 == f["gather_before_child"] for f in facts)
+    assert all(f["split_layers"] == 9 and f["slab_rows_first"] == 16 and f["slab_rows_last"] == 4 for f in facts)
+    assert all(f["halo_rows"]["0.0"] == 1 for f in facts)  # the stem's 3×3: one row from the neighbour
+    assert [f["halo_rows"]["2.conv1"] for f in facts] == [0, 1]  # 3×3 stride 2: only rank 1 reads across
+
+
+# float32 training of resnet20 on these batches is chaotic: the single-process reference against itself
+# with its initial weights scaled by 1 + 1e-7·noise ends 1e-4 apart after 4 steps (BatchNorm), as ReLUs
+# near zero flip. In float64 the same spatial run ends ~1e-15 from a float64 reference, so these checks
+# run both sides in float64 (outside the kernel, which trains in float32) and allow 1e-9: rounding
+# amplified a million-fold still passes, a wrong halo row or statistic (>= 1e-5) does not.
+RTOL64, ATOL64 = 1e-9, 1e-10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("norm", ["group", "batch"])
+def test_spatial_resnet20_matches_single_process_in_float64(tmp_path, norm):
+    point = layout_point(
+        strategy="spatial",
+        model="resnet20",
+        dataset="cifar10",
+        nodes=1,
+        ranks_per_node=2,
+        batch_size=8,
+        model_options=(("norm", norm),),
+    )
+    losses, got = _train_float64(point, tmp_path / "state.pt")
+    want_losses, want = _reference_float64(point)
+    for name, value in want.items():
+        torch.testing.assert_close(got[name], value, rtol=RTOL64, atol=ATOL64, msg=lambda m, n=name: f"{n}: {m}")
+    initial = build_model(point).state_dict()
+    assert (
+        max((want[n].float() - initial[n]).abs().max().item() for n, _ in build_model(point).named_parameters()) > 1e-3
+    )
+    assert losses == pytest.approx(want_losses, rel=RTOL64)
+
+
+def _train_float64(point: Point, out: Path) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The point's strategy on real ranks (fresh spawned processes, gloo) in float64; rank 0's losses and
+    full state dict."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = mp.get_context("spawn")
+    processes = [
+        context.Process(target=_float64_rank, args=(rank, point, port, str(out))) for rank in range(point.world_size)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+    codes = [process.exitcode for process in processes]
+    for process in processes:
+        if process.exitcode is None:
+            process.kill()
+    assert codes == [0] * point.world_size, f"rank exit codes {codes}"
+    return torch.load(out)
+
+
+def _float64_rank(rank: int, point: Point, port: int, out: str) -> None:
+    code = 1
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=point.world_size)
+        ctx = RankContext(
+            rank=rank, world_size=point.world_size, local_rank=rank, device=torch.device("cpu"), backend="gloo"
+        )
+        trainer = build_trainer(point.strategy, _float64_model(point), strategy_setup(point, ctx))
+        start, stop = trainer.local_batch_range(point.global_batch_size)
+        batches = step_batches(point, start, stop, ctx.device)
+        steps = point.warmup_steps + point.steps
+        losses = [trainer.step(x.double(), y).item() for x, y in (batches[s % len(batches)] for s in range(steps))]
+        state = trainer.full_state_dict()
+        if rank == 0:
+            torch.save((losses, state), out)
+        dist.barrier()
+        dist.destroy_process_group()
+        code = 0
+    except Exception:
+        traceback.print_exc()
+    os._exit(code)  # gloo can abort at interpreter exit; the result is already written
+
+
+def _float64_model(point: Point) -> nn.Module:
+    """The point's model with its weights drawn in float64 (the data stays float32: the synthetic samples
+    are drawn in the default dtype, and converted after)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return build_model(point)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _reference_float64(point: Point) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """tests.reference.train_reference's loop (one process, whole global batches), in float64."""
+    model = _float64_model(point)
+    loss_fn = loss_for("classify")
+    optimizer = torch.optim.SGD(model.parameters(), lr=point.learning_rate, momentum=MOMENTUM)
+    batches = step_batches(point, 0, point.global_batch_size, torch.device("cpu"))
+    losses = []
+    for step in range(point.warmup_steps + point.steps):
+        inputs, targets = batches[step % len(batches)]
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(inputs.double()), targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("norm", "shards"), [("group", 1), ("batch", 2)])  # BatchNorm: per replica
+def test_dp_spatial_matches_single_process(tmp_path, norm, shards):
+    record = check_against_reference(
+        tmp_path,
+        strategy="dp_spatial",
+        model="resnet8",
+        dataset="cifar10",
+        nodes=1,
+        ranks_per_node=4,
+        split=2,
+        batch_size=4,
+        model_options=(("norm", norm),),
+        shards=shards,
+        rtol=RTOL,
+        atol=ATOL,
+    )
+    facts = [rank.facts for rank in record.ranks]
+    assert [(f["coords"]["dp"], f["coords"]["sp"]) for f in facts] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(f["mesh"] == {"dp": 2, "sp": 2} for f in facts)
+
+
+# (model, dataset, options, module, children on slabs, {layer: halo rows on rank 0 and 1}); the halo rows
+# are those test_halo_rows_of_the_zoo_layers derives by hand
+_ZOO = [
+    # VGG-11 on 32×32 over 2 ranks: 3×3 convs read a row from the neighbour, 2×2 max-pools none; the
+    # seventh conv block ends at 1 row
+    ("vgg11", "cifar10", (("norm", "group"),), "ddlbench.train.models.vgg", 7, {"0.0": [1, 1], "0.3": [0, 0]}),
+    # the ImageNet stem on 32×32: 7×7/2 conv to 16 rows (halo 2 and 3), 3×3/2 max-pool to 8 (halo 0 and 1),
+    # stages at 8, 4 and 2 rows; the last stage's 1 row does not split, so it runs replicated
+    (
+        "resnet18",
+        "cifar10",
+        (("norm", "group"), ("stem", "imagenet")),
+        "ddlbench.train.models.resnet",
+        7,
+        {"0.0": [2, 3], "0.3": [0, 1], "3.shortcut.0": [0, 0]},
+    ),
+    # 3-D, split along depth: 32, 16, 8, 4 planes, then the fifth block's 1 plane does not split
+    ("cosmoflow", "cosmoflow32", (("norm", "group"),), "ddlbench.train.models.cosmoflow", 4, {"0.0": [1, 1]}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "dataset", "options", "module", "children", "halo"), _ZOO, ids=[z[0] for z in _ZOO])
+def test_spatial_zoo_models_match_single_process(tmp_path, model, dataset, options, module, children, halo):
+    if not _has(module):
+        pytest.skip(f"{module} is not written yet")
+    record = check_against_reference(
+        tmp_path,
+        strategy="spatial",
+        model=model,
+        dataset=dataset,
+        nodes=1,
+        ranks_per_node=2,
+        batch_size=4,
+        model_options=options,
+        rtol=RTOL,
+        atol=ATOL,
+    )
+    facts = [rank.facts for rank in record.ranks]
+    assert all(f["spatial_children"] == children for f in facts), facts[0]["gather_reason"]
+    for layer, rows in halo.items():
+        assert [f["halo_rows"][layer] for f in facts] == rows, layer
+
+
+def test_layers_that_cannot_run_on_slabs_are_named():
+    assert "padding_mode" in geometry(nn.Conv2d(1, 1, 3, padding=1, padding_mode="reflect"))
+    assert "indices" in geometry(nn.MaxPool2d(2, return_indices=True))
+    assert "divisor" in geometry(nn.AvgPool2d(3, padding=1, count_include_pad=False))
+    assert geometry(nn.AvgPool2d(3, padding=(0, 1), count_include_pad=False)).padding == (0, 1)  # not along dim 2
+    # a ceil-mode pool whose extra output row no window arithmetic gives ends the region at its child
+    model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.MaxPool2d(3, stride=2, ceil_mode=True), nn.Flatten())
+    region = plan_region(model, torch.zeros(1, 1, 16, 16), 2)
+    assert region.children == 1 and "ceil_mode" in region.reason
