@@ -30,7 +30,6 @@ RESNET8_PARAMETERS = 78_042  # the model's own count, so the facts are checked a
 RTOL4, ATOL4 = 1e-3, 5e-4
 
 
-
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fsdp", "zero2"])
 @pytest.mark.parametrize(

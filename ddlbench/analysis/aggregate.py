@@ -110,10 +110,10 @@ def _facts_columns(record: PointRecord) -> dict[str, Any]:
     first = record.ranks[0].facts
     local = [rank.facts.get("local_parameters") for rank in record.ranks]
     local = [count for count in local if isinstance(count, int)]
-    stages = first.get("stages")
+    stage_blocks = first.get("stage_blocks")  # every stage's block range, on every rank of a pipeline
     return {
         "mesh": json.dumps(first.get("mesh"), sort_keys=True) if first.get("mesh") else None,
-        "stages": len(stages) if isinstance(stages, list) else None,
+        "stages": len(stage_blocks) if isinstance(stage_blocks, list) else None,
         "local_parameters_max": max(local) if local else None,
         "local_parameters_min": min(local) if local else None,
     }
