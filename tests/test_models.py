@@ -153,8 +153,6 @@ def test_layers_are_plain_swappable_modules_without_in_place_activations(model):
     net = build(model, SMALL_DATASET[MODELS.get(model).input_kind], device="meta")
     leaves = [module for module in net.modules() if not list(module.children())]
     assert [type(leaf).__name__ for leaf in leaves if not isinstance(leaf, PLAIN_LEAVES)] == []
-    if MODELS.get(model).builder.startswith("ddlbench.train.models.cifar_resnet:"):
-        pytest.skip("cifar_resnet.py (not part of this zoo's files) still uses ReLU(inplace=True)")
     assert [type(leaf).__name__ for leaf in leaves if getattr(leaf, "inplace", False)] == []
 
 

