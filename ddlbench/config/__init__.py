@@ -133,54 +133,48 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
 
 
 def _resolve_model_options(
-    models: list[str], given: Mapping[str, Mapping[str, str]]
+    models: list[str], given: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, tuple[tuple[str, str], ...]]:
-    for model in given:
-        if model not in models:
-            raise ConfigError(
-                f"model_options.{model}",
-                f"{model!r} is not in `models`; options may be given for: {', '.join(models)}",
-            )
-    resolved = {}
-    for model in models:
-        spec = MODELS.get(model)
-        options = spec.default_options()
-        for option, value in given.get(model, {}).items():
-            key = f"model_options.{model}.{option}"
-            if option not in spec.options:
-                accepted = ", ".join(spec.options) or "none"
-                raise ConfigError(key, f"{option!r} is not an option of {model}; accepted: {accepted}")
-            if value not in spec.options[option]:
-                raise ConfigError(key, f"{value!r} is not accepted; choose from: {', '.join(spec.options[option])}")
-            options[option] = value
-        resolved[model] = tuple(sorted(options.items()))
-    return resolved
+    def check(choices: tuple[str, ...], value: str) -> str | None:
+        return None if value in choices else f"choose from: {', '.join(choices)}"
+
+    return _resolve_options("model", "models", models, given, MODELS, check)
 
 
 def _resolve_strategy_options(
     strategies: list[str], given: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, tuple[tuple[str, str], ...]]:
-    for strategy in given:
-        if strategy not in strategies:
+    return _resolve_options(
+        "strategy", "strategies", strategies, given, STRATEGIES, lambda option, value: option.check(value)
+    )
+
+
+def _resolve_options(
+    kind: str, axis: str, names: list[str], given: Mapping[str, Mapping[str, Any]], registry, check
+) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Every swept model's (or strategy's) complete options: its defaults, overridden by `given`, which
+    may only name swept entries, known options and accepted values (`check(spec option, value)`)."""
+    section = f"{kind}_options"
+    for name in given:
+        if name not in names:
             raise ConfigError(
-                f"strategy_options.{strategy}",
-                f"{strategy!r} is not in `strategies`; options may be given for: {', '.join(strategies)}",
+                f"{section}.{name}", f"{name!r} is not in `{axis}`; options may be given for: {', '.join(names)}"
             )
     resolved = {}
-    for strategy in strategies:
-        spec = STRATEGIES.get(strategy)
+    for name in names:
+        spec = registry.get(name)
         options = spec.default_options()
-        for option, raw_value in given.get(strategy, {}).items():
-            key = f"strategy_options.{strategy}.{option}"
+        for option, raw_value in given.get(name, {}).items():
+            key = f"{section}.{name}.{option}"
             if option not in spec.options:
                 accepted = ", ".join(spec.options) or "none"
-                raise ConfigError(key, f"{option!r} is not an option of {strategy}; accepted: {accepted}")
+                raise ConfigError(key, f"{option!r} is not an option of {name}; accepted: {accepted}")
             value = str(raw_value)
-            problem = spec.options[option].check(value)
+            problem = check(spec.options[option], value)
             if problem:
                 raise ConfigError(key, f"{value!r} is not accepted: {problem}")
             options[option] = value
-        resolved[strategy] = tuple(sorted(options.items()))
+        resolved[name] = tuple(sorted(options.items()))
     return resolved
 
 

@@ -15,7 +15,6 @@ matplotlib.rcParams["svg.fonttype"] = "none"  # keep text as text: smaller, sear
 matplotlib.rcParams["svg.hashsalt"] = "ddlbench"  # stable ids, so the same data gives the same SVG
 
 from ddlbench.analysis.aggregate import SERIES_KEYS  # noqa: E402
-from ddlbench.catalog import STRATEGIES  # noqa: E402
 
 
 def throughput_vs_nodes_svg(points: pd.DataFrame, model: str) -> str:
@@ -36,7 +35,7 @@ def throughput_vs_nodes_svg(points: pd.DataFrame, model: str) -> str:
         label = "{strategy} {dataset} {ranks_per_node}/node b{batch_size} t{threads}".format(**config)
         if int(config["micro_batches"]) > 1:
             label += f" mb{config['micro_batches']}"
-        changed = _changed_options(config["strategy"], config["strategy_options"])
+        changed = _options_text(config["strategy_options"])
         if changed:
             label += f" {changed}"
         if config["model_options"] not in ("{}", '{"norm": "batch"}'):
@@ -118,17 +117,15 @@ def strategy_comparison_svg(points: pd.DataFrame, model: str, dataset: str) -> s
     return svg[svg.index("<svg") :]
 
 
-def _changed_options(strategy: str, options_json: str) -> str:
-    """The strategy options that differ from the strategy's defaults, as k=v text ("" if none)."""
-    defaults = STRATEGIES.get(strategy).default_options()
-    given = json.loads(options_json or "{}")
-    return " ".join(f"{k}={v}" for k, v in sorted(given.items()) if defaults.get(k) != v)
+def _options_text(options_json: str) -> str:
+    """A point's strategy options as k=v text; points hold only those that differ from the defaults."""
+    return " ".join(f"{k}={v}" for k, v in sorted(json.loads(options_json or "{}").items()))
 
 
 def _strategy_label(row) -> str:
     """The strategy with the layout choices that distinguish its points: micro-batches, hybrid split."""
     label = str(row["strategy"])
-    changed = _changed_options(label, row.get("strategy_options", "{}"))
+    changed = _options_text(row.get("strategy_options", "{}"))
     if changed:
         label += f" {changed}"
     if int(row.get("micro_batches", 1) or 1) > 1:

@@ -75,27 +75,29 @@ def strategy_comparison(table: pd.DataFrame) -> pd.DataFrame:
     ok = table[table["status"] == "ok"]
     if ok.empty:
         return pd.DataFrame(columns=COMPARISON_COLUMNS)
+    # figures a table may lack (records without ranks, without CUDA) become empty columns
+    optional = ["tensor_peak_bytes", "cuda_peak_allocated_bytes", "local_parameters_max", "stages"]
+    ok = ok.reindex(columns=[*ok.columns, *(column for column in optional if column not in ok.columns)])
+    ok[optional] = ok[optional].apply(pd.to_numeric, errors="coerce")  # None (no CUDA) → NaN
     keys = ["model", "dataset", "nodes", "ranks_per_node", "strategy", "micro_batches", "split", "global_batch_size"]
-    present = {c: c in ok.columns for c in ("tensor_peak_bytes", "cuda_peak_allocated_bytes", "stages")}
-    grouped = ok.groupby(keys, sort=True, dropna=False)
-    frame = grouped.agg(
-        samples_per_s=("samples_per_s_median", "median"),
-        step_time_s=("step_time_s_median", "median"),
-        peak_rss_mib=("peak_rss_bytes", lambda v: v.max() / MIB),
-        local_parameters_max=("local_parameters_max", "max")
-        if "local_parameters_max" in ok.columns
-        else ("samples_per_s_median", lambda v: None),
-    ).reset_index()
-    for column, source in (("tensor_peak_mib", "tensor_peak_bytes"), ("cuda_peak_mib", "cuda_peak_allocated_bytes")):
-        frame[column] = grouped[source].max().div(MIB).values if present[source] else None
-    frame["stages"] = grouped["stages"].max().values if present["stages"] else None
-    base = frame[frame["strategy"] == BASELINE_STRATEGY].set_index(["model", "dataset", "nodes", "ranks_per_node"])
-    base = base["samples_per_s"].groupby(level=[0, 1, 2, 3]).max()
-    layout = list(zip(frame["model"], frame["dataset"], frame["nodes"], frame["ranks_per_node"], strict=True))
-    frame["vs_baseline"] = [
-        speed / base[key] if key in base.index else float("nan")
-        for key, speed in zip(layout, frame["samples_per_s"], strict=True)
-    ]
+    frame = (
+        ok.groupby(keys, sort=True, dropna=False)
+        .agg(
+            samples_per_s=("samples_per_s_median", "median"),
+            step_time_s=("step_time_s_median", "median"),
+            peak_rss_bytes=("peak_rss_bytes", "max"),
+            tensor_peak_bytes=("tensor_peak_bytes", "max"),
+            cuda_peak_bytes=("cuda_peak_allocated_bytes", "max"),
+            local_parameters_max=("local_parameters_max", "max"),
+            stages=("stages", "max"),
+        )
+        .reset_index()
+    )
+    for name in ("peak_rss", "tensor_peak", "cuda_peak"):
+        frame[f"{name}_mib"] = frame.pop(f"{name}_bytes") / MIB
+    layout = ["model", "dataset", "nodes", "ranks_per_node"]
+    base = frame[frame["strategy"] == BASELINE_STRATEGY].groupby(layout)["samples_per_s"].max()
+    frame["vs_baseline"] = frame["samples_per_s"] / frame.join(base.rename("base"), on=layout)["base"]
     return frame[COMPARISON_COLUMNS]
 
 

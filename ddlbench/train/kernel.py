@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from ddlbench.catalog import DATASETS, MODELS, resolve_builder
 from ddlbench.records import RankResult
 from ddlbench.sweep import Point
-from ddlbench.train.data import open_dataset
+from ddlbench.train.data import BatchSource, open_dataset
 from ddlbench.train.faults import planned_fault, strike
 from ddlbench.train.losses import loss_for
 from ddlbench.train.memory import TensorPeak
@@ -46,13 +46,15 @@ def build_model(point: Point) -> nn.Module:
     )
 
 
-def open_point_data(point: Point):
+def open_point_data(point: Point) -> BatchSource:
     return open_dataset(DATASETS.get(point.dataset), seed=point.seed, path=point.data_path or None)
 
 
-def step_batches(point: Point, start: int, stop: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
+def step_batches(
+    point: Point, start: int, stop: int, device: torch.device, dataset: BatchSource | None = None
+) -> list[tuple[Tensor, Tensor]]:
     """This rank's samples [start, stop) of each of the pool's global batches."""
-    dataset = open_point_data(point)
+    dataset = dataset or open_point_data(point)
     global_batch = point.global_batch_size
     pool = min(point.warmup_steps + point.steps, DATA_POOL_STEPS)
     batches = []
@@ -66,8 +68,8 @@ def make_optimizer_for(point: Point):
     return lambda params: torch.optim.SGD(params, lr=point.learning_rate, momentum=MOMENTUM)
 
 
-def strategy_setup(point: Point, ctx: RankContext) -> StrategySetup:
-    sample, _ = open_point_data(point).batch(0, 1)
+def strategy_setup(point: Point, ctx: RankContext, dataset: BatchSource | None = None) -> StrategySetup:
+    sample, _ = (dataset or open_point_data(point)).batch(0, 1)
     return StrategySetup(
         ctx=ctx,
         make_optimizer=make_optimizer_for(point),
@@ -86,9 +88,10 @@ def train_point(
     """Run the point's warm-up and measured steps on this rank; return what it measured."""
     torch.set_num_threads(point.threads)
     model = build_model(point)
-    trainer = build_trainer(point.strategy, model, strategy_setup(point, ctx))
+    dataset = open_point_data(point)
+    trainer = build_trainer(point.strategy, model, strategy_setup(point, ctx, dataset))
     start, stop = trainer.local_batch_range(point.global_batch_size)
-    batches = step_batches(point, start, stop, ctx.device)
+    batches = step_batches(point, start, stop, ctx.device, dataset)
     fault = planned_fault(point.point_id) if ctx.rank == ctx.world_size - 1 else None
     on_cuda = ctx.device.type == "cuda"
     if on_cuda:

@@ -3,7 +3,6 @@ and ImageFolder trees (decoded with Pillow per batch request)."""
 
 from __future__ import annotations
 
-import functools
 import gzip
 import logging
 import math
@@ -119,10 +118,9 @@ def open_cifar10(spec: DatasetSpec, root: Path, *, seed: int) -> ArrayImages:
     return ArrayImages(pixels=pixels, labels=table[:, 0], seed=seed, mean_std=CIFAR10_MEAN_STD)
 
 
-@functools.lru_cache(maxsize=4)
 def scan_image_folder(root: Path) -> tuple[tuple[str, ...], tuple[tuple[Path, int], ...]]:
-    """(class names, (file, class id) pairs) of an ImageFolder tree, sorted; cached because a rank opens
-    its dataset more than once and listing a million files on a parallel file system is slow."""
+    """(class names, (file, class id) pairs) of an ImageFolder tree, sorted; listed once per rank (the
+    kernel opens its dataset once), as listing a million files on a parallel file system is slow."""
     classes = locate_class_folders(root)
     files = []
     for label, folder in enumerate(classes):

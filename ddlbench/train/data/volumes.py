@@ -8,7 +8,6 @@ Only the shapes are read when the dataset is opened; the voxels are read per bat
 
 from __future__ import annotations
 
-import functools
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,9 +90,8 @@ def _describe(spec: DatasetSpec, path: Path) -> VolumeFile:
     return VolumeFile(path=path, samples=samples, stacked=stacked, layout=layouts[sample_shape])
 
 
-@functools.lru_cache(maxsize=4)
 def scan_volumes(spec: DatasetSpec, root: Path) -> tuple[VolumeFile, ...]:
-    """Every volume file's description; cached because a rank opens its dataset more than once."""
+    """Every volume file's description (headers only), read once when the dataset is opened."""
     files = tuple(_describe(spec, path) for path in locate_volume_files(root))
     if not sum(file.samples for file in files):
         raise DataPathError(root, "holds no volumes (every x has 0 samples)")
