@@ -139,9 +139,10 @@ def _print_table(columns: list[str], rows: list[list[str]]) -> None:
 
 
 def _run_point(args: argparse.Namespace) -> int:
-    from ddlbench.analysis.aggregate import record_path
     from ddlbench.launch.runner import Interrupted, run_point
-    from ddlbench.sweep import Point, expand_sweep
+    from ddlbench.point import Point
+    from ddlbench.records import record_path
+    from ddlbench.sweep import expand_sweep
 
     if args.spec:
         if args.point or args.configfile or args.config_json:

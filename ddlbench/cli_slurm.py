@@ -159,7 +159,7 @@ def _submit_and_wait(args, config, points, *, mem_factor: float = 1.0, time_fact
 
 
 def _submit(args: argparse.Namespace, config) -> int:
-    from ddlbench.launch.submission import record_path
+    from ddlbench.records import record_path
     from ddlbench.sweep import expand_sweep
 
     _check_factors(args)
@@ -172,8 +172,7 @@ def _submit(args: argparse.Namespace, config) -> int:
 
 
 def _rerun(args: argparse.Namespace, config) -> int:
-    from ddlbench.launch.submission import record_path
-    from ddlbench.records import RecordError, read_record
+    from ddlbench.records import RecordError, read_record, record_path
     from ddlbench.sweep import expand_sweep
 
     _check_factors(args)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
+from ddlbench.point import Point
 from ddlbench.records import Metrics, RankResult, Stats
-from ddlbench.sweep import Point
 
 
 def summarize_ranks(point: Point, ranks: list[RankResult]) -> Metrics:

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
-from ddlbench.sweep import Point
+from ddlbench.point import Point
 
 Status = Literal["ok", "failed", "oom", "timeout"]
 STATUSES: tuple[Status, ...] = ("ok", "failed", "oom", "timeout")
@@ -201,6 +201,11 @@ class PointRecord:
             ranks=tuple(RankResult.from_dict(rank) for rank in data.get("ranks", ())),
             failures=tuple(RankFailure(**failure) for failure in data.get("failures", ())),
         )
+
+
+def record_path(sweep_dir: Path, point_id: str) -> Path:
+    """Where the record of a point lives: the one place that spells the layout of a sweep's folder."""
+    return sweep_dir / "points" / point_id / "record.json"
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

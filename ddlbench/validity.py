@@ -3,12 +3,8 @@ catalog's facts, so a sweep skips them with a reason instead of failing at run t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ddlbench.catalog import DATASETS, MODELS, STRATEGIES
-
-if TYPE_CHECKING:
-    from ddlbench.sweep import Point
+from ddlbench.point import Point
 
 
 def why_skipped(point: Point) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddlbench.sweep import Point
+from ddlbench.point import Point
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -8,8 +8,9 @@ from pathlib import Path
 import torch
 
 from ddlbench.launch.runner import run_point
+from ddlbench.point import Point
 from ddlbench.records import PointRecord
-from ddlbench.sweep import Point, resolve_layout
+from ddlbench.sweep import resolve_layout
 from ddlbench.train.kernel import build_model
 from ddlbench.validity import why_skipped
 from tests.conftest import make_point

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ddlbench.catalog import DATASETS
-from ddlbench.sweep import Point
+from ddlbench.point import Point
 from ddlbench.train.kernel import MOMENTUM, build_model, step_batches
 from ddlbench.train.losses import loss_for
 

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from ddlbench.analysis.aggregate import build_table, record_path, save_table
+from ddlbench.analysis.aggregate import build_table, save_table
 from ddlbench.config import sweep_config_from_mapping
-from ddlbench.records import write_record
+from ddlbench.records import record_path, write_record
 from ddlbench.report.render import render_report
 from ddlbench.sweep import expand_sweep
 from tests.test_records import sample_record

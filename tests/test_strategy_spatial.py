@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from ddlbench.sweep import Point
+from ddlbench.point import Point
 from ddlbench.train.kernel import MOMENTUM, build_model, step_batches, strategy_setup
 from ddlbench.train.losses import loss_for
 from ddlbench.train.models.cifar_resnet import build_resnet8

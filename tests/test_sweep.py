@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from ddlbench.config import sweep_config_from_mapping
-from ddlbench.sweep import POINT_ID_PATTERN, Point, expand_sweep
+from ddlbench.point import POINT_ID_PATTERN, Point
+from ddlbench.sweep import expand_sweep
 from tests.conftest import make_point, run_cli
 
 BASE = {"models": ["resnet8", "resnet20"], "datasets": ["cifar10"], "strategies": ["ddp"], "nodes": [1, 2, 4]}

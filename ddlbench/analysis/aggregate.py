@@ -9,8 +9,9 @@ from typing import Any
 import pandas as pd
 
 from ddlbench.atomic import write_atomic
-from ddlbench.records import PointRecord, RecordError, read_record
-from ddlbench.sweep import Plan, Point
+from ddlbench.point import Point
+from ddlbench.records import PointRecord, RecordError, read_record, record_path
+from ddlbench.sweep import Plan
 
 POINT_COLUMNS = [
     "model", "dataset", "strategy", "nodes", "ranks_per_node", "batch_size", "micro_batches", "split",
@@ -24,10 +25,6 @@ SERIES_KEYS = [
     "model", "dataset", "strategy", "ranks_per_node", "batch_size", "micro_batches", "threads", "model_options",
     "strategy_options", "data",
 ]  # fmt: skip
-
-
-def record_path(sweep_dir: Path, point_id: str) -> Path:
-    return sweep_dir / "points" / point_id / "record.json"
 
 
 def build_table(plan: Plan) -> pd.DataFrame:

@@ -20,7 +20,7 @@ from ddlbench.errors import DdlbenchError
 from ddlbench.launch.processes import LaunchOutcome, StderrTee, start_process, supervise
 from ddlbench.launch.rendezvous import INIT_METHOD_VAR, slurm_master_port
 from ddlbench.launch.slurm import current_allocation, first_host
-from ddlbench.sweep import Point
+from ddlbench.point import Point
 
 LAUNCHERS = ("auto", "local", "srun")
 

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from ddlbench.errors import ConfigError
-from ddlbench.sweep import Point
+from ddlbench.point import Point
 
 # The batch step on the first node holds the point's launcher (run-point: supervision, the record) and,
 # under Snakemake, the job-side Snakemake process: 440 MB together, measured on the test cluster, where

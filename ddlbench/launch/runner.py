@@ -14,9 +14,9 @@ from ddlbench.launch.processes import LaunchOutcome, describe_returncode
 from ddlbench.launch.slurm import current_allocation
 from ddlbench.launch.worker import failure_file, rank_file
 from ddlbench.metrics import first_nonfinite_step, mean_loss_per_step, summarize_ranks
+from ddlbench.point import Point
 from ddlbench.provenance import collect_provenance, utc_now
 from ddlbench.records import Metrics, PointRecord, RankFailure, RankResult, Status, write_record
-from ddlbench.sweep import Point
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddlbench.launch.slurm import QueuedJob
-from ddlbench.records import Provenance, RecordError, read_record
+from ddlbench.records import Provenance, RecordError, read_record, record_path
 from ddlbench.sweep import Plan
 
 SNAKEMAKE_COMMENT_PREFIX = "rule_run_point_wildcards_"
@@ -54,7 +54,7 @@ def sweep_status(
         job = queued.get(point.point_id)
         if job is not None and job.job_id not in job_ids:
             job_ids.append(job.job_id)
-        path = sweep_dir / "points" / point.point_id / "record.json"
+        path = record_path(sweep_dir, point.point_id)
         if job is not None and job.state in RUNNING_STATES:
             state = "running"
         elif job is not None and job.state in PENDING_STATES:

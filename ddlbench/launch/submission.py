@@ -21,7 +21,9 @@ from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.resources import Resources, Site, resources_for, snakemake_resources, submitit_parameters
 from ddlbench.launch.slurm import check_cluster
-from ddlbench.sweep import Plan, Point
+from ddlbench.point import Point
+from ddlbench.records import record_path
+from ddlbench.sweep import Plan
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +56,6 @@ def point_resources(plan: Plan, site: Site) -> dict[str, dict[str, Any]]:
 
 def check_plan_on_cluster(plan: Plan, site: Site) -> None:
     check_cluster(list(plan_resources(plan.points, site, sweep=plan.config).items()))
-
-
-def record_path(sweep_dir: Path, point_id: str) -> Path:
-    return sweep_dir / "points" / point_id / "record.json"
 
 
 class PointJob:

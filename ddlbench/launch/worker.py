@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.rendezvous import RankEnv, rank_env
+from ddlbench.point import Point
 from ddlbench.records import RankFailure, write_json_atomic
-from ddlbench.sweep import Point
 
 log = logging.getLogger("ddlbench.worker")
 

@@ -12,8 +12,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ddlbench.catalog import DATASETS, MODELS, resolve_builder
+from ddlbench.point import Point
 from ddlbench.records import RankResult
-from ddlbench.sweep import Point
 from ddlbench.train.data import BatchSource, open_dataset
 from ddlbench.train.faults import planned_fault, strike
 from ddlbench.train.losses import loss_for

@@ -6,7 +6,9 @@ import sys
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.resources import load_site
 from ddlbench.launch.submission import check_plan_on_cluster, point_resources
-from ddlbench.sweep import POINT_ID_PATTERN, plan_sweep
+from ddlbench.point import POINT_ID_PATTERN
+from ddlbench.records import record_path
+from ddlbench.sweep import plan_sweep
 
 try:
     PLAN = plan_sweep(config)
@@ -22,7 +24,7 @@ except DdlbenchError as error:
 SWEEP_DIR = str(PLAN.config.sweep_dir)
 REPORT = str(PLAN.config.report_path)
 POINTS = PLAN.by_id()
-RECORDS = [f"{SWEEP_DIR}/points/{point_id}/record.json" for point_id in POINTS]
+RECORDS = [str(record_path(PLAN.config.sweep_dir, point_id)) for point_id in POINTS]
 CONFIG_JSON = json.dumps(PLAN.config.to_dict(), sort_keys=True)
 
 

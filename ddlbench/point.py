@@ -1,0 +1,101 @@
+"""One benchmark run, as a value: its fields, its canonical spec and its stable id."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ddlbench.catalog import STRATEGIES
+
+POINT_ID_PATTERN = r"[a-z0-9_]+(?:-[a-z0-9_]+)*"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Point:
+    """One benchmark run: everything a launcher needs, and nothing that depends on where it runs."""
+
+    model: str
+    dataset: str
+    strategy: str
+    nodes: int
+    ranks_per_node: int
+    batch_size: int  # samples per rank per step
+    threads: int
+    repetition: int
+    warmup_steps: int
+    steps: int
+    seed: int
+    learning_rate: float
+    timeout_s: float
+    model_options: tuple[tuple[str, str], ...] = ()
+    # fields below are left out of the canonical spec at their defaults, so points that do not use
+    # them keep the ids (and records) they had before the fields existed
+    micro_batches: int = 1  # pieces each replica's batch is cut into (pipelines); 1 elsewhere
+    split: int = 1  # ranks that share one model replica (world size for model/pipeline/tensor/ParaDL splits)
+    strategy_options: tuple[tuple[str, str], ...] = ()  # the strategy's options that differ from its defaults
+    data_path: str = ""  # real data to read; "" is synthetic data
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    def resolved_strategy_options(self) -> dict[str, str]:
+        """The strategy's options with its defaults filled in."""
+        return STRATEGIES.get(self.strategy).default_options() | dict(self.strategy_options)
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel replicas of the model: world_size // split."""
+        return self.world_size // self.split
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples consumed per optimizer step by the whole job: batch_size per replica times the replicas."""
+        return self.batch_size * self.replicas
+
+    @functools.cached_property
+    def spec_hash(self) -> str:
+        """sha256 of the canonical spec: names exactly the configuration this point runs."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    @functools.cached_property
+    def point_id(self) -> str:
+        """Readable, stable id: the axes, then a hash of every field, so a changed setting is a new point."""
+        digest = self.spec_hash[:8]
+        shape = f"-s{self.split}" if 1 < self.split < self.world_size else ""
+        micro = f"-mb{self.micro_batches}" if self.micro_batches > 1 else ""
+        return (
+            f"{self.model}-{self.dataset}-{self.strategy}-n{self.nodes}x{self.ranks_per_node}{shape}"
+            f"-b{self.batch_size}{micro}-t{self.threads}-r{self.repetition}-{digest}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["model_options"] = dict(self.model_options)
+        data["strategy_options"] = dict(self.strategy_options)
+        for name, default in _OMITTED_AT_DEFAULT.items():
+            if data[name] == default:
+                del data[name]
+        return data
+
+    def to_json(self) -> str:
+        """Canonical compact JSON; the spec handed to `ddlbench run-point --spec`."""
+        return self._json
+
+    @functools.cached_property
+    def _json(self) -> str:
+        # cached (outside the fields, so equality is untouched): a 10,000-point plan asks for it 20,000 times
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Point:
+        fields = dict(data)
+        fields["model_options"] = tuple(sorted(dict(fields.get("model_options") or {}).items()))
+        fields["strategy_options"] = tuple(sorted(dict(fields.get("strategy_options") or {}).items()))
+        return cls(**fields)
+
+
+_OMITTED_AT_DEFAULT: dict[str, Any] = {"micro_batches": 1, "split": 1, "strategy_options": {}, "data_path": ""}
