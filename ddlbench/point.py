@@ -37,6 +37,9 @@ class Point:
     split: int = 1  # ranks that share one model replica (world size for model/pipeline/tensor/ParaDL splits)
     strategy_options: tuple[tuple[str, str], ...] = ()  # the strategy's options that differ from its defaults
     data_path: str = ""  # real data to read; "" is synthetic data
+    # allow ranks × threads beyond the cores granted (locally: Snakemake's cores and the CPU affinity);
+    # the record then says oversubscribed and the report marks its figures
+    oversubscribe: bool = False
 
     @property
     def world_size(self) -> int:
@@ -98,4 +101,10 @@ class Point:
         return cls(**fields)
 
 
-_OMITTED_AT_DEFAULT: dict[str, Any] = {"micro_batches": 1, "split": 1, "strategy_options": {}, "data_path": ""}
+_OMITTED_AT_DEFAULT: dict[str, Any] = {
+    "micro_batches": 1,
+    "split": 1,
+    "strategy_options": {},
+    "data_path": "",
+    "oversubscribe": False,
+}

@@ -11,9 +11,16 @@ from typing import Any, ClassVar, Literal
 from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
 from ddlbench.point import Point
+from ddlbench.statistics import coefficient_of_variation, is_noisy, median_ci, percentile
 
 Status = Literal["ok", "failed", "oom", "timeout"]
 STATUSES: tuple[Status, ...] = ("ok", "failed", "oom", "timeout")
+
+# What the figures of a record mean. Bump it when a change alters what a figure measures (not when it
+# only adds a field): reports and plans flag records of another version and leave them out of
+# comparisons. 1: per-rank step clocks, dispatch-mode memory probe (ddlbench ≤ stop 7). 2: steps on one
+# clock, window throughput, allocator-event memory peaks without the input pool, warm-up detection.
+MEASUREMENT_VERSION = 2
 
 
 class RecordError(DdlbenchError):
@@ -22,7 +29,10 @@ class RecordError(DdlbenchError):
 
 @dataclass(frozen=True, kw_only=True)
 class Stats:
-    """Summary of a sample of one quantity; percentiles by linear interpolation between order statistics."""
+    """Summary of a sample of one quantity (ddlbench.statistics): percentiles by linear interpolation
+    between order statistics; a nonparametric 95 % confidence interval of the median (None for n ≤ 5);
+    the coefficient of variation (sample stdev / mean; None for n < 2); `noisy` when the interval's
+    half-width exceeds 5 % of the median or there is no interval."""
 
     n: int
     mean: float
@@ -31,29 +41,31 @@ class Stats:
     p95: float
     min: float
     max: float
+    ci_low: float | None = None  # absent from records of measurement version 1
+    ci_high: float | None = None
+    cv: float | None = None
+    noisy: bool | None = None
 
     @classmethod
     def of(cls, values: list[float] | tuple[float, ...]) -> Stats:
         if not values:
             raise ValueError("Stats of an empty sample")
         ordered = sorted(values)
+        median = percentile(ordered, 50)
+        ci = median_ci(ordered)
         return cls(
             n=len(ordered),
             mean=math.fsum(ordered) / len(ordered),
-            median=percentile(ordered, 50),
+            median=median,
             p5=percentile(ordered, 5),
             p95=percentile(ordered, 95),
             min=ordered[0],
             max=ordered[-1],
+            ci_low=ci[0] if ci else None,
+            ci_high=ci[1] if ci else None,
+            cv=coefficient_of_variation(ordered),
+            noisy=is_noisy(median, ci),
         )
-
-
-def percentile(ordered: list[float], q: float) -> float:
-    """q-th percentile of a sorted sample: value at rank (n-1)·q/100, interpolated (numpy's 'linear')."""
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,14 +74,18 @@ class RankResult:
 
     rank: int
     hostname: str
-    step_times_s: tuple[float, ...]  # measured steps only, device-synchronised wall time per step
+    step_times_s: tuple[float, ...]  # measured steps only: end − start of each on this rank (seconds)
     losses: tuple[float, ...]  # every step, warm-up included; empty on ranks that compute no loss
     peak_rss_bytes: int  # getrusage ru_maxrss of the rank's process (whole process, not just tensors)
-    # CPU only: tensor storages alive at the start of the probed (last warm-up) step, plus the highest
-    # point reached by storages allocated during it (ddlbench.train.memory); None on CUDA or unprobed
+    # Tensor memory, one definition on CPU and GPU (ddlbench.train.memory): bytes of tensor storages
+    # the rank's allocator held, at their highest from the model's construction to the end of the
+    # probed step (a warm-up step, never a timed one nor the only warm-up step), minus the input pool.
+    # CPU: the allocator's events through torch.profiler; CUDA: the caching allocator's peak counter.
     tensor_peak_bytes: int | None = None
-    tensor_resident_bytes: int | None = None  # the first term: parameters, gradients, optimizer state…
-    cuda_peak_allocated_bytes: int | None = None  # torch.cuda.max_memory_allocated
+    tensor_resident_bytes: int | None = None  # the same, at the probed step's start (params, grads, state…)
+    input_pool_bytes: int | None = None  # the resident input batches, reported apart from the peak
+    memory_probe: str = ""  # how memory was measured, or why it was not
+    cuda_peak_allocated_bytes: int | None = None  # torch.cuda.max_memory_allocated (inputs included)
     cuda_peak_reserved_bytes: int | None = None  # torch.cuda.max_memory_reserved
     device: str = "cpu"
     device_name: str = ""
@@ -78,12 +94,25 @@ class RankResult:
     threads: int = 1
     # the strategy's facts about this rank's share (mesh, stages, micro-batches, shard sizes…)
     facts: dict[str, Any] = field(default_factory=dict)
+    # Steps on one clock: start and end of every measured step in seconds on the job's common time
+    # base (rank 0's clock; this rank's timer + clock_offset_s), so step i of the job spans the
+    # earliest start to the latest end over ranks.
+    step_starts_s: tuple[float, ...] = ()
+    step_ends_s: tuple[float, ...] = ()
+    warmup_times_s: tuple[float, ...] = ()  # each warm-up step's duration on this rank (not measured figures)
+    timer: str = ""  # perf_counter (host) or cuda_events (device, synchronised once after the window)
+    clock_offset_s: float = 0.0  # rank 0's clock minus this rank's, estimated before the first step
+    clock_uncertainty_s: float = 0.0  # bound on the offset's error: half the best ping-pong round trip
+    clock_drift_s: float = 0.0  # the offset re-estimated after the last step, minus the first estimate
+    cpus: tuple[int, ...] = ()  # the CPUs the rank's process could run on (its affinity) while training
+    cpu_binding: str = ""  # who set that affinity: ddlbench (local pinning), slurm (its --cpu-bind), or none
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
         data = dict(data)
-        data["step_times_s"] = tuple(data["step_times_s"])
-        data["losses"] = tuple(data["losses"])
+        for name in ("step_times_s", "losses", "step_starts_s", "step_ends_s", "warmup_times_s", "cpus"):
+            if name in data:
+                data[name] = tuple(data[name])
         return cls(**data)
 
 
@@ -104,16 +133,24 @@ class RankFailure:
 class Metrics:
     """Figures of a point that ran to the end; every throughput is global (the whole job)."""
 
-    step_time_s: Stats  # per measured step: the slowest rank's time for that step
-    samples_per_s: Stats  # per measured step: global_batch_size / step_time_s
-    samples_per_s_overall: float  # global_batch_size · steps / Σ step_time_s (all samples over all time)
+    step_time_s: Stats  # per kept measured step: latest end − earliest start over ranks (seconds)
+    samples_per_s: Stats  # per kept measured step: global_batch_size / step_time_s
+    samples_per_s_overall: float  # samples of the kept window / the window's wall time (samples/s)
     global_batch_size: int
     peak_rss_bytes: int  # max over ranks of the process's peak resident set (CPU memory, coarse)
     cuda_peak_allocated_bytes: int | None  # max over ranks; None without CUDA
     cuda_peak_reserved_bytes: int | None
     loss_first: float  # mean over loss-computing ranks, first step (warm-up included)
     loss_last: float  # same, last measured step
-    tensor_peak_bytes: int | None = None  # max over ranks of the CPU tensor-level peak; None on CUDA
+    tensor_peak_bytes: int | None = None  # max over ranks of RankResult.tensor_peak_bytes
+    tensor_resident_bytes: int | None = None  # max over ranks
+    input_pool_bytes: int | None = None  # max over ranks
+    window_s: float | None = None  # wall time of the kept window, first kept start to last kept end
+    step_times_job_s: tuple[float, ...] = ()  # every measured step of the job, dropped ones included
+    warmup_dropped_steps: int = 0  # leading measured steps judged still warming up, left out of figures
+    clock_uncertainty_s: float | None = None  # max over ranks of the clock offset's error bound
+    oversubscribed: bool = False  # some host ran more threads than the CPUs its ranks could use
+    cores_note: str = ""  # ranks × threads against CPUs, per host, as measured
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,8 +193,10 @@ class Provenance:
 class PointRecord:
     """The outcome of one point; written for every status, so failures are data too."""
 
-    SCHEMA_VERSION: ClassVar[int] = 3  # 2: provenance.slurm; 3: rank facts and tensor memory peaks
-    READABLE_VERSIONS: ClassVar[tuple[int, ...]] = (1, 2, 3)
+    # 2: provenance.slurm; 3: rank facts and tensor memory peaks; 4: steps on one clock, CI statistics,
+    # allocator-event memory, CPU affinity, measurement_version
+    SCHEMA_VERSION: ClassVar[int] = 4
+    READABLE_VERSIONS: ClassVar[tuple[int, ...]] = (1, 2, 3, 4)
     point_id: str
     point: Point
     status: Status
@@ -166,6 +205,8 @@ class PointRecord:
     provenance: Provenance
     ranks: tuple[RankResult, ...] = field(default_factory=tuple)
     failures: tuple[RankFailure, ...] = field(default_factory=tuple)
+    # what its figures mean (MEASUREMENT_VERSION when written); records before version 4 of the schema are 1
+    measurement_version: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -185,6 +226,7 @@ class PointRecord:
                     **metrics,
                     "step_time_s": Stats(**metrics["step_time_s"]),
                     "samples_per_s": Stats(**metrics["samples_per_s"]),
+                    "step_times_job_s": tuple(metrics.get("step_times_job_s", ())),
                 }
             )
         provenance = dict(data["provenance"])
@@ -200,6 +242,7 @@ class PointRecord:
             provenance=Provenance(**provenance),
             ranks=tuple(RankResult.from_dict(rank) for rank in data.get("ranks", ())),
             failures=tuple(RankFailure(**failure) for failure in data.get("failures", ())),
+            measurement_version=data.get("measurement_version", 1),
         )
 
 

@@ -53,6 +53,7 @@ def expand_sweep(config: SweepConfig) -> Plan:
                 model_options=model_options[values["model"]],
                 strategy_options=_changed_options(values["strategy"], strategy_options.get(values["strategy"], ())),
                 data_path=data.get(values["dataset"], ""),
+                oversubscribe=config.oversubscribe,
             )
             if _is_excluded(values, config.exclude):
                 excluded[point] = None

@@ -62,6 +62,7 @@ class SweepConfig:
     data: tuple[tuple[str, str], ...] = ()  # dataset -> path of real data; absent datasets are synthetic
     slurm_partition: str | None = None
     slurm_mem_per_rank_mb: int | None = None
+    oversubscribe: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain JSON-able data, defaults filled in (round-trips through from_mapping)."""
@@ -129,6 +130,7 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
         data=tuple(sorted(data["data"].items())),
         slurm_partition=data["slurm"].get("partition"),
         slurm_mem_per_rank_mb=data["slurm"].get("mem_per_rank_mb"),
+        oversubscribe=data["oversubscribe"],
     )
 
 

@@ -1,0 +1,97 @@
+"""Summary statistics of a sample, after Hoefler & Belli, "Scientific Benchmarking of Parallel
+Computing Systems" (SC15): nonparametric by default, because step times are rarely normal.
+
+Pure Python (no numpy, no torch), so records, aggregation and reports share one definition.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+CONFIDENCE = 0.95
+# Hoefler & Belli's reading of "noisy": the 95 % interval of the median is wider than ±5 % of it
+NOISE_HALF_WIDTH = 0.05
+# below this n the exact binomial sum is cheap; above it the normal approximation is within one rank
+_EXACT_LIMIT = 2000
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """q-th percentile of a sorted sample: value at rank (n-1)·q/100, interpolated (numpy's 'linear')."""
+    position = (len(ordered) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def median_ci_ranks(n: int, confidence: float = CONFIDENCE) -> tuple[int, int] | None:
+    """1-based ranks (j, k) of the order statistics bounding a `confidence` interval of the median.
+
+    The number of observations below the true median is Binomial(n, 1/2), so
+    P(x(j) ≤ median ≤ x(k)) = F(k−1) − F(j−1) with F its cdf; the interval is symmetric (k = n+1−j)
+    and j is the largest rank whose coverage is still ≥ `confidence` (Le Boudec, Performance
+    Evaluation of Computer and Communication Systems, 2010, §2.2.1). None when even [x(1), x(n)]
+    covers less, which is n ≤ 5 at 95 %.
+    """
+    if n < 1:
+        return None
+    if n > _EXACT_LIMIT:  # normal approximation of the binomial (Le Boudec's large-n formula)
+        z = _z(confidence)
+        j = max(1, math.floor((n - z * math.sqrt(n)) / 2))
+        return j, n + 1 - j
+    total = 2**n
+    cumulative = [0] * (n + 1)  # cumulative[i] = 2^n · F(i)
+    running = 0
+    for i in range(n + 1):
+        running += math.comb(n, i)
+        cumulative[i] = running
+    best = None
+    for j in range(1, n // 2 + 1):
+        k = n + 1 - j
+        covered = cumulative[k - 1] - cumulative[j - 1]
+        if covered / total >= confidence:
+            best = (j, k)
+        else:
+            break
+    return best
+
+
+def _z(confidence: float) -> float:
+    """Two-sided standard-normal quantile, by bisection on erf (no scipy on a login node)."""
+    target = confidence
+    low, high = 0.0, 10.0
+    for _ in range(100):
+        mid = (low + high) / 2
+        if math.erf(mid / math.sqrt(2)) < target:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def median_ci(ordered: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Nonparametric `confidence` interval of the median of a sorted sample; None for n ≤ 5 (at 95 %)."""
+    ranks = median_ci_ranks(len(ordered), confidence)
+    if ranks is None:
+        return None
+    j, k = ranks
+    return ordered[j - 1], ordered[k - 1]
+
+
+def coefficient_of_variation(values: Sequence[float]) -> float | None:
+    """Sample standard deviation (n−1) over the mean; dimensionless. None for n < 2 or a zero mean."""
+    if len(values) < 2:
+        return None
+    mean = math.fsum(values) / len(values)
+    if mean == 0:
+        return None
+    variance = math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return math.sqrt(variance) / abs(mean)
+
+
+def is_noisy(median: float, ci: tuple[float, float] | None) -> bool:
+    """True when the interval's half-width, (high − low)/2, exceeds NOISE_HALF_WIDTH of the median, or
+    when there are too few samples for an interval at all (nothing then bounds the noise)."""
+    if ci is None or median == 0:
+        return True
+    return (ci[1] - ci[0]) / 2 > NOISE_HALF_WIDTH * abs(median)
