@@ -58,6 +58,11 @@ def _parser() -> argparse.ArgumentParser:
         "--launcher", default="auto", help="auto (srun inside a SLURM allocation, else local), local, srun"
     )
     run.add_argument("--dump-params", type=Path, help="save the final full model state here (for checks)")
+    run.add_argument(
+        "--cores",
+        type=int,
+        help="cores granted to the point (Snakemake's {threads}); a local launch needing more is refused",
+    )
     run.set_defaults(handler=_run_point)
 
     aggregate = commands.add_parser("aggregate", help="collect a sweep's records into one table")
@@ -166,7 +171,7 @@ def _run_point(args: argparse.Namespace) -> int:
     else:
         raise DdlbenchError("run-point needs --spec JSON, or --point ID (with --configfile)")
     try:
-        record = run_point(point, out=out, launcher=args.launcher, dump_params=args.dump_params)
+        record = run_point(point, out=out, launcher=args.launcher, dump_params=args.dump_params, cores=args.cores)
     except Interrupted as exc:
         log.error("point %s interrupted (%s); no record written", point.point_id, exc)
         return 143

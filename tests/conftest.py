@@ -38,6 +38,9 @@ def make_point(**overrides) -> Point:
         learning_rate=0.05,
         timeout_s=120.0,
         model_options=(("norm", "batch"),),
+        # correctness tests run 2-4 ranks on 2-core CI machines: sharing cores is allowed there and
+        # recorded; the tests of the refusal itself set oversubscribe=False
+        oversubscribe=True,
     )
     fields.update(overrides)
     return Point(**fields)

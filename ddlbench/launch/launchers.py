@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ddlbench.errors import DdlbenchError
+from ddlbench.launch.cores import PIN_VAR, CoreGrant, check_cores, claimed_cores, grant_for, rank_cpus
 from ddlbench.launch.processes import LaunchOutcome, StderrTee, start_process, supervise
 from ddlbench.launch.rendezvous import INIT_METHOD_VAR, slurm_master_port
 from ddlbench.launch.slurm import current_allocation, first_host
@@ -52,16 +53,43 @@ def thread_env(point: Point) -> dict[str, str]:
 
 
 class LocalLauncher:
-    """nodes × ranks_per_node processes on this host; rank r stands in for node r // ranks_per_node."""
+    """nodes × ranks_per_node processes on this host; rank r stands in for node r // ranks_per_node.
+
+    Before anything starts, ranks × threads is checked against the cores granted (`cores`: Snakemake's
+    share, and the CPU affinity); each rank is pinned to cores of its own when enough are free.
+    """
 
     name = "local"
 
+    def __init__(self, cores: int | None = None) -> None:
+        self.cores = cores
+
+    def check(self, point: Point) -> CoreGrant:
+        grant = grant_for(point, self.cores)
+        check_cores(point, grant)
+        return grant
+
     def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float) -> LaunchOutcome:
+        grant = self.check(point)
+        with claimed_cores(grant) as claimed:
+            return self._start(point, rank_dir=rank_dir, dump_params=dump_params, timeout_s=timeout_s, claimed=claimed)
+
+    def _start(
+        self,
+        point: Point,
+        *,
+        rank_dir: Path,
+        dump_params: Path | None,
+        timeout_s: float,
+        claimed: tuple[int, ...] | None,
+    ) -> LaunchOutcome:
         rendezvous = rank_dir / "rendezvous"
         rendezvous.unlink(missing_ok=True)
         processes = []
         for rank in range(point.world_size):
+            pin = {PIN_VAR: ",".join(map(str, rank_cpus(claimed, rank, point.threads)))} if claimed else {}
             env = {
+                **pin,
                 **os.environ,
                 **thread_env(point),
                 "RANK": str(rank),
@@ -134,11 +162,11 @@ class SrunLauncher:
         return dataclasses.replace(outcome, launcher_messages=tuple(tee.matches))
 
 
-def select_launcher(name: str, environ: Mapping[str, str] | None = None) -> Launcher:
+def select_launcher(name: str, environ: Mapping[str, str] | None = None, *, cores: int | None = None) -> Launcher:
     """`auto` is srun inside a SLURM allocation (SLURM_JOB_ID set, srun on PATH), else local processes."""
     environ = os.environ if environ is None else environ
     if name not in LAUNCHERS:
         raise DdlbenchError(f"unknown launcher {name!r}; accepted: {', '.join(LAUNCHERS)}")
     if name == "auto":
         name = "srun" if "SLURM_JOB_ID" in environ and shutil.which("srun") else "local"
-    return SrunLauncher(environ) if name == "srun" else LocalLauncher()
+    return SrunLauncher(environ) if name == "srun" else LocalLauncher(cores)

@@ -9,14 +9,14 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddlbench.launch.launchers import select_launcher
+from ddlbench.launch.launchers import LocalLauncher, select_launcher
 from ddlbench.launch.processes import LaunchOutcome, describe_returncode
 from ddlbench.launch.slurm import current_allocation
 from ddlbench.launch.worker import failure_file, rank_file
 from ddlbench.metrics import first_nonfinite_step, mean_loss_per_step, summarize_ranks
 from ddlbench.point import Point
 from ddlbench.provenance import collect_provenance, utc_now
-from ddlbench.records import Metrics, PointRecord, RankFailure, RankResult, Status, write_record
+from ddlbench.records import MEASUREMENT_VERSION, Metrics, PointRecord, RankFailure, RankResult, Status, write_record
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +39,21 @@ def run_point(
     launcher: str = "auto",
     dump_params: Path | None = None,
     timeout_s: float | None = None,
+    cores: int | None = None,
 ) -> PointRecord:
     """Run `point` and write its record to `out`, whatever the outcome; returns the record.
-    `timeout_s` overrides the point's own limit (a rerun given more time) without changing the point."""
+    `timeout_s` overrides the point's own limit (a rerun given more time) without changing the point.
+    `cores` is what Snakemake granted the point (its `{threads}`); a local launch needing more ranks ×
+    threads than that (or than the CPU affinity) is refused before anything starts, unless the point
+    allows oversubscription (OversubscriptionRefused: no record is written, nothing was measured)."""
     timeout_s = point.timeout_s if timeout_s is None else timeout_s
     start_time = utc_now()
+    chosen = select_launcher(launcher, cores=cores)
+    if isinstance(chosen, LocalLauncher):
+        chosen.check(point)
     rank_dir = rank_dir_for(out)
     shutil.rmtree(rank_dir, ignore_errors=True)
     rank_dir.mkdir(parents=True)
-    chosen = select_launcher(launcher)
     slurm = current_allocation() if chosen.name == "srun" else None
     log.info("point %s: %d ranks via %s", point.point_id, point.world_size, chosen.name)
     with _stop_on_signals():
@@ -70,6 +76,7 @@ def run_point(
         ),
         ranks=tuple(results),
         failures=tuple(failures),
+        measurement_version=MEASUREMENT_VERSION,
     )
     write_record(out, record)
     shutil.rmtree(rank_dir, ignore_errors=True)
@@ -95,6 +102,7 @@ def write_unfinished_record(point: Point, *, out: Path, status: Status, reason: 
             end_time=now,
             slurm=current_allocation(),
         ),
+        measurement_version=MEASUREMENT_VERSION,
     )
     write_record(out, record)
     return record

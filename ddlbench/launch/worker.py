@@ -14,11 +14,12 @@ import socket
 import sys
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import timedelta
 from pathlib import Path
 
 from ddlbench.errors import DdlbenchError
+from ddlbench.launch.cores import pin_from_environment
 from ddlbench.launch.rendezvous import RankEnv, rank_env
 from ddlbench.point import Point
 from ddlbench.records import RankFailure, write_json_atomic
@@ -51,12 +52,13 @@ def main(argv: list[str] | None = None) -> None:
     # SLURM warns a job of its time limit or preemption with SIGUSR2 to every step (submitit's signal);
     # the point's launcher decides what to do, so a rank must not die of it
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    binding = pin_from_environment(os.environ)  # before torch sizes its thread pools
     env = rank_env(os.environ)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s rank {env.rank}/{env.world_size} %(levelname)s %(message)s"
     )
     try:
-        _run(Point.from_dict(json.loads(args.spec)), env, args.rank_dir, args.dump_params)
+        _run(Point.from_dict(json.loads(args.spec)), env, args.rank_dir, args.dump_params, binding)
     except BaseException as exc:  # a rank's failure is data: write it down, then leave without a barrier
         failure = RankFailure(
             rank=env.rank,
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     _exit(0)
 
 
-def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None) -> None:
+def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None, binding: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -101,7 +103,7 @@ def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None) -
         rank=env.rank, world_size=env.world_size, local_rank=env.local_rank, device=device, backend=backend
     )
     result, state = train_point(point, ctx, keep_state=dump_params is not None)
-    write_json_atomic(rank_file(rank_dir, env.rank), asdict(result))
+    write_json_atomic(rank_file(rank_dir, env.rank), asdict(replace(result, cpu_binding=binding)))
     if state is not None and dump_params is not None:
         dump_params.parent.mkdir(parents=True, exist_ok=True)
         torch.save(state, dump_params)

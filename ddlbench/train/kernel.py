@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import resource
 import socket
 import time
@@ -14,10 +16,11 @@ from torch import Tensor, nn
 from ddlbench.catalog import DATASETS, MODELS, resolve_builder
 from ddlbench.point import Point
 from ddlbench.records import RankResult
+from ddlbench.train.clock import StepTimer, estimate_offset, host_group
 from ddlbench.train.data import BatchSource, open_dataset
 from ddlbench.train.faults import planned_fault, strike
 from ddlbench.train.losses import loss_for
-from ddlbench.train.memory import TensorPeak
+from ddlbench.train.memory import MemoryProbe, storage_bytes
 from ddlbench.train.strategies import RankContext, StrategySetup, build_trainer
 
 log = logging.getLogger(__name__)
@@ -85,59 +88,83 @@ def strategy_setup(point: Point, ctx: RankContext, dataset: BatchSource | None =
 def train_point(
     point: Point, ctx: RankContext, *, keep_state: bool = False
 ) -> tuple[RankResult, dict[str, Tensor] | None]:
-    """Run the point's warm-up and measured steps on this rank; return what it measured."""
+    """Run the point's warm-up and measured steps on this rank; return what it measured.
+
+    Warm-up steps are timed loosely (for the record only). The last of them, when there are two or
+    more, runs under the memory probe (ddlbench.train.memory), whose allocator events start before
+    the model is built. The measured steps form one window: every rank leaves warm-up at a barrier,
+    times each step's start and end (host timer, or CUDA events with no synchronisation and no
+    `.item()` inside the window), and maps them onto rank 0's clock (ddlbench.train.clock).
+    """
     torch.set_num_threads(point.threads)
+    on_cuda = ctx.device.type == "cuda"
+    probe_step = point.warmup_steps - 1 if point.warmup_steps >= 2 else None
+    memory = MemoryProbe(
+        ctx.device,
+        enabled=probe_step is not None,
+        why_not="not probed: needs warmup_steps >= 2 (never the only warm-up step, never a timed one)",
+    )
+    memory.start()
     model = build_model(point)
     dataset = open_point_data(point)
     trainer = build_trainer(point.strategy, model, strategy_setup(point, ctx, dataset))
     start, stop = trainer.local_batch_range(point.global_batch_size)
     batches = step_batches(point, start, stop, ctx.device, dataset)
+    pool_bytes = storage_bytes(t for batch in batches for t in batch)
+    memory.inputs_resident()
     fault = planned_fault(point.point_id) if ctx.rank == ctx.world_size - 1 else None
-    on_cuda = ctx.device.type == "cuda"
-    if on_cuda:
-        torch.cuda.reset_peak_memory_stats(ctx.device)
+    clock_group = host_group(ctx.backend)
+    clock = estimate_offset(ctx.rank, ctx.world_size, clock_group)
 
     def synchronize() -> None:
         if on_cuda:
             torch.cuda.synchronize(ctx.device)
 
-    # on the CPU the last warm-up step runs under a tensor-memory probe (it slows that step, which is
-    # not timed); the CUDA allocator's own peak counters need no probe
-    probe_step = point.warmup_steps - 1 if not on_cuda else -1
-    probe: TensorPeak | None = None
-    losses: list[float] = []
-    step_times: list[float] = []
-    dist.barrier()  # start the clock on all ranks together
-    for step in range(point.warmup_steps + point.steps):
+    losses: list[Tensor | None] = []
+    warmup_times: list[float] = []
+    dist.barrier()
+    for step in range(point.warmup_steps):
+        inputs, targets = batches[step % len(batches)]
+        began = time.perf_counter()
+        with memory.probing() if step == probe_step else contextlib.nullcontext():
+            losses.append(trainer.step(inputs, targets))
+        synchronize()
+        warmup_times.append(time.perf_counter() - began)
+    figures = memory.finish(pool_bytes)
+
+    timer = StepTimer(ctx.device)
+    dist.barrier()  # the window opens on every rank together
+    timer.open_window()
+    for step in range(point.warmup_steps, point.warmup_steps + point.steps):
         if fault and step == point.warmup_steps:
             strike(fault, model)
         inputs, targets = batches[step % len(batches)]
-        if step == probe_step:
-            probe = TensorPeak(ctx.device.type, exclude=[t for batch in batches for t in batch])
-            with probe:
-                loss = trainer.step(inputs, targets)
-            if loss is not None:
-                losses.append(loss.item())
-            continue
-        synchronize()
-        began = time.perf_counter()
+        timer.start()
         loss = trainer.step(inputs, targets)
-        synchronize()
-        elapsed = time.perf_counter() - began
-        if loss is not None:
-            losses.append(loss.item())
-        if step >= point.warmup_steps:
-            step_times.append(elapsed)
-    log.info("rank %d: %d steps, last loss %s", ctx.rank, len(step_times), losses[-1] if losses else None)
+        timer.end()
+        losses.append(loss)
+    starts, ends = timer.close_window()  # the window's one synchronisation
+    drift = estimate_offset(ctx.rank, ctx.world_size, clock_group).offset_s - clock.offset_s
+    values = [loss.item() for loss in losses if loss is not None]
+    log.info("rank %d: %d steps, last loss %s", ctx.rank, len(starts), values[-1] if values else None)
 
     result = RankResult(
         rank=ctx.rank,
         hostname=socket.gethostname(),
-        step_times_s=tuple(step_times),
-        losses=tuple(losses),
+        step_times_s=tuple(end - begin for begin, end in zip(starts, ends, strict=True)),
+        step_starts_s=tuple(begin + clock.offset_s for begin in starts),
+        step_ends_s=tuple(end + clock.offset_s for end in ends),
+        warmup_times_s=tuple(warmup_times),
+        timer=timer.name,
+        clock_offset_s=clock.offset_s,
+        clock_uncertainty_s=clock.uncertainty_s,
+        clock_drift_s=drift,
+        losses=tuple(values),
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # ru_maxrss is KiB
-        tensor_peak_bytes=probe.peak_bytes if probe else None,
-        tensor_resident_bytes=probe.resident_bytes if probe else None,
+        tensor_peak_bytes=figures.peak_bytes,
+        tensor_resident_bytes=figures.resident_bytes,
+        input_pool_bytes=figures.input_pool_bytes,
+        memory_probe=figures.method,
         cuda_peak_allocated_bytes=torch.cuda.max_memory_allocated(ctx.device) if on_cuda else None,
         cuda_peak_reserved_bytes=torch.cuda.max_memory_reserved(ctx.device) if on_cuda else None,
         device=ctx.device.type,
@@ -146,6 +173,7 @@ def train_point(
         torch_version=torch.__version__,
         threads=torch.get_num_threads(),
         facts=trainer.facts(),
+        cpus=tuple(sorted(os.sched_getaffinity(0))),
     )
     state = trainer.full_state_dict() if keep_state else None
     close = getattr(trainer, "close", None)

@@ -1,90 +1,157 @@
-"""A tensor-level memory peak on the CPU, where there is no allocator to ask.
+"""Tensor memory of one rank, with one definition on the CPU and on CUDA.
 
-Peak RSS counts the whole process (allocator caches, oneDNN scratch, gloo buffers, the interpreter):
-3-6× the tensors on small models. This counts tensor storages instead: the bytes alive when one
-step starts (parameters, gradients, optimizer state, anything a strategy keeps) plus the highest
-point reached by storages allocated during the step, seen through a dispatch mode.
+**Definition.** `tensor_peak_bytes` is the highest number of bytes of tensor storages that the rank's
+device allocator held at any moment from the model's construction to the end of the probed step,
+minus the input pool (the batches made resident before timing, a benchmark artefact reported apart
+as `input_pool_bytes`). `tensor_resident_bytes` is the same count at the probed step's start:
+parameters, gradients, optimizer state, communication buckets, whatever a strategy keeps. The probed
+step is the last warm-up step, and only when there are two or more: never a timed step, never the
+first step (which builds buffers, buckets and caches).
+
+**CPU.** torch.profiler with `profile_memory=True` reports every allocation and free of the CPU
+allocator (c10's DefaultCPUAllocator) with its size, C++-held storages included (DDP's buckets,
+FSDP's gather buffers). The running sum of those sizes, from a profiler started before the model is
+built, is the allocator's live total. Its limit: the profiler sees the thread that started it, and
+torch runs a CPU step's forward, backward and optimizer on that thread; allocations made on other
+threads (gloo's worker threads) are not counted. Blocks allocated before the profiler started are
+not counted either, nor their frees.
+
+**CUDA.** The caching allocator's own counters: `max_memory_allocated`, reset once the inputs are
+resident, read when the probed step has been enqueued (its allocations happen on the host, so no
+synchronisation is needed); `memory_allocated` at the step's start.
 """
 
 from __future__ import annotations
 
-import gc
-import warnings
-import weakref
-from collections.abc import Iterable
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch._C._profiler import _EventType
+
+log = logging.getLogger(__name__)
+
+PROBE_MARK = "ddlbench::memory_probe"
 
 
-def live_storages(device_type: str, exclude: Iterable[torch.Tensor] = ()) -> dict[int, int]:
-    """data_ptr -> bytes of every distinct storage the Python heap references on this device type."""
-    excluded = {t.untyped_storage().data_ptr() for t in exclude}
-    found: dict[int, int] = {}
-    with warnings.catch_warnings():  # isinstance on deprecated module attributes warns
-        warnings.simplefilter("ignore")
-        objects = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
-    for obj in objects:
-        if obj.device.type == device_type and not obj.is_meta:
-            try:
-                storage = _local(obj).untyped_storage()
-            except (RuntimeError, NotImplementedError):  # tensor subclasses without a storage
-                continue
-            pointer = storage.data_ptr()
-            if pointer and pointer not in excluded:
-                found[pointer] = storage.nbytes()
-    return found
+@dataclass(frozen=True, kw_only=True)
+class MemoryFigures:
+    peak_bytes: int | None
+    resident_bytes: int | None
+    input_pool_bytes: int
+    method: str  # how it was measured, or why it was not
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind `tensors` (views of one storage count once)."""
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
 
 
-class TensorPeak(TorchDispatchMode):
-    """Within the `with` block: peak bytes of storages allocated there and still alive, over the
-    bytes that were alive at its start (`resident_bytes`). `peak_bytes` is their sum."""
+class MemoryProbe:
+    """Measures a rank's tensor memory: `start()` before the model is built, `inputs_resident()` once
+    the input pool exists, `probing()` around the probed step, `finish()` right after it."""
 
-    def __init__(self, device_type: str = "cpu", exclude: Iterable[torch.Tensor] = ()) -> None:
-        super().__init__()
-        self.device_type = device_type
-        self._exclude = tuple(exclude)
-        self._known: set[int] = set()
-        self._new: dict[int, int] = {}
-        self.resident_bytes = 0
-        self.step_live_bytes = 0
-        self.step_peak_bytes = 0
+    def __init__(self, device: torch.device, *, enabled: bool, why_not: str = "") -> None:
+        self.device = device
+        self.enabled = enabled
+        self.why_not = why_not
+        self._profiler: torch.profiler.profile | None = None
+        self._cuda_resident: int | None = None
+        self._probed = False
 
-    @property
-    def peak_bytes(self) -> int:
-        return self.resident_bytes + self.step_peak_bytes
-
-    def __enter__(self):
-        resident = live_storages(self.device_type, self._exclude)
-        self._known = set(resident)
-        self.resident_bytes = sum(resident.values())
-        return super().__enter__()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor) and leaf.device.type == self.device_type:
-                try:  # a DTensor (FSDP2, tensor parallel) owns no storage: count its local shard
-                    self._track(_local(leaf).untyped_storage())
-                except (RuntimeError, NotImplementedError):  # other storage-less subclasses
-                    continue
-        return out
-
-    def _track(self, storage: torch.UntypedStorage) -> None:
-        pointer = storage.data_ptr()
-        if not pointer or pointer in self._known or pointer in self._new:
+    def start(self) -> None:
+        if not self.enabled or self.device.type != "cpu":
             return
-        size = storage.nbytes()
-        self._new[pointer] = size
-        self.step_live_bytes += size
-        self.step_peak_bytes = max(self.step_peak_bytes, self.step_live_bytes)
-        weakref.finalize(storage, self._release, pointer)
+        self._profiler = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, record_shapes=False
+        )
+        self._profiler.__enter__()
 
-    def _release(self, pointer: int) -> None:
-        size = self._new.pop(pointer, 0)
-        self.step_live_bytes -= size
+    def inputs_resident(self) -> None:
+        if self.enabled and self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    @contextlib.contextmanager
+    def probing(self) -> Iterator[None]:
+        self._probed = True
+        if self.device.type == "cuda":
+            self._cuda_resident = torch.cuda.memory_allocated(self.device)
+            yield
+            return
+        with torch.profiler.record_function(PROBE_MARK):
+            yield
+
+    def finish(self, input_pool_bytes: int) -> MemoryFigures:
+        if not self.enabled:
+            return MemoryFigures(
+                peak_bytes=None, resident_bytes=None, input_pool_bytes=input_pool_bytes, method=self.why_not
+            )
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+            return MemoryFigures(
+                peak_bytes=peak - input_pool_bytes,
+                resident_bytes=(self._cuda_resident or 0) - input_pool_bytes,
+                input_pool_bytes=input_pool_bytes,
+                method="cuda caching allocator: max_memory_allocated since the inputs were resident, minus them",
+            )
+        profiler, self._profiler = self._profiler, None
+        if profiler is None or not self._probed:
+            return MemoryFigures(
+                peak_bytes=None, resident_bytes=None, input_pool_bytes=input_pool_bytes, method="not probed"
+            )
+        profiler.__exit__(None, None, None)
+        resident, peak = allocator_peak(profiler)
+        return MemoryFigures(
+            peak_bytes=peak - input_pool_bytes,
+            resident_bytes=resident - input_pool_bytes,
+            input_pool_bytes=input_pool_bytes,
+            method="cpu allocator events (torch.profiler profile_memory, main thread) from model construction",
+        )
+
+
+def allocator_peak(profiler: torch.profiler.profile) -> tuple[int, int]:
+    """(live bytes at the probed step's start, highest live bytes during it) from the allocator's events.
+
+    The live total follows the allocations and frees the profiler saw, in time order, block by block
+    (by address). A free the profiler could not see (made on another thread) shows when the same
+    address is handed out again: the old block is then dropped before the new one counts. Frees of
+    blocks allocated before the profiler started are ignored, like those blocks.
+    """
+    nodes = list(_walk(profiler.profiler.kineto_results.experimental_event_tree()))
+    marks = [node for node in nodes if node.name == PROBE_MARK]
+    if len(marks) != 1:
+        raise RuntimeError(f"expected one {PROBE_MARK!r} range in the profile, found {len(marks)}")
+    begin, end = marks[0].start_time_ns, marks[0].end_time_ns
+    changes = sorted(
+        (node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size)
+        for node in nodes
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu"
+    )
+    blocks: dict[int, int] = {}
+    live = resident = 0
+    peak = None
+    for when, pointer, size in changes:
+        if when > end:
+            break
+        if size > 0:
+            live += size - blocks.get(pointer, 0)
+            blocks[pointer] = size
+        else:
+            live -= blocks.pop(pointer, 0)
+        if when < begin:
+            resident = live
+        else:
+            peak = live if peak is None else max(peak, live)
+    return resident, max(resident, peak if peak is not None else resident)
+
+
+def _walk(nodes):
+    for node in nodes:
+        yield node
+        yield from _walk(node.children)

@@ -4,6 +4,7 @@ import os
 import sys
 
 from ddlbench.errors import DdlbenchError
+from ddlbench.launch.cores import check_plan_cores
 from ddlbench.launch.resources import load_site
 from ddlbench.launch.submission import check_plan_on_cluster, point_resources
 from ddlbench.point import POINT_ID_PATTERN
@@ -17,6 +18,8 @@ try:
     RESOURCES = point_resources(PLAN, SITE) if SITE else {}
     if SITE and "SLURM_JOB_ID" not in os.environ:  # on the login node, once, before any submission
         check_plan_on_cluster(PLAN, SITE)
+    if not SITE:  # local: Snakemake caps a job's threads at --cores, so a point could share cores unseen
+        check_plan_cores(PLAN.points, workflow.resource_settings.cores)
 except DdlbenchError as error:
     sys.stderr.write(f"ddlbench: invalid sweep config: {error}\n")
     sys.exit(2)

@@ -11,4 +11,4 @@ rule run_point:
     conda:
         "../../envs/compute.yaml"
     shell:
-        "ddlbench run-point --spec {params.spec:q} --out {output.record:q} > {log:q} 2>&1"
+        "ddlbench run-point --spec {params.spec:q} --out {output.record:q} --cores {threads} > {log:q} 2>&1"

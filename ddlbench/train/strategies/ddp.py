@@ -19,7 +19,12 @@ class DataParallelTrainer:
         self.bucket_cap_mb = float(setup.options.get("bucket_cap_mb", "25"))
         model = model.to(self.ctx.device)
         device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
-        self.model = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=self.bucket_cap_mb)
+        # every rank built the same weights from the point's seed, so DDP's initial broadcast would copy
+        # them onto themselves; skipping it also spares the memory probe a buffer that gloo's worker
+        # thread frees where the probe cannot see (ddlbench.train.memory)
+        self.model = DistributedDataParallel(
+            model, device_ids=device_ids, bucket_cap_mb=self.bucket_cap_mb, init_sync=False
+        )
         self.optimizer = setup.make_optimizer(self.model.parameters())
 
     def local_batch_range(self, global_batch_size: int) -> tuple[int, int]:

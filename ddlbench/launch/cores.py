@@ -1,0 +1,135 @@
+"""Cores for local ranks: refuse silent sharing, pin ranks to disjoint cores where the host has them.
+
+A point needs ranks × threads cores. Locally it is granted the smaller of Snakemake's share (the
+rule's `{threads}`, which Snakemake caps at `--cores`) and the CPUs this process may run on (its
+affinity). A point that needs more is refused unless its sweep sets `oversubscribe: true`.
+
+Points that Snakemake runs side by side all see the same affinity, so pinning each to "the first
+cores" would stack them on the same ones. Each point therefore claims its cores through one lock
+file per CPU (fcntl.flock, released by the kernel when the claiming process ends, even on a crash);
+ranks are pinned to claimed cores only, and run unpinned, as the record then shows, when not enough
+are free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddlbench.errors import DdlbenchError
+from ddlbench.point import Point
+
+PIN_VAR = "DDLBENCH_CPUS"  # comma-separated CPUs the worker pins itself to, before torch starts
+
+
+class OversubscriptionRefused(DdlbenchError):
+    """A point needs more cores than it was granted, and its sweep does not allow oversubscription."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoreGrant:
+    needed: int  # ranks × threads
+    granted: int  # min(Snakemake's share, the affinity's size)
+    allowed: tuple[int, ...]  # this process's CPU affinity
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.needed > self.granted
+
+
+def grant_for(point: Point, snakemake_cores: int | None = None) -> CoreGrant:
+    allowed = tuple(sorted(os.sched_getaffinity(0)))
+    granted = len(allowed) if snakemake_cores is None else min(snakemake_cores, len(allowed))
+    return CoreGrant(needed=point.world_size * point.threads, granted=granted, allowed=allowed)
+
+
+def check_cores(point: Point, grant: CoreGrant) -> None:
+    """Refuse, in one line naming the point and both numbers, a point that would share cores silently."""
+    if grant.oversubscribed and not point.oversubscribe:
+        raise OversubscriptionRefused(
+            f"point {point.point_id} needs {point.world_size} ranks × {point.threads} threads = {grant.needed} "
+            f"cores, but {grant.granted} are granted here (Snakemake's --cores share and the CPU affinity "
+            f"{_ranges(grant.allowed)}); give more cores, or set `oversubscribe: true` in the sweep to run it "
+            "with its figures flagged"
+        )
+
+
+@contextlib.contextmanager
+def claimed_cores(grant: CoreGrant, lock_dir: Path | None = None) -> Iterator[tuple[int, ...] | None]:
+    """Claim `grant.needed` free CPUs of the affinity for as long as the block runs; None when there
+    are not enough free ones (or the point oversubscribes), so nothing is pinned."""
+    if grant.oversubscribed:
+        yield None
+        return
+    lock_dir = lock_dir or Path(tempfile.gettempdir()) / f"ddlbench-cpus-{os.getuid()}"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    held: list[tuple[int, int]] = []  # (cpu, fd)
+    try:
+        for cpu in grant.allowed:
+            if len(held) == grant.needed:
+                break
+            fd = os.open(lock_dir / f"cpu{cpu}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            held.append((cpu, fd))
+        yield tuple(cpu for cpu, _ in held) if len(held) == grant.needed else None
+    finally:
+        for _, fd in held:
+            os.close(fd)  # closing the descriptor drops the lock
+
+
+def rank_cpus(claimed: tuple[int, ...], rank: int, threads: int) -> tuple[int, ...]:
+    """The disjoint cores of one rank: its `threads` consecutive entries of the claimed set."""
+    return claimed[rank * threads : (rank + 1) * threads]
+
+
+def pin_from_environment(environ: dict[str, str] | os._Environ) -> str:
+    """In a rank, before torch starts its thread pools: pin to the CPUs the launcher chose, and say
+    who decided this rank's CPU binding (ddlbench, SLURM's --cpu-bind, or none)."""
+    cpus = environ.get(PIN_VAR)
+    if cpus:
+        os.sched_setaffinity(0, {int(cpu) for cpu in cpus.split(",")})
+        return f"ddlbench: pinned to {cpus}"
+    bind = environ.get("SLURM_CPU_BIND") or environ.get("SLURM_CPU_BIND_TYPE")
+    if bind:
+        listed = environ.get("SLURM_CPU_BIND_LIST", "")
+        return f"slurm: {bind}{' ' + listed if listed else ''}"
+    return "none"
+
+
+def _ranges(cpus: tuple[int, ...]) -> str:
+    if not cpus:
+        return "{}"
+    runs, start, prev = [], cpus[0], cpus[0]
+    for cpu in (*cpus[1:], None):
+        if cpu is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        runs.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if cpu is not None:
+            start = prev = cpu
+    return "{" + ",".join(runs) + "}"
+
+
+def check_plan_cores(points: list[Point], cores: int | None) -> None:
+    """Before Snakemake schedules anything locally: refuse the first point whose ranks × threads
+    exceed `--cores` (Snakemake would quietly cap its threads), naming how many such points there are."""
+    if cores is None:
+        return
+    crowded = [point for point in points if point.world_size * point.threads > cores and not point.oversubscribe]
+    if crowded:
+        first = crowded[0]
+        others = f" (and {len(crowded) - 1} more points)" if len(crowded) > 1 else ""
+        raise OversubscriptionRefused(
+            f"point {first.point_id}{others} needs {first.world_size} ranks × {first.threads} threads = "
+            f"{first.world_size * first.threads} cores, but --cores is {cores}; give more cores, or set "
+            "`oversubscribe: true` in the sweep to run it with its figures flagged"
+        )
