@@ -104,6 +104,7 @@ def _sweep(args: argparse.Namespace) -> SweepConfig:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from ddlbench.launch.status import other_versions_note, sweep_status
     from ddlbench.sweep import expand_sweep
 
     config = _sweep(args)
@@ -125,8 +126,9 @@ def _plan(args: argparse.Namespace) -> int:
             _print_table(["point_id", "reason"], [[point.point_id, why] for point, why in plan.skipped])
     excluded = f", {len(plan.excluded)} excluded" if plan.excluded else ""
     skipped = f", {len(plan.skipped)} skipped" if plan.skipped else ""
+    versions = other_versions_note(sweep_status(plan, queue=[], jobs_index={}, sweep_dir=config.sweep_dir))
     print(
-        f"{len(plan.points)} points{excluded}{skipped} in sweep {config.name!r}",
+        f"{len(plan.points)} points{excluded}{skipped} in sweep {config.name!r}{versions}",
         file=sys.stderr if args.format != "table" else sys.stdout,
     )
     return 0

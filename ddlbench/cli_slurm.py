@@ -253,8 +253,9 @@ def _status(args: argparse.Namespace, config) -> int:
     )
     print(f"sweep {config.name!r}: {summarize(statuses)}")
     for status in statuses:
-        if args.points or status.state not in ("ok", "not started"):
+        if args.points or status.state not in ("ok", "not started") or status.other_version:
             jobs = ",".join(status.job_ids) or "-"
             reason = f"  {status.reason}" if status.reason else ""
-            print(f"{status.state:<12} {status.point_id}  jobs {jobs}{reason}")
+            version = f"  [measurement version {status.measurement_version}]" if status.other_version else ""
+            print(f"{status.state:<12} {status.point_id}  jobs {jobs}{reason}{version}")
     return 0

@@ -205,8 +205,8 @@ class PointRecord:
     provenance: Provenance
     ranks: tuple[RankResult, ...] = field(default_factory=tuple)
     failures: tuple[RankFailure, ...] = field(default_factory=tuple)
-    # what its figures mean (MEASUREMENT_VERSION when written); records before version 4 of the schema are 1
-    measurement_version: int = 1
+    # what its figures mean (MEASUREMENT_VERSION when written); records before schema 4 read as 1
+    measurement_version: int = MEASUREMENT_VERSION
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

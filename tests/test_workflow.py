@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 
-from ddlbench.config import load_sweep_config
+from ddlbench.config import REPO_CONFIGS, load_sweep_config
 from ddlbench.sweep import expand_sweep
-from tests.conftest import job_counts, run_snakemake
+from tests.conftest import REPO, job_counts, run_snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -99,10 +101,19 @@ def test_the_seeds_sweep_plans_every_strategy_at_both_node_counts():
     from ddlbench.config import REPO_CONFIGS
 
     plan = expand_sweep(load_sweep_config(REPO_CONFIGS / "seeds.yaml"))
-    assert not plan.skipped
+    # on one rank the model-splitting strategies cannot run: 3 strategies × 2 models
+    assert len(plan.skipped) == 6 and all(p.world_size == 1 for p, _ in plan.skipped)
     assert {(p.model, p.strategy, p.nodes) for p in plan.points} == {
         (model, strategy, nodes)
         for model in ("resnet18", "vgg11")
         for strategy in ("ddp", "horovod", "model_parallel", "gpipe", "1f1b")
         for nodes in (1, 2)
     }
+
+
+def test_shipped_sweeps_fit_the_default_cores():
+    """`make run` grants CORES cores (the Makefile's default); no shipped sweep may need more per point."""
+    cores = int(re.search(r"^CORES\s*\?=\s*(\d+)", (REPO / "Makefile").read_text(), re.M).group(1))
+    for sweep in sorted(REPO_CONFIGS.glob("*.yaml")):
+        for point in expand_sweep(load_sweep_config(sweep)).points:
+            assert point.world_size * point.threads <= cores, f"{sweep.name}: {point.point_id} needs more than {cores}"

@@ -6,7 +6,7 @@ import json
 import logging
 import shutil
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ddlbench.launch.launchers import LocalLauncher, select_launcher
@@ -49,8 +49,7 @@ def run_point(
     timeout_s = point.timeout_s if timeout_s is None else timeout_s
     start_time = utc_now()
     chosen = select_launcher(launcher, cores=cores)
-    if isinstance(chosen, LocalLauncher):
-        chosen.check(point)
+    grant = chosen.check(point) if isinstance(chosen, LocalLauncher) else None
     rank_dir = rank_dir_for(out)
     shutil.rmtree(rank_dir, ignore_errors=True)
     rank_dir.mkdir(parents=True)
@@ -60,6 +59,9 @@ def run_point(
         outcome = chosen.launch(point, rank_dir=rank_dir, dump_params=dump_params, timeout_s=timeout_s)
     results, failures = _read_rank_files(rank_dir, point.world_size)
     verdict = judge(point, outcome, results, failures, timeout_s=timeout_s)
+    if verdict.metrics is not None and grant is not None and grant.oversubscribed:
+        note = f"launcher: {grant.needed} cores needed, {grant.granted} granted; " + verdict.metrics.cores_note
+        verdict = replace(verdict, metrics=replace(verdict.metrics, oversubscribed=True, cores_note=note))
     record = PointRecord(
         point_id=point.point_id,
         point=point,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddlbench.launch.slurm import QueuedJob
-from ddlbench.records import Provenance, RecordError, read_record, record_path
+from ddlbench.records import MEASUREMENT_VERSION, Provenance, RecordError, read_record, record_path
 from ddlbench.sweep import Plan
 
 SNAKEMAKE_COMMENT_PREFIX = "rule_run_point_wildcards_"
@@ -29,6 +29,12 @@ class PointStatus:
     state: str  # one of STATES
     reason: str | None
     job_ids: tuple[str, ...]  # every job known to have run this point, oldest first
+    measurement_version: int | None = None  # of the point's record, when it has one
+
+    @property
+    def other_version(self) -> bool:
+        """Its record was measured by a ddlbench whose figures mean something else (MEASUREMENT_VERSION)."""
+        return self.measurement_version is not None and self.measurement_version != MEASUREMENT_VERSION
 
 
 def point_of_job(job: QueuedJob, job_points: Mapping[str, str]) -> str | None:
@@ -51,6 +57,7 @@ def sweep_status(
     for point in plan.points:
         job_ids = list(jobs_index.get(point.point_id, []))
         reason = None
+        version = None
         job = queued.get(point.point_id)
         if job is not None and job.job_id not in job_ids:
             job_ids.append(job.job_id)
@@ -62,7 +69,7 @@ def sweep_status(
         elif path.exists():
             try:
                 record = read_record(path)
-                state, reason = record.status, record.reason
+                state, reason, version = record.status, record.reason, record.measurement_version
                 ran_in = _job_id_of(record.provenance)
                 if ran_in and ran_in not in job_ids:
                     job_ids.append(ran_in)
@@ -70,7 +77,15 @@ def sweep_status(
                 state, reason = "unreadable", str(exc)
         else:
             state = "not started"
-        statuses.append(PointStatus(point_id=point.point_id, state=state, reason=reason, job_ids=tuple(job_ids)))
+        statuses.append(
+            PointStatus(
+                point_id=point.point_id,
+                state=state,
+                reason=reason,
+                job_ids=tuple(job_ids),
+                measurement_version=version,
+            )
+        )
     return statuses
 
 
@@ -85,4 +100,16 @@ def summarize(statuses: list[PointStatus]) -> str:
     """`12 points: 8 ok, 2 failed, 1 oom, 1 running`, in STATES order, zero counts left out."""
     counts = Counter(status.state for status in statuses)
     parts = [f"{counts[state]} {state}" for state in STATES if counts[state]]
-    return f"{len(statuses)} points: " + ", ".join(parts)
+    return f"{len(statuses)} points: " + ", ".join(parts) + other_versions_note(statuses)
+
+
+def other_versions_note(statuses: list[PointStatus]) -> str:
+    """`; 3 records of measurement version 1 (this ddlbench measures 2: ...)`, or "" when all agree."""
+    others = Counter(status.measurement_version for status in statuses if status.other_version)
+    if not others:
+        return ""
+    versions = ", ".join(f"{count} of version {version}" for version, count in sorted(others.items()))
+    return (
+        f"; records of another measurement version: {versions} (this ddlbench measures version "
+        f"{MEASUREMENT_VERSION}; reports leave them out of comparisons; delete them to measure again)"
+    )
