@@ -46,12 +46,19 @@ def test_every_strategy_has_a_gpu_case():
 
 def test_point_on_cuda_uses_nccl_and_records_allocator_peaks(tmp_path):
     ranks = min(torch.cuda.device_count(), 2)
-    record = run_point(make_point(ranks_per_node=ranks, batch_size=64), out=tmp_path / "record.json", launcher="local")
+    point = make_point(ranks_per_node=ranks, batch_size=64, warmup_steps=2, steps=6)
+    record = run_point(point, out=tmp_path / "record.json", launcher="local")
     assert record.status == "ok", record.reason
     assert record.provenance.backend == "nccl"
     assert record.provenance.gpu_model
-    assert record.metrics.cuda_peak_allocated_bytes > 0
-    assert record.metrics.cuda_peak_reserved_bytes >= record.metrics.cuda_peak_allocated_bytes
+    metrics = record.metrics
+    assert metrics.cuda_peak_allocated_bytes > 0
+    assert metrics.cuda_peak_reserved_bytes >= metrics.cuda_peak_allocated_bytes
+    # steps timed by CUDA events on one clock; memory by the allocator's counters, the input pool apart
+    assert all(rank.timer == "cuda_events" for rank in record.ranks)
+    assert metrics.input_pool_bytes > 0
+    assert 0 < metrics.tensor_resident_bytes < metrics.tensor_peak_bytes
+    assert metrics.tensor_peak_bytes + metrics.input_pool_bytes <= metrics.cuda_peak_allocated_bytes
 
 
 @pytest.mark.parametrize("strategy", sorted(GPU_CASES))
