@@ -3,8 +3,21 @@ catalog's facts, so a sweep skips them with a reason instead of failing at run t
 
 from __future__ import annotations
 
+import math
+
 from ddlbench.catalog import DATASETS, MODELS, STRATEGIES
+from ddlbench.catalog.layer_table import SplitKind, predict_split_share
 from ddlbench.point import Point
+
+# A filter, channel or spatial point (or its dp hybrid) must split at least this share of its model's
+# forward FLOPs to run and be compared under its strategy's name. With a share s split over p ranks, each
+# rank still computes (1 - s) + s/p of the model: the split can speed the compute up by at most 1/(1 - s)
+# however many ranks it has (Amdahl), so below one half it cannot even halve a rank's work, and what the
+# point measures is mostly the whole model run alike on every rank plus the split's messages. (resnet8 over
+# 3 ranks splits 0 of 10 layers; spatial resnet50 on ImageNet over 8 ranks runs 4 of 18 blocks on slabs,
+# 19 % of its FLOPs.) The ranks report the share they really split as `split_flops_share` in their facts.
+MIN_SPLIT_FLOPS_SHARE = 0.5
+_SPLIT_KINDS: dict[str, SplitKind] = {"fp": "filter", "cp": "channel", "sp": "spatial"}
 
 
 def why_skipped(point: Point) -> str | None:
@@ -56,7 +69,30 @@ def why_skipped(point: Point) -> str | None:
         extent = dataset.sample_shape[1]  # height, or depth for volumes
         if extent % split:
             return f"spatial split over {split} ranks needs {split} to divide the input's first axis ({extent})"
+    if strategy.split_dim in _SPLIT_KINDS:
+        return _too_little_split(point, _SPLIT_KINDS[strategy.split_dim], split if strategy.data_parallel else world)
     return None
+
+
+def _too_little_split(point: Point, kind: SplitKind, parts: int) -> str | None:
+    """Why a ParaDL split of this point splits too small a share of the model's FLOPs, or None."""
+    share = predict_split_share(point.model, point.dataset, point.model_options, kind, parts)
+    if share.flops_share >= MIN_SPLIT_FLOPS_SHARE:
+        return None
+    layout = f"with split={parts}" if STRATEGIES.get(point.strategy).data_parallel else f"over {parts} ranks"
+    what = (
+        f"runs {share.split} of the {share.of} blocks of {point.model} on slabs"
+        if kind == "spatial"
+        else f"splits {share.split} of the {share.of} convolution and linear layers of {point.model}"
+    )
+    return (
+        f"{point.strategy} {layout} {what}, {_percent(share.flops_share)} of its forward FLOPs on {point.dataset}, "
+        f"below the {_percent(MIN_SPLIT_FLOPS_SHARE)} a point needs to be compared as {point.strategy}"
+    )
+
+
+def _percent(fraction: float) -> str:
+    return f"{math.floor(100 * fraction)} %"  # rounded down: 49.96 % is below 50 % and must not read as 50 %
 
 
 def _pure_name(hybrid: str) -> str:

@@ -60,3 +60,18 @@ def test_registry_refuses_duplicates_and_bad_names_and_lists_known_entries():
         )
     with pytest.raises(KeyError, match="known models: m1"):
         registry.get("m2")
+
+
+def test_the_layer_table_is_what_the_models_build_today():
+    """ddlbench/catalog/layers.json, from which planning predicts what a ParaDL split splits, is rebuilt from
+    the real models; after changing a model, a dataset or a split rule, regenerate it with the command named."""
+    import difflib
+
+    from ddlbench.catalog.layer_table import REGENERATE, TABLE_PATH
+    from ddlbench.train.build_layer_table import build_table, render
+
+    committed, fresh = TABLE_PATH.read_text(), render(build_table())
+    changes = list(difflib.unified_diff(committed.splitlines(), fresh.splitlines(), "committed", "fresh", lineterm=""))
+    assert not changes, f"{TABLE_PATH.name} is out of date; regenerate it with `{REGENERATE}`:\n" + "\n".join(
+        changes[:30]
+    )

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd import Function
 
+from ddlbench.catalog.split_rules import slab_problem
+
 CONVS = (nn.Conv2d, nn.Conv3d)
 MAX_POOLS = (nn.MaxPool2d, nn.MaxPool3d)
 AVG_POOLS = (nn.AvgPool2d, nn.AvgPool3d)
@@ -91,8 +93,8 @@ def halo_windows(
     slabs), so no case needs a separate rule.
     """
     out = output_extent(extent, kernel=kernel, stride=stride, padding=padding, dilation=dilation)
-    if extent % parts or out % parts or out < parts:
-        raise ValueError(f"input extent {extent} and output extent {out} must both split into {parts} equal slabs")
+    if (problem := slab_problem(extent, out, parts)) is not None:  # the rule planning checks too
+        raise ValueError(problem)
     slab, out_slab = extent // parts, out // parts
     windows = []
     for rank in range(parts):

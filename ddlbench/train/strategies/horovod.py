@@ -9,7 +9,7 @@ controller reads, and calls hvd.init().
 Devices: CPU tensors are reduced by gloo. CUDA tensors are reduced by NCCL if Horovod was built with
 GPU operations (HOROVOD_GPU_OPERATIONS=NCCL, see envs/horovod.sh); otherwise Horovod copies each
 fused buffer to the host, reduces it with gloo and copies it back, which facts() shows as
-gpu_allreduce "gloo (host copy)".
+gradient_path "host-copied (gloo)" (and gpu_allreduce "gloo (host copy)").
 
 Exit: close() runs hvd.shutdown(), which stops Horovod's background thread on every rank (the first
 rank to call it stops them all; the others' calls return at once). Where close() is not called, the
@@ -217,6 +217,15 @@ def join_horovod(ctx: RankContext, *, fusion_threshold_bytes: int) -> tuple[Modu
     return hvd, slot, meet
 
 
+def gradient_path(*, on_cuda: bool, nccl_built: bool) -> str:
+    """How gradients travel between ranks, from what Horovod was built with (horovod.torch.nccl_built()):
+    CUDA tensors go through NCCL only when Horovod has NCCL GPU operations; otherwise each fused buffer is
+    copied to the host, reduced by gloo and copied back, which a GPU comparison with ddp must not miss."""
+    if not on_cuda:
+        return "gloo"
+    return "nccl" if nccl_built else "host-copied (gloo)"
+
+
 class HorovodTrainer:
     """Each rank trains on its own contiguous slice of the global batch; Horovod averages the gradients."""
 
@@ -261,6 +270,9 @@ class HorovodTrainer:
             "nccl_built": nccl,
             "cuda_built": bool(hvd.cuda_built()),
             "gpu_allreduce": ("nccl" if nccl else "gloo (host copy)") if on_cuda else None,
+            "gradient_path": gradient_path(on_cuda=on_cuda, nccl_built=nccl),
+            "gradient_reduction": "tensor-fused all-reduce overlapped with backward (Horovod DistributedOptimizer: "
+            "each gradient queued by its hook as backward produces it, fused up to fusion_threshold_mb)",
         }
 
     def local_batch_range(self, global_batch_size: int) -> tuple[int, int]:

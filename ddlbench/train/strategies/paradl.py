@@ -6,7 +6,9 @@ the next (replicated) layer needs. Channel parallelism gives each rank a slice o
 channels: a rank convolves its slice of the input with the matching slice of every filter, and the
 partial outputs are summed with an all-reduce. Norms, activations, pools, grouped convolutions and
 layers whose channels do not divide by p stay replicated, and every rank of a group is fed the same
-batch and computes the same loss, so what is replicated stays identical without any reduction.
+batch and computes the same loss, so what is replicated stays identical without any reduction. In the
+df hybrid the groups are replicas fed different slices of the batch, and DDP averages their gradients
+over the dp dimension as the ddp strategy does (buckets all-reduced during backward).
 """
 
 from __future__ import annotations
@@ -15,36 +17,48 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
+from ddlbench.catalog import split_rules
+from ddlbench.catalog.split_rules import Kind, LayerFacts
 from ddlbench.train.strategies import StrategySetup, Trainer
 from ddlbench.train.strategies import collectives as C
-from ddlbench.train.strategies.common import average_gradients, build_mesh, count_parameters, cpu_state, slice_of
+from ddlbench.train.strategies.common import build_mesh, count_parameters, cpu_state, slice_of
+from ddlbench.train.strategies.flops import count_model_flops
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["filter", "channel"]
 LayerOp = Callable[[Tensor, Tensor, Tensor | None], Tensor]
 
-# exact types: a subclass (MultiheadAttention's out_proj is one) may be used without calling forward
+# the exact types are split_rules.SPLITTABLE_TYPES, named there so planning can apply them without torch
 _SPLITTABLE = (nn.Conv2d, nn.Conv3d, nn.Linear)
+
+
+def layer_facts(name: str, layer: nn.Module, flops: int = 0) -> LayerFacts:
+    """What the filter/channel split rules (ddlbench.catalog.split_rules) need to know of a layer."""
+    if isinstance(layer, nn.Linear):
+        inputs, outputs, groups, padding_mode = layer.in_features, layer.out_features, 1, "zeros"
+    else:
+        inputs, outputs, groups, padding_mode = layer.in_channels, layer.out_channels, layer.groups, layer.padding_mode
+    return LayerFacts(
+        name=name,
+        type=type(layer).__name__,
+        in_channels=inputs,
+        out_channels=outputs,
+        groups=groups,
+        padding_mode=padding_mode,
+        flops=flops,
+    )
 
 
 def why_replicated(layer: nn.Module, parts: int, kind: Kind) -> str | None:
     """None when `layer` can be split over `parts` ranks the `kind` way; otherwise why it stays whole."""
-    if isinstance(layer, nn.Linear):
-        what, size = ("out_features", layer.out_features) if kind == "filter" else ("in_features", layer.in_features)
-    else:
-        if layer.groups != 1:
-            return f"grouped convolution (groups={layer.groups})"
-        if layer.padding_mode != "zeros":
-            return f"padding_mode {layer.padding_mode!r}"
-        what, size = ("out_channels", layer.out_channels) if kind == "filter" else ("in_channels", layer.in_channels)
-    return f"{what}={size} does not divide by {parts}" if size % parts else None
+    return split_rules.why_replicated(layer_facts("", layer), parts, kind)
 
 
 def plan_split(model: nn.Module, parts: int, kind: Kind) -> dict[str, str | None]:
@@ -146,6 +160,7 @@ class ParaDLTrainer:
     def __init__(self, model: nn.Module, setup: StrategySetup, *, kind: Kind, layout: GroupLayout) -> None:
         self.ctx, self.loss_fn, self.kind, self.layout = setup.ctx, setup.loss_fn, kind, layout
         self.parts = dist.get_world_size(layout.group)
+        self.flops = count_model_flops(model, setup.sample)  # before any layer is swapped
         self.plan = plan_split(model, self.parts, kind)
         split_type = FilterParallel if kind == "filter" else ChannelParallel
         for name, reason in self.plan.items():
@@ -157,6 +172,15 @@ class ParaDLTrainer:
         if not self.split_layers:  # still a valid run, but every rank then trains the whole model alone
             log.warning("%s parallelism over %d ranks splits no layer of this model", kind, self.parts)
         self.optimizer = setup.make_optimizer(self.model.parameters())
+        # replicas (dp_filter) average their gradients as ddp does: DDP's buckets, each all-reduced over the
+        # dp group as soon as backward has produced it. The same slice index on every replica holds the same
+        # slice, so a plain average is right. Every rank built the same weights: no initial broadcast.
+        self.forward_model: nn.Module = self.model
+        if layout.dp_size > 1:
+            device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+            self.forward_model = DistributedDataParallel(
+                self.model, device_ids=device_ids, process_group=layout.dp_group, init_sync=False
+            )
 
     def local_batch_range(self, global_batch_size: int) -> tuple[int, int]:
         # the whole replica batch on every rank of the group: the split is over channels, not samples
@@ -164,10 +188,8 @@ class ParaDLTrainer:
 
     def step(self, inputs: Tensor, targets: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model(inputs), targets)
-        loss.backward()
-        # the same slice index on every replica holds the same slice, so a plain average is right
-        average_gradients(self.model.parameters(), self.layout.dp_group, self.layout.dp_size)
+        loss = self.loss_fn(self.forward_model(inputs), targets)
+        loss.backward()  # with replicas: returns after DDP's last bucket is averaged over the dp group
         self.optimizer.step()
         return loss.detach()
 
@@ -212,6 +234,14 @@ class ParaDLTrainer:
             "split_layer_names": list(self.split_layers),
             "replicated_layer_reasons": replicated,
             "collective_elements_per_sample": {f"{forward}_forward": outputs, f"{backward}_backward": inputs},
+            # fraction of one sample's forward FLOPs in the layers this rank computes a slice of
+            "split_flops_share": self.flops.share(self.split_layers),
+            "gradient_reduction": (
+                "bucketed all-reduce over dp overlapped with backward (DDP, 25 MiB buckets)"
+                if self.layout.dp_size > 1
+                else "none: the group shares one batch, so each rank's gradients (its slices', the replicated "
+                "layers') are already complete"
+            ),
         }
 
 

@@ -3,11 +3,18 @@
 The flat nn.Sequential is cut into balanced contiguous stages (`balance`); each rank wraps its
 stage(s) in a PipelineStage built by hand (shapes are inferred from the first micro-batch) and a
 schedule runs the micro-batches. Gradients are the mean over micro-batches (the schedules' default
-scale_grads), which for equal micro-batches is the gradient of the replica's batch mean loss.
+scale_grads), which for equal micro-batches is the gradient of the replica's batch mean loss. In dp × pp
+each stage module is wrapped in DDP over its dp group, which torch.distributed.pipelining drives itself:
+the replicas' gradients are all-reduced in buckets during the last micro-batch's backward.
+
+The facts carry the order in which each stage really ran micro-batches forward and backward in the first
+step and how many it held at once, observed by hooks on the stage modules (ActionRecorder): GPipe and 1F1B
+compute the same numbers, so only that order tells them apart.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,11 +22,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.nn.parallel import DistributedDataParallel
 
 from ddlbench.train.strategies import StrategySetup, Trainer
 from ddlbench.train.strategies.balance import BlockProbe, StagePlan, plan_stages, probe_blocks, release_blocks
 from ddlbench.train.strategies.common import (
-    average_gradients,
     build_mesh,
     count_parameters,
     cpu_state,
@@ -40,6 +47,57 @@ class PipelineLayout:
     dp_size: int = 1
     dp_rank: int = 0
     dp_group: dist.ProcessGroup | None = None
+
+
+class ActionRecorder:
+    """The order in which one step runs micro-batches forward and backward through this rank's stages,
+    observed from the stage modules' side rather than taken from the schedule's name.
+
+    A forward hook on each stage module records its k-th call as forward of micro-batch k and hangs a
+    gradient hook on that call's output, which fires when backward reaches the output, i.e. when the stage
+    starts that micro-batch's backward: so each B is tied to the forward it undoes. The hooks are removed
+    after the one step they watch (`stop`), so timed steps run without them.
+    """
+
+    def __init__(self, stages: list[tuple[int, nn.Module]]) -> None:
+        self.events: list[tuple[str, int, int]] = []  # (F or B, stage index, micro-batch index)
+        self.stages = [stage for stage, _ in stages]
+        self.handles = [module.register_forward_hook(self._on_forward(stage)) for stage, module in stages]
+
+    def _on_forward(self, stage: int):
+        forwards = itertools.count()
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            micro_batch = next(forwards)
+            self.events.append(("F", stage, micro_batch))
+            if isinstance(output, Tensor) and output.requires_grad:
+                output.register_hook(lambda grad: self.events.append(("B", stage, micro_batch)))
+
+        return hook
+
+    def stop(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def sequence(self, stage: int | None = None) -> str:
+        """The actions as "F0 F1 B0 …", of one stage, or of all this rank's stages ("F0@s0 …" when several)."""
+        several = stage is None and len(self.stages) > 1
+        return " ".join(
+            f"{kind}{micro_batch}" + (f"@s{s}" if several else "")
+            for kind, s, micro_batch in self.events
+            if stage is None or s == stage
+        )
+
+    def peak_in_flight(self, stage: int | None = None) -> int:
+        """The most micro-batches forwarded but not yet backwarded at once (of one stage, or of the rank):
+        what the schedule makes a stage hold activations for."""
+        in_flight = peak = 0
+        for kind, s, _ in self.events:
+            if stage is None or s == stage:
+                in_flight += 1 if kind == "F" else -1
+                peak = max(peak, in_flight)
+        return peak
 
 
 class ContiguousStage(nn.Sequential):
@@ -98,14 +156,23 @@ class PipelineTrainer:
         release_blocks(model, [self.plan.bounds[s] for s in self.stage_indices])
         self.modules: list[tuple[int, nn.Sequential]] = []  # (first block index, stage module)
         self.stages: list[PipelineStage] = []
+        device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
         for s in self.stage_indices:
             lo, hi = self.plan.bounds[s]
             module = ContiguousStage(*(model[i] for i in range(lo, hi))).to(self.ctx.device)
             self.modules.append((lo, module))
             inputs, outputs = stage_io(probes, setup.sample, (lo, hi), replica_batch // self.micro_batches)
+            # dp × pp: replicas of a stage average gradients as ddp does, in DDP's buckets. PipelineStage
+            # runs every micro-batch but the last under no_sync and lets the reducer all-reduce the buckets
+            # during the last micro-batch's backward. Every rank built the same weights: no initial broadcast.
+            submodule: nn.Module = module
+            if layout.dp_size > 1:
+                submodule = DistributedDataParallel(
+                    module, device_ids=device_ids, process_group=layout.dp_group, init_sync=False
+                )
             self.stages.append(
                 PipelineStage(
-                    module,
+                    submodule,
                     s,
                     num_stages,
                     self.ctx.device,
@@ -126,6 +193,11 @@ class PipelineTrainer:
         self.has_last = any(stage.is_last for stage in self.stages)
         self.parameters = [p for _, module in self.modules for p in module.parameters()]
         self.optimizer = setup.make_optimizer(self.parameters)
+        # watches the first step only (a warm-up step); its observations go into the facts
+        self.recorder: ActionRecorder | None = ActionRecorder(
+            [(s, module) for s, (_, module) in zip(self.stage_indices, self.modules, strict=True)]
+        )
+        self.observed: dict[str, Any] = {}
 
     def local_batch_range(self, global_batch_size: int) -> tuple[int, int]:
         # every rank of a replica is fed the replica's slice: the first stage reads the inputs, the
@@ -142,13 +214,25 @@ class PipelineTrainer:
             self.schedule.step(*args, target=targets, losses=losses, return_outputs=False)
         else:
             self.schedule.step(*args, return_outputs=False)
-        # replicas of a dp × pp mesh saw different slices; their stages' gradients are averaged
-        average_gradients(self.parameters, self.layout.dp_group, self.layout.dp_size)
+        if self.recorder is not None:
+            self._keep_observations(self.recorder)
+            self.recorder = None
+        # replicas of a dp × pp mesh: DDP averaged the stages' gradients during the last backward
         self.optimizer.step()
         if not self.has_last:
             return None
         # the mean over equal micro-batches of their mean losses is the replica batch's mean loss
         return torch.stack([loss.detach() for loss in losses]).mean()
+
+    def _keep_observations(self, recorder: ActionRecorder) -> None:
+        recorder.stop()
+        self.observed = {
+            "observed_step": 0,  # the first (warm-up) step: the hooks are gone before the timed ones
+            "observed_actions": recorder.sequence(),
+            "observed_actions_by_stage": {str(s): recorder.sequence(s) for s in self.stage_indices},
+            "peak_in_flight_micro_batches": recorder.peak_in_flight(),
+            "peak_in_flight_by_stage": {str(s): recorder.peak_in_flight(s) for s in self.stage_indices},
+        }
 
     def full_state_dict(self) -> dict[str, Tensor] | None:
         local: dict[str, Tensor] = {}
@@ -175,7 +259,13 @@ class PipelineTrainer:
             "stage_costs": list(self.plan.stage_costs),
             "block_costs": list(self.plan.block_costs),
             "balance": self.plan.rule,
-        }
+            "gradient_reduction": (
+                "bucketed all-reduce over dp overlapped with the last micro-batch's backward (DDP under "
+                "torch.distributed.pipelining: the other micro-batches run under no_sync)"
+                if layout.dp_size > 1
+                else "none: each stage's gradients live on its own rank"
+            ),
+        } | self.observed
 
 
 def _pure_layout(setup: StrategySetup, name: str) -> PipelineLayout:

@@ -18,19 +18,19 @@ convolution only: no pooling, no norm statistics. Here the rows come from the la
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.func import functional_call
 
+from ddlbench.catalog.split_rules import ChildFacts, WindowFacts, slab_region
 from ddlbench.train.strategies import StrategySetup, Trainer
 from ddlbench.train.strategies.common import build_mesh, count_parameters, cpu_state, slice_of
+from ddlbench.train.strategies.flops import Extents, count_model_flops, probe_shapes
 from ddlbench.train.strategies.halo import (
     NORMS,
     WINDOWED,
@@ -64,13 +64,6 @@ POINTWISE = (
 
 
 @dataclass(frozen=True, kw_only=True)
-class Extents:
-    """Input and output shapes one layer was called with in the shape probe (one entry per call)."""
-
-    calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
-
-
-@dataclass(frozen=True, kw_only=True)
 class SplitLayer:
     """A windowed layer inside the split region and its global extents along the split axis."""
 
@@ -91,96 +84,63 @@ class Region:
     layers: tuple[SplitLayer, ...]
 
 
-def probe_shapes(model: nn.Module, sample: Tensor) -> dict[str, Extents]:
-    """Every submodule's input and output shapes on one sample, computed on the meta device (no FLOPs, no
-    memory, and the real model's buffers are not touched)."""
-    seen: dict[str, Extents] = {}
-    hooks = []
-    for name, module in model.named_modules():
-        if name:
-            seen[name] = Extents()
-            hooks.append(module.register_forward_hook(_recorder(seen[name])))
-    state = {
-        name: torch.empty_like(value, device="meta")
-        for name, value in itertools.chain(model.named_parameters(), model.named_buffers())
-    }
-    # eval mode: the same shapes, and batch norm accepts one sample with a 1×1 extent in it
-    training = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
-        with torch.no_grad():
-            functional_call(model, state, (sample.to("meta"),))
-    finally:
-        for hook in hooks:
-            hook.remove()
-        for module, mode in training.items():
-            module.training = mode
-    return seen
+def plan_region(
+    model: nn.Sequential, sample: Tensor, parts: int, *, shapes: Mapping[str, Extents] | None = None
+) -> Region:
+    """The longest prefix of `model`'s children that can run on `parts` equal slabs along dim 2 (`shapes`:
+    the probe of `model` on `sample`, when the caller has it already).
 
-
-def _recorder(extents: Extents):
-    def record(module: nn.Module, args: tuple, output: Any) -> None:
-        if args and isinstance(args[0], Tensor) and isinstance(output, Tensor):
-            extents.calls.append((tuple(args[0].shape), tuple(output.shape)))
-
-    return record
-
-
-def plan_region(model: nn.Sequential, sample: Tensor, parts: int) -> Region:
-    """The longest prefix of `model`'s children that can run on `parts` equal slabs along dim 2."""
-    shapes = probe_shapes(model, sample)
+    Where the region ends is decided by ddlbench.catalog.split_rules from the children's facts, the rule
+    planning applies to the same facts in the catalog's layer table."""
+    shapes = shapes if shapes is not None else probe_shapes(model, sample)[0]
     extent = sample.shape[2] if sample.dim() >= 4 else 0
-    layers: list[SplitLayer] = []
-    reason = "the whole model runs on slabs"
-    children = 0
-    if sample.dim() < 4 or extent % parts:
-        reason = f"the input's extent {extent} along dim 2 does not split into {parts} equal slabs"
-    else:
-        for index, child in enumerate(model):
-            found = _check_child(str(index), child, shapes, parts)
-            if isinstance(found, str):
-                reason = f"child {index}: {found}"
-                break
-            layers += found
-            children = index + 1
+    facts = [child_facts(str(index), child, shapes) for index, child in enumerate(model)]
+    children, reason = slab_region(extent, facts, parts)
+    layers = []
+    for index in range(children):
+        for window in facts[index].windowed:
+            geo = geometry(model.get_submodule(window.name))
+            assert not isinstance(geo, str), geo  # a blocked layer ends the region before it
+            args = {"kernel": geo.kernel[0], "stride": geo.stride[0], "padding": geo.padding[0]}
+            windows = halo_windows(window.extent, parts, dilation=geo.dilation[0], **args)
+            layers.append(
+                SplitLayer(name=window.name, extent=window.extent, out_extent=window.out_extent, windows=windows)
+            )
     return Region(parts=parts, children=children, reason=reason, input_extent=extent, layers=tuple(layers))
 
 
-def _check_child(prefix: str, child: nn.Module, shapes: dict[str, Extents], parts: int) -> list[SplitLayer] | str:
-    """The child's windowed layers if all of it can run on slabs, else why not."""
+def child_facts(prefix: str, child: nn.Module, shapes: Mapping[str, Extents]) -> ChildFacts:
+    """What spatial parallelism needs to know of one top-level child, whatever the number of ranks: its
+    probed shapes and its leaf layers, up to and including the first that cannot run on slabs."""
     calls = shapes[prefix].calls
     if len(calls) != 1:
-        return f"called {len(calls)} times in the probe"
+        return ChildFacts(calls=len(calls))
     ((shape_in, shape_out),) = calls
-    if len(shape_out) != len(shape_in) or shape_out[2] % parts or shape_out[2] < parts:
-        return f"its output {shape_out} does not split into {parts} slabs along dim 2"
-    layers = []
+    windowed = []
     for name, module in child.named_modules(prefix=prefix):
         if next(module.children(), None) is not None or isinstance(module, POINTWISE + NORMS):
             continue  # containers are assumed to compose their layers locally (true of the zoo's blocks)
-        if not isinstance(module, WINDOWED):
-            return f"{name} ({type(module).__name__}) mixes rows across the split axis"
-        geo = geometry(module)
-        if isinstance(geo, str):
-            return f"{name}: {geo}"
-        pairs = {(shape_in[2], shape_out[2]) for shape_in, shape_out in shapes[name].calls}
-        if len(pairs) != 1:
-            return f"{name} is called with {len(pairs)} different extents"
-        ((extent, out_extent),) = pairs
-        args = {
-            "kernel": geo.kernel[0],
-            "stride": geo.stride[0],
-            "padding": geo.padding[0],
-            "dilation": geo.dilation[0],
-        }
-        if output_extent(extent, **args) != out_extent:
-            return f"{name}: ceil_mode adds an output row"
-        try:
-            windows = halo_windows(extent, parts, **args)
-        except ValueError as error:
-            return f"{name}: {error}"
-        layers.append(SplitLayer(name=name, extent=extent, out_extent=out_extent, windows=windows))
-    return layers
+        window = _window_facts(name, module, shapes[name])
+        windowed.append(window)
+        if window.blocked is not None:
+            break
+    return ChildFacts(calls=1, in_shape=shape_in, out_shape=shape_out, windowed=tuple(windowed))
+
+
+def _window_facts(name: str, module: nn.Module, extents: Extents) -> WindowFacts:
+    if not isinstance(module, WINDOWED):
+        return WindowFacts(name=name, blocked=f"{name} ({type(module).__name__}) mixes rows across the split axis")
+    geo = geometry(module)
+    if isinstance(geo, str):
+        return WindowFacts(name=name, blocked=f"{name}: {geo}")
+    pairs = {(shape_in[2], shape_out[2]) for shape_in, shape_out in extents.calls}
+    if len(pairs) != 1:
+        return WindowFacts(name=name, blocked=f"{name} is called with {len(pairs)} different extents")
+    ((extent, out_extent),) = pairs
+    args = {"kernel": geo.kernel[0], "stride": geo.stride[0], "padding": geo.padding[0], "dilation": geo.dilation[0]}
+    if output_extent(extent, **args) != out_extent:
+        return WindowFacts(name=name, blocked=f"{name}: ceil_mode adds an output row")
+    return WindowFacts(name=name, extent=extent, out_extent=out_extent)
 
 
 def _replace(root: nn.Module, name: str, new: nn.Module) -> None:
@@ -198,9 +158,12 @@ class SpatialTrainer:
         dp = "dp" in mesh.mesh_dim_names
         self.replicas, self.replica = (mesh.size(0), mesh.get_local_rank("dp")) if dp else (1, 0)
         self.dp_group = mesh.get_group("dp") if dp else None
-        self.region = plan_region(model, setup.sample, self.parts)
+        self.flops = count_model_flops(model, setup.sample)  # before any layer is swapped
+        self.region = plan_region(model, setup.sample, self.parts, shapes=self.flops.shapes)
         self.model = model.to(self.ctx.device)
         self.halo_rows = self._wrap_region()
+        # what this rank computes a slab of: the windowed layers really swapped (pools count 0 FLOPs)
+        self.slab_layers = [name for name, m in self.model.named_modules() if isinstance(m, SlabWindowed)]
         self.region_params = list(self.model[: self.region.children].parameters())
         self.tail_params = list(self.model[self.region.children :].parameters())
         if {id(p) for p in self.region_params} & {id(p) for p in self.tail_params}:
@@ -275,6 +238,14 @@ class SpatialTrainer:
             "halo_rows_total": sum(self.halo_rows.values()),
             "slab_rows_first": layers[0].extent // self.parts if layers else None,  # first split layer's input
             "slab_rows_last": layers[-1].out_extent // self.parts if layers else None,  # last one's output
+            # fraction of one sample's forward FLOPs in the layers this rank computes a slab of
+            "split_flops_share": self.flops.share(self.slab_layers),
+            "gradient_reduction": (
+                "after backward, not overlapped: one flat all-reduce of the spatial region's gradients over all "
+                "ranks (sum over sp, mean over dp), then one of the replicated tail's over dp"
+                if self.replicas > 1
+                else "after backward, not overlapped: one flat all-reduce (sum) of the spatial region's gradients"
+            ),
         }
 
 

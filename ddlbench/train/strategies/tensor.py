@@ -143,6 +143,12 @@ class TensorParallelTrainer:
             "heads": self.heads,
             "local_heads": self.local_heads,
             "fsdp_over_dp": "dp" in self.names,
+            "gradient_reduction": (
+                "FSDP2 reduce-scatter over dp, one per block as its backward ends (overlapped with backward); "
+                "each rank keeps and updates its shard"
+                if "dp" in self.names
+                else "none beyond tensor parallelism's own collectives: every tp rank trains on the whole batch"
+            ),
         }
 
 
