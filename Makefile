@@ -42,6 +42,11 @@ lint: venv
 bench: venv
 	$(BIN)/python benchmarks/plan_speed.py
 
+# ddlbench's kernel against a bare hand-written DDP loop, alternated; prints samples/s and the ratio
+.PHONY: bench-overhead
+bench-overhead: venv
+	$(BIN)/python benchmarks/overhead.py $(OVERHEAD_ARGS)
+
 # A real SLURM cluster on this host (root; Debian packages): 4 nodes, partitions cpu and gpu.
 # `make slurm-up` is idempotent and prints the `export SLURM_CONF=...` line a shell needs.
 slurm-up:

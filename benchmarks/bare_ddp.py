@@ -1,0 +1,118 @@
+"""One rank of a bare, hand-written DDP training loop: the baseline that benchmarks/overhead.py holds ddlbench to.
+
+It is what a user would write with plain PyTorch, and nothing more: join a process group (gloo on CPU,
+NCCL on CUDA), wrap the point's model in DistributedDataParallel with its defaults, build
+SGD(lr=point.learning_rate, momentum=0.9), and run the point's warm-up steps and then its measured
+steps of zero_grad, forward, cross-entropy, backward, optimizer step. Only the model and the batches
+come from ddlbench, so both sides train the same thing: `build_model(point)` (the same initial weights
+from the point's seed) and `step_batches(point, ...)` (the same pool of synthetic batches, rank r's
+samples [r·batch, (r+1)·batch) of every global batch, step i using pool entry i mod pool size).
+
+Timing: after warm-up, a barrier; then `time.perf_counter()` around the measured steps on each rank
+(on CUDA, one `torch.cuda.synchronize()` after the last step, inside the timed span). Losses are kept
+as detached tensors and read only after the window. Each rank writes `bare-rank-R.json` (elapsed
+seconds, losses, threads, CPU affinity) into --out; overhead.py takes the slowest rank's elapsed time.
+
+Gloo ranks can abort in their destructors at interpreter exit (SIGABRT after all work is done), so a
+rank ends with barrier + destroy_process_group + os._exit, the pattern of the project's notes.
+
+Started by overhead.py, one process per rank, never by hand:
+    python benchmarks/bare_ddp.py --spec POINT_JSON --rank R --world-size W \
+        --init-method file:///tmp/rendezvous --out DIR [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from ddlbench.point import Point
+from ddlbench.train.kernel import build_model, step_batches
+
+
+def result_file(out: Path, rank: int) -> Path:
+    return out / f"bare-rank-{rank}.json"
+
+
+def train(point: Point, rank: int, world_size: int, init_method: str, device_kind: str, out: Path) -> None:
+    on_cuda = device_kind == "cuda"
+    device = torch.device("cuda", rank) if on_cuda else torch.device("cpu")
+    if on_cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if on_cuda else "gloo", init_method=init_method, rank=rank, world_size=world_size)
+
+    model = DistributedDataParallel(build_model(point).to(device), device_ids=[rank] if on_cuda else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=point.learning_rate, momentum=0.9)
+    batches = step_batches(point, rank * point.batch_size, (rank + 1) * point.batch_size, device)
+
+    def train_step(step: int) -> torch.Tensor:
+        inputs, targets = batches[step % len(batches)]
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    losses = [train_step(step) for step in range(point.warmup_steps)]
+    dist.barrier()
+    began = time.perf_counter()
+    for step in range(point.warmup_steps, point.warmup_steps + point.steps):
+        losses.append(train_step(step))
+    if on_cuda:
+        torch.cuda.synchronize(device)
+    elapsed_s = time.perf_counter() - began
+
+    result = {
+        "rank": rank,
+        "elapsed_s": elapsed_s,
+        "losses": [loss.item() for loss in losses],
+        "threads": torch.get_num_threads(),
+        "cpus": sorted(os.sched_getaffinity(0)),
+    }
+    tmp = result_file(out, rank).with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, result_file(out, rank))  # the parent never reads half a file
+
+
+def leave(code: int, *, meet: bool) -> None:
+    """End the rank without running gloo's destructors (they may abort after the work is done)."""
+    try:
+        if meet and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spec", required=True, help="the point, as the JSON of Point.to_json()")
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--init-method", required=True, help="file://PATH or tcp://HOST:PORT")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--out", type=Path, required=True, help="folder for bare-rank-R.json")
+    args = parser.parse_args()
+    try:
+        point = Point.from_dict(json.loads(args.spec))
+        train(point, args.rank, args.world_size, args.init_method, args.device, args.out)
+    except BaseException:
+        traceback.print_exc()
+        leave(1, meet=False)  # a barrier could wait forever on a peer that failed too
+    leave(0, meet=True)
+
+
+if __name__ == "__main__":
+    main()

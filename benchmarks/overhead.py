@@ -1,0 +1,320 @@
+"""How much throughput does ddlbench's kernel give up against a bare hand-written DDP loop?
+
+Runs the same training job two ways, alternated (ddlbench, bare, ddlbench, bare, …) for --pairs pairs,
+and prints the global samples/s of every run, the median of each side (with a nonparametric 95 %
+confidence interval of the median from 6 pairs on), the ratio of the medians ddlbench / bare and the
+median of the per-pair ratios. The target is a ratio ≥ 0.98; it is printed, never asserted.
+
+Both sides train the same job: model --model on synthetic cifar10, strategy ddp, 1 node × --ranks
+ranks, --batch samples per rank, --threads intra-op threads per rank (OMP_NUM_THREADS), --warmup
+unmeasured steps then --steps measured ones, seed 0, SGD(lr 0.05, momentum 0.9), cross-entropy. Same
+initial weights (`ddlbench.train.kernel.build_model`) and same batches (`step_batches`, rank r's
+samples [r·batch, (r+1)·batch) of each global batch).
+
+  ddlbench  the path a sweep takes: `ddlbench.launch.runner.run_point(point, out=record,
+            launcher="local")` in this process. It claims free cores and pins each rank to its own
+            (when enough are free), starts one `python -m ddlbench.launch.worker` per rank (file://
+            rendezvous), and each rank runs `train_point`: DDP (bucket 25 MB, no initial broadcast),
+            a clock-offset estimate, warm-up steps (the last under the memory probe), a barrier, then
+            the measured steps, each stamped start and end. The figure is the record's
+            `metrics.samples_per_s_overall`: global batch × kept steps / (latest end of the last kept
+            step − earliest start of the first kept step) on one clock; leading steps ddlbench judges
+            still warming up are not kept (shown as "dropped"). "all steps" is the same formula over
+            every measured step, from the record's per-rank step stamps, for comparison with bare.
+  bare      benchmarks/bare_ddp.py, one plain `python` process per rank started here with
+            OMP_NUM_THREADS=MKL_NUM_THREADS=--threads and a file:// rendezvous, unpinned (--pin-bare
+            pins rank r to the r-th --threads CPUs of the affinity, as ddlbench would). Plain
+            DistributedDataParallel with its defaults; after warm-up a barrier, then each rank times
+            its measured steps with perf_counter. Figure: global batch × steps / the slowest rank's
+            elapsed time.
+
+Neither figure counts launch, imports or teardown ("launch→end" shows each run's whole wall time).
+Each run's first and last loss are printed: the two sides should agree, or they did not do the same work.
+
+Timings on a shared 2-core machine vary by tens of percent from run to run; only figures within one
+invocation compare, and a ratio means little without the interval (--pairs 6 or more).
+
+    make bench-overhead                     # = .venv/bin/python benchmarks/overhead.py $(OVERHEAD_ARGS)
+    .venv/bin/python benchmarks/overhead.py --pairs 3 --steps 20
+    .venv/bin/python benchmarks/overhead.py --model resnet20 --pairs 8 --steps 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddlbench.catalog import MODELS
+from ddlbench.launch.runner import run_point
+from ddlbench.point import Point
+from ddlbench.records import read_record
+from ddlbench.statistics import median_ci
+
+BARE_SCRIPT = Path(__file__).resolve().with_name("bare_ddp.py")
+DATASET = "cifar10"
+TARGET_RATIO = 0.98
+TIMEOUT_S = 600.0
+LOG_TAIL_CHARS = 3000
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """One launch of one side."""
+
+    side: str  # "ddlbench" or "bare"
+    samples_per_s: float  # global samples/s over the measured window (each side's formula: module docstring)
+    window_s: float
+    launch_s: float  # wall time from starting the ranks to all of them ending
+    loss_first: float  # mean over ranks, first warm-up step
+    loss_last: float  # mean over ranks, last measured step
+    note: str
+
+
+def build_point(args: argparse.Namespace) -> Point:
+    cpus = len(os.sched_getaffinity(0))
+    return Point(
+        model=args.model,
+        dataset=DATASET,
+        strategy="ddp",
+        nodes=1,
+        ranks_per_node=args.ranks,
+        batch_size=args.batch,
+        threads=args.threads,
+        repetition=0,
+        warmup_steps=args.warmup,
+        steps=args.steps,
+        seed=0,
+        learning_rate=0.05,
+        timeout_s=TIMEOUT_S,
+        # ddlbench refuses to share cores unless told; the bare side shares them anyway, so allow it
+        oversubscribe=args.ranks * args.threads > cpus,
+    )
+
+
+@contextlib.contextmanager
+def output_to(log: Path) -> Iterator[None]:
+    """Send this process's stdout and stderr (file descriptors, so the ranks' too) into `log`."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log, "ab") as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def fail(what: str, log: Path) -> None:
+    tail = log.read_text(errors="replace")[-LOG_TAIL_CHARS:] if log.exists() else ""
+    sys.exit(f"overhead: {what}\n--- end of {log} ---\n{tail}")
+
+
+def run_ddlbench(point: Point, work: Path) -> Run:
+    record_path = work / "record.json"
+    log = work / "ddlbench.log"
+    began = time.perf_counter()
+    with output_to(log):
+        run_point(point, out=record_path, launcher="local")
+    launch_s = time.perf_counter() - began
+    record = read_record(record_path)
+    metrics = record.metrics
+    if record.status != "ok" or metrics is None:
+        fail(f"the ddlbench run ended {record.status}: {record.reason}", log)
+    first = min(rank.step_starts_s[0] for rank in record.ranks)
+    last = max(rank.step_ends_s[-1] for rank in record.ranks)
+    all_steps = metrics.global_batch_size * point.steps / (last - first)
+    cpus = "; ".join(",".join(map(str, rank.cpus)) for rank in record.ranks)
+    bindings = "; ".join(sorted({rank.cpu_binding or "none" for rank in record.ranks}))
+    note = (
+        f"dropped {metrics.warmup_dropped_steps}, all steps {all_steps:.1f}/s, cpus: {cpus} (binding: {bindings})"
+        f"{', oversubscribed' if metrics.oversubscribed else ''}"
+    )
+    return Run(
+        side="ddlbench",
+        samples_per_s=metrics.samples_per_s_overall,
+        window_s=metrics.window_s or 0.0,
+        launch_s=launch_s,
+        loss_first=metrics.loss_first,
+        loss_last=metrics.loss_last,
+        note=note,
+    )
+
+
+def run_bare(point: Point, work: Path, *, device: str, pin: bool) -> Run:
+    log = work / "bare.log"
+    rendezvous = work / "rendezvous"
+    allowed = sorted(os.sched_getaffinity(0))
+    env = {**os.environ, "OMP_NUM_THREADS": str(point.threads), "MKL_NUM_THREADS": str(point.threads)}
+    processes = []
+    began = time.perf_counter()
+    with open(log, "ab") as sink:
+        for rank in range(point.world_size):
+            cpus = set(allowed[rank * point.threads : (rank + 1) * point.threads])
+            command = [
+                sys.executable,
+                str(BARE_SCRIPT),
+                "--spec",
+                point.to_json(),
+                "--rank",
+                str(rank),
+                "--world-size",
+                str(point.world_size),
+                "--init-method",
+                f"file://{rendezvous}",
+                "--device",
+                device,
+                "--out",
+                str(work),
+            ]
+            pin_rank = (lambda cpus=cpus: os.sched_setaffinity(0, cpus)) if pin and cpus else None
+            process = subprocess.Popen(command, env=env, stdout=sink, stderr=sink, preexec_fn=pin_rank)
+            processes.append(process)
+        codes = []
+        for process in processes:
+            try:
+                codes.append(process.wait(timeout=max(1.0, TIMEOUT_S - (time.perf_counter() - began))))
+            except subprocess.TimeoutExpired:
+                for other in processes:
+                    other.kill()
+                fail(f"the bare run passed its {TIMEOUT_S:g} s limit", log)
+    launch_s = time.perf_counter() - began
+    files = [work / f"bare-rank-{rank}.json" for rank in range(point.world_size)]
+    if not all(file.exists() for file in files):
+        fail(f"a bare rank wrote no result (exit codes {codes})", log)
+    # every rank wrote its result before leaving, so a late abort in teardown does not spoil the figures
+    results = [json.loads(file.read_text()) for file in files]
+    slowest_s = max(result["elapsed_s"] for result in results)
+    elapsed = ", ".join(f"{result['elapsed_s']:.3f}" for result in results)
+    cpus = "; ".join(",".join(map(str, result["cpus"])) for result in results)
+    note = f"rank times {elapsed} s, cpus: {cpus}{'' if pin else ' (unpinned)'}"
+    if any(codes):
+        note += f", exit codes {codes} after writing results"
+    return Run(
+        side="bare",
+        samples_per_s=point.global_batch_size * point.steps / slowest_s,
+        window_s=slowest_s,
+        launch_s=launch_s,
+        loss_first=statistics.fmean(result["losses"][0] for result in results),
+        loss_last=statistics.fmean(result["losses"][-1] for result in results),
+        note=note,
+    )
+
+
+def describe_machine(point: Point, device: str) -> list[str]:
+    allowed = sorted(os.sched_getaffinity(0))
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    lines = [
+        f"machine: {platform.node()}, {os.cpu_count()} CPUs, affinity {allowed} ({len(allowed)}), load {load}",
+        f"python {platform.python_version()}, device {device}",
+        f"job: {point.model} on synthetic {point.dataset}, ddp, {point.world_size} ranks × {point.threads} "
+        f"thread(s), batch {point.batch_size}/rank (global {point.global_batch_size}), "
+        f"{point.warmup_steps} warm-up + {point.steps} measured steps",
+    ]
+    if len(allowed) <= 2 or point.world_size * point.threads > len(allowed):
+        lines.append(
+            f"warning: {len(allowed)} CPUs for {point.world_size * point.threads} rank threads, likely shared with "
+            "other work: runs vary by tens of percent, so trust the interval and the per-pair ratios, not one run"
+        )
+    return lines
+
+
+def summarize(label: str, values: list[float]) -> str:
+    ordered = sorted(values)
+    median = statistics.median(ordered)
+    ci = median_ci(ordered)
+    interval = f"95 % CI of the median [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else f"no CI (n = {len(ordered)} ≤ 5)"
+    return f"  {label:<9} median {median:8.1f} samples/s   {interval}   range {ordered[0]:.1f}–{ordered[-1]:.1f}"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="resnet8", help="an image model of the catalog (default resnet8)")
+    parser.add_argument("--ranks", type=int, default=2, help="ranks on this host (default 2)")
+    parser.add_argument("--batch", type=int, default=32, help="samples per rank per step (default 32)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (default 1)")
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first (default 3)")
+    parser.add_argument("--steps", type=int, default=30, help="measured steps per run (default 30)")
+    parser.add_argument("--pairs", type=int, default=5, help="ddlbench/bare pairs, alternated (default 5)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL)")
+    parser.add_argument("--pin-bare", action="store_true", help="pin bare rank r to CPUs as ddlbench pins")
+    args = parser.parse_args()
+    cnns = [name for name in MODELS.names() if MODELS.get(name).input_kind == "image2d"]
+    if args.model not in cnns:
+        parser.error(f"--model {args.model!r} is not an image model of the catalog; known: {', '.join(cnns)}")
+    if min(args.ranks, args.batch, args.threads, args.warmup, args.steps, args.pairs) < 1:
+        parser.error("--ranks, --batch, --threads, --warmup, --steps and --pairs must be ≥ 1")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.device == "cpu":
+        # ddlbench's worker takes a GPU whenever it sees one; hide them so both sides run on CPU
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        import torch
+
+        if torch.cuda.device_count() < args.ranks:
+            sys.exit(f"overhead: --device cuda needs {args.ranks} GPUs, this host has {torch.cuda.device_count()}")
+    logging.basicConfig(level=logging.WARNING)
+    point = build_point(args)
+    print("\n".join(describe_machine(point, args.device)), flush=True)
+
+    runs: dict[str, list[Run]] = {"ddlbench": [], "bare": []}
+    with tempfile.TemporaryDirectory(prefix="ddlbench-overhead-") as tmp:
+        for pair in range(1, args.pairs + 1):
+            for side in ("ddlbench", "bare"):
+                work = Path(tmp) / f"pair{pair}-{side}"
+                work.mkdir()
+                if side == "ddlbench":
+                    run = run_ddlbench(point, work)
+                else:
+                    run = run_bare(point, work, device=args.device, pin=args.pin_bare)
+                runs[side].append(run)
+                print(
+                    f"pair {pair:>2}  {side:<8} {run.samples_per_s:8.1f} samples/s  window {run.window_s:6.3f} s  "
+                    f"launch→end {run.launch_s:5.1f} s  loss {run.loss_first:.4f}→{run.loss_last:.4f}  {run.note}",
+                    flush=True,
+                )
+
+    ours = [run.samples_per_s for run in runs["ddlbench"]]
+    bare = [run.samples_per_s for run in runs["bare"]]
+    pair_ratios = sorted(a / b for a, b in zip(ours, bare, strict=True))
+    ratio = statistics.median(ours) / statistics.median(bare)
+    print(f"\nglobal samples/s over the measured window, {args.pairs} pair(s):")
+    print(summarize("ddlbench", ours))
+    print(summarize("bare", bare))
+    print(
+        f"  ratio of medians ddlbench/bare: {ratio:.3f}  (target ≥ {TARGET_RATIO}: "
+        f"{'met' if ratio >= TARGET_RATIO else 'not met'})"
+    )
+    print(
+        f"  per-pair ratios: median {statistics.median(pair_ratios):.3f}, "
+        f"range {pair_ratios[0]:.3f}–{pair_ratios[-1]:.3f}"
+    )
+    gap = max(abs(a.loss_last - b.loss_last) for a, b in zip(runs["ddlbench"], runs["bare"], strict=True))
+    if gap > 1e-3 * max(1.0, abs(runs["bare"][0].loss_last)):
+        print(f"  warning: last losses differ by up to {gap:.2g} between the sides: they may not train the same thing")
+
+
+if __name__ == "__main__":
+    main()
