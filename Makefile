@@ -37,7 +37,7 @@ test: venv
 lint: venv
 	$(BIN)/ruff check ddlbench tests benchmarks
 	$(BIN)/ruff format --check ddlbench tests benchmarks
-	$(BIN)/snakemake --lint --cores 1
+	$(BIN)/snakemake --lint --cores 2
 
 bench: venv
 	$(BIN)/python benchmarks/plan_speed.py

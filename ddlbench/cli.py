@@ -69,12 +69,22 @@ def _parser() -> argparse.ArgumentParser:
     _add_sweep_options(aggregate)
     aggregate.add_argument("--parquet", type=Path, help="default: <sweep dir>/table.parquet")
     aggregate.add_argument("--csv", type=Path, help="default: <sweep dir>/table.csv")
+    aggregate.add_argument(
+        "--include-other-versions",
+        action="store_true",
+        help="compare records of another measurement version too (they are left out by default)",
+    )
     aggregate.set_defaults(handler=_aggregate)
 
     report = commands.add_parser("report", help="render the HTML report of an aggregated sweep")
     _add_sweep_options(report)
     report.add_argument("--table", type=Path, help="Parquet table (default: <sweep dir>/table.parquet)")
     report.add_argument("--out", type=Path, help="default: <sweep dir>/report.html")
+    report.add_argument(
+        "--include-other-versions",
+        action="store_true",
+        help="compare records of another measurement version too (they are left out by default)",
+    )
     report.set_defaults(handler=_report)
 
     from ddlbench.cli_slurm import add_commands
@@ -186,7 +196,7 @@ def _aggregate(args: argparse.Namespace) -> int:
     from ddlbench.sweep import expand_sweep
 
     config = _sweep(args)
-    table = build_table(expand_sweep(config))
+    table = build_table(expand_sweep(config), include_other_versions=args.include_other_versions)
     parquet = args.parquet or config.sweep_dir / "table.parquet"
     csv = args.csv or config.sweep_dir / "table.csv"
     save_table(table, parquet=parquet, csv=csv)
@@ -206,6 +216,7 @@ def _report(args: argparse.Namespace) -> int:
     if not table_path.exists():
         raise DdlbenchError(f"no table at {table_path}; run `ddlbench aggregate` first")
     out = args.out or config.report_path
-    write_text_atomic(out, render_report(config, pd.read_parquet(table_path)))
+    table = pd.read_parquet(table_path)
+    write_text_atomic(out, render_report(config, table, include_other_versions=args.include_other_versions))
     print(f"report: {out.resolve()}")
     return 0

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ddlbench.launch.cores import CoreGrant, OversubscriptionRefused, claimed_cores, rank_cpus
+from ddlbench.launch.cores import LOCK_DIR_VAR, CoreGrant, OversubscriptionRefused, claimed_cores, rank_cpus
 from ddlbench.launch.runner import run_point
 from ddlbench.records import read_record
 from tests.conftest import job_counts, make_point, run_snakemake
@@ -35,7 +35,8 @@ def test_an_allowed_oversubscribed_point_runs_and_says_so(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning 2 ranks needs 2 CPUs")
-def test_local_ranks_are_pinned_to_disjoint_cores(tmp_path):
+def test_local_ranks_are_pinned_to_disjoint_cores(tmp_path, monkeypatch):
+    monkeypatch.setenv(LOCK_DIR_VAR, str(tmp_path / "locks"))  # free of other ddlbench runs on this host
     point = make_point(nodes=1, ranks_per_node=2, threads=1, oversubscribe=False, steps=2)
     record = run_point(point, out=tmp_path / "record.json", launcher="local")
     assert record.status == "ok", record.reason

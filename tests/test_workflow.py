@@ -65,9 +65,9 @@ def test_sweep_with_a_failing_point_reaches_the_report(write_sweep, tmp_path):
 
 
 def test_dry_run_and_lint_are_clean():
-    dry = run_snakemake("-n", "--cores", "1")
+    dry = run_snakemake("-n", "--cores", "2")
     assert dry.returncode == 0, dry.stderr
-    lint = run_snakemake("--lint", "--cores", "1")
+    lint = run_snakemake("--lint", "--cores", "2")
     assert lint.returncode == 0, lint.stdout + lint.stderr
     assert "Lints for" not in lint.stdout + lint.stderr, lint.stdout + lint.stderr
 

@@ -1,34 +1,67 @@
-"""All records of a sweep (failed ones included) → one table, saved as Parquet and CSV."""
+"""All records of a sweep (failed ones included) → one table, saved as Parquet and CSV.
+
+One row per planned point. Its columns, by group:
+
+- one column per `Point` field, named after it (options as canonical JSON), derived from the dataclass
+  (ddlbench.analysis.keys), plus world_size, replicas and global_batch_size;
+- config_key, series_key, baseline_key: which configuration, which line over nodes, and which ddp
+  points the point is compared with (ddlbench.analysis.keys says how each is derived);
+- status, reason, measurement_version and other_measurement_version (figures of another version mean
+  something else: they are left out of every comparison unless asked for);
+- per point, over its kept measured steps (records.Stats): samples_per_s_<s> and step_time_s_<s> for
+  every Stats field s: n, mean, median, p5, p95, min, max, ci_low, ci_high (95 % CI of the median,
+  empty for n ≤ 5), cv, noisy;
+- samples_per_s_overall (samples of the kept window ÷ its wall time, Hoefler & Belli's rule 3),
+  window_s, warmup_dropped_steps, clock_uncertainty_s, oversubscribed, cores_note, memory, losses;
+- rank facts: mesh, stages, local parameters, split_flops_share, gradient_path, gradient_reduction;
+- provenance: hosts, versions, SLURM job;
+- per configuration, over its repetitions, repeated on each of its rows that took part
+  (ddlbench.analysis.configurations.POINT_SUMMARY_COLUMNS): n_repetitions, rep_samples_per_s_* …,
+  speedup, scaling_efficiency, base_*, vs_baseline, baseline_*.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from ddlbench.analysis.configurations import POINT_SUMMARY_COLUMNS, summarize_configurations
+from ddlbench.analysis.keys import keys, point_columns
 from ddlbench.atomic import write_atomic
 from ddlbench.point import Point
-from ddlbench.records import PointRecord, RecordError, read_record, record_path
+from ddlbench.records import MEASUREMENT_VERSION, PointRecord, RecordError, Stats, read_record, record_path
 from ddlbench.sweep import Plan
 
-POINT_COLUMNS = [
-    "model", "dataset", "strategy", "nodes", "ranks_per_node", "batch_size", "micro_batches", "split",
-    "threads", "repetition", "warmup_steps", "steps", "seed",
-]  # fmt: skip
+STATS_FIELDS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Stats))
+STEP_FIGURES = ("samples_per_s", "step_time_s")
+# columns of yes/no facts, kept as nullable booleans (a missing or failed point has none)
+BOOLEAN_COLUMNS = (
+    *(f"{figure}_noisy" for figure in STEP_FIGURES),
+    "oversubscribed",
+    "other_measurement_version",
+    "rep_samples_per_s_noisy",
+    "rep_step_time_s_noisy",
+    "any_oversubscribed",
+)
+COUNT_COLUMNS = ("n_repetitions", "repetitions_not_ok", "repetitions_other_version", "median_repetition", "base_nodes")
+FLOAT_COLUMNS = tuple(
+    column
+    for column in POINT_SUMMARY_COLUMNS
+    if column not in (*BOOLEAN_COLUMNS, *COUNT_COLUMNS, "baseline_config_key")
+)
+# rank facts copied as they are, from the first rank that states them
+FACT_COLUMNS = ("split_flops_share", "gradient_path", "gradient_reduction")
 
 
-# What makes two points the same configuration at different node counts (repetitions pooled). Not
-# `split`: a pure model/pipeline split uses every rank, so it grows with the nodes by definition.
-SERIES_KEYS = [
-    "model", "dataset", "strategy", "ranks_per_node", "batch_size", "micro_batches", "threads", "model_options",
-    "strategy_options", "data",
-]  # fmt: skip
+def build_table(plan: Plan, *, include_other_versions: bool = False) -> pd.DataFrame:
+    """One row per planned point; a point without a readable record is a row with status `missing`.
 
-
-def build_table(plan: Plan) -> pd.DataFrame:
-    """One row per planned point; a point without a readable record is a row with status `missing`."""
+    Configuration figures (repetitions, speedup, vs ddp) leave out records of another measurement
+    version unless `include_other_versions`."""
     rows = []
     for point in plan.points:
         path = record_path(plan.config.sweep_dir, point.point_id)
@@ -36,45 +69,57 @@ def build_table(plan: Plan) -> pd.DataFrame:
             rows.append(record_row(read_record(path)))
         except RecordError as exc:
             reason = "no record yet" if not path.exists() else str(exc)
-            rows.append(_point_row(point) | {"status": "missing", "reason": reason})
-    return add_scaling(pd.DataFrame(rows))
+            rows.append(point_row(point) | {"status": "missing", "reason": reason})
+    return add_configuration_columns(pd.DataFrame(rows), include_other_versions=include_other_versions)
 
 
-def add_scaling(table: pd.DataFrame) -> pd.DataFrame:
-    """Speedup and parallel efficiency over the smallest node count of each series.
+def add_configuration_columns(table: pd.DataFrame, *, include_other_versions: bool = False) -> pd.DataFrame:
+    """The per-configuration figures (ddlbench.analysis.configurations) on every point row that fed them."""
+    summary = summarize_configurations(table, include_other_versions=include_other_versions)
+    table = table.drop(columns=[c for c in POINT_SUMMARY_COLUMNS if c in table.columns])
+    used = _used_rows(table, include_other_versions=include_other_versions)
+    joined = table.join(summary.set_index("config_key")[POINT_SUMMARY_COLUMNS], on="config_key")
+    for column in POINT_SUMMARY_COLUMNS:
+        joined[column] = joined[column].astype(object).where(used, None)
+    return _nullable_types(joined)
 
-    speedup(n) = T(n) / T(n0) and efficiency(n) = speedup(n) / (n / n0), where T is the median global
-    samples/s of a successful point and T(n0) the median over repetitions at the series' smallest
-    successful node count n0. Dimensionless; empty where the point failed or the series has no base.
-    """
-    table = table.assign(speedup=float("nan"), scaling_efficiency=float("nan"))
-    if "samples_per_s_median" not in table.columns:
-        return table
-    ok = table["status"] == "ok"
-    for _, series in table[ok].groupby(SERIES_KEYS):
-        base_nodes = series["nodes"].min()
-        base = series.loc[series["nodes"] == base_nodes, "samples_per_s_median"].median()
-        speedup = series["samples_per_s_median"] / base
-        table.loc[series.index, "speedup"] = speedup
-        table.loc[series.index, "scaling_efficiency"] = speedup / (series["nodes"] / base_nodes)
-    return table
+
+def _used_rows(table: pd.DataFrame, *, include_other_versions: bool) -> pd.Series:
+    if table.empty or "status" not in table.columns:
+        return pd.Series(False, index=table.index, dtype=bool)
+    used = table["status"] == "ok"
+    if not include_other_versions and "other_measurement_version" in table.columns:
+        used &= table["other_measurement_version"].fillna(False).astype(bool) == False  # noqa: E712
+    return used
 
 
 def record_row(record: PointRecord) -> dict[str, Any]:
-    row = _point_row(record.point) | {"status": record.status, "reason": record.reason}
+    row = point_row(record.point) | {
+        "status": record.status,
+        "reason": record.reason,
+        "measurement_version": record.measurement_version,
+        "other_measurement_version": record.measurement_version != MEASUREMENT_VERSION,
+    }
     metrics = record.metrics
     if metrics is not None:
-        for name in ("samples_per_s", "step_time_s"):
-            stats = getattr(metrics, name)
-            row |= {f"{name}_median": stats.median, f"{name}_p5": stats.p5, f"{name}_p95": stats.p95}
+        for figure in STEP_FIGURES:
+            stats = getattr(metrics, figure)
+            row |= {f"{figure}_{name}": getattr(stats, name) for name in STATS_FIELDS}
         row |= {
             "samples_per_s_overall": metrics.samples_per_s_overall,
+            "window_s": metrics.window_s,
+            "warmup_dropped_steps": metrics.warmup_dropped_steps,
+            "clock_uncertainty_s": metrics.clock_uncertainty_s,
+            "oversubscribed": metrics.oversubscribed,
+            "cores_note": metrics.cores_note,
             "peak_rss_bytes": metrics.peak_rss_bytes,
             "cuda_peak_allocated_bytes": metrics.cuda_peak_allocated_bytes,
             "cuda_peak_reserved_bytes": metrics.cuda_peak_reserved_bytes,
+            "tensor_peak_bytes": metrics.tensor_peak_bytes,
+            "tensor_resident_bytes": metrics.tensor_resident_bytes,
+            "input_pool_bytes": metrics.input_pool_bytes,
             "loss_first": metrics.loss_first,
             "loss_last": metrics.loss_last,
-            "tensor_peak_bytes": metrics.tensor_peak_bytes,
         }
     if record.ranks:
         row |= _facts_columns(record)
@@ -108,26 +153,35 @@ def _facts_columns(record: PointRecord) -> dict[str, Any]:
     local = [rank.facts.get("local_parameters") for rank in record.ranks]
     local = [count for count in local if isinstance(count, int)]
     stage_blocks = first.get("stage_blocks")  # every stage's block range, on every rank of a pipeline
-    return {
+    columns = {
         "mesh": json.dumps(first.get("mesh"), sort_keys=True) if first.get("mesh") else None,
         "stages": len(stage_blocks) if isinstance(stage_blocks, list) else None,
         "local_parameters_max": max(local) if local else None,
         "local_parameters_min": min(local) if local else None,
     }
+    for name in FACT_COLUMNS:
+        stated = next((rank.facts[name] for rank in record.ranks if rank.facts.get(name) is not None), None)
+        columns[name] = stated if stated is None or isinstance(stated, str | int | float) else json.dumps(stated)
+    return columns
 
 
-def _point_row(point: Point) -> dict[str, Any]:
-    row: dict[str, Any] = {"point_id": point.point_id}
-    row |= {column: getattr(point, column) for column in POINT_COLUMNS}
-    row |= {
-        "world_size": point.world_size,
-        "replicas": point.replicas,
-        "global_batch_size": point.global_batch_size,
-        "model_options": json.dumps(dict(point.model_options), sort_keys=True),
-        "strategy_options": json.dumps(dict(point.strategy_options), sort_keys=True),
-        "data": point.data_path or "synthetic",
-    }
-    return row
+def point_row(point: Point) -> dict[str, Any]:
+    """The columns every row has, record or not: the point's fields, its keys and its derived sizes."""
+    return (
+        {"point_id": point.point_id}
+        | point_columns(point)
+        | keys(point)
+        | {"world_size": point.world_size, "replicas": point.replicas, "global_batch_size": point.global_batch_size}
+    )
+
+
+def _nullable_types(table: pd.DataFrame) -> pd.DataFrame:
+    """Yes/no and count columns as pandas' nullable types, so Parquet stores them as such with nulls."""
+    for columns, dtype in ((BOOLEAN_COLUMNS, "boolean"), (COUNT_COLUMNS, "Int64"), (FLOAT_COLUMNS, "float64")):
+        for column in columns:
+            if column in table.columns:
+                table[column] = table[column].astype(dtype)
+    return table
 
 
 def save_table(table: pd.DataFrame, *, parquet: Path, csv: Path) -> None:

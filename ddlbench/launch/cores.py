@@ -25,6 +25,8 @@ from ddlbench.errors import DdlbenchError
 from ddlbench.point import Point
 
 PIN_VAR = "DDLBENCH_CPUS"  # comma-separated CPUs the worker pins itself to, before torch starts
+# where the per-CPU lock files live: every ddlbench on a host must share it (the default does)
+LOCK_DIR_VAR = "DDLBENCH_CPU_LOCK_DIR"
 
 
 class OversubscriptionRefused(DdlbenchError):
@@ -66,7 +68,9 @@ def claimed_cores(grant: CoreGrant, lock_dir: Path | None = None) -> Iterator[tu
     if grant.oversubscribed:
         yield None
         return
-    lock_dir = lock_dir or Path(tempfile.gettempdir()) / f"ddlbench-cpus-{os.getuid()}"
+    lock_dir = lock_dir or Path(
+        os.environ.get(LOCK_DIR_VAR) or Path(tempfile.gettempdir()) / f"ddlbench-cpus-{os.getuid()}"
+    )
     lock_dir.mkdir(parents=True, exist_ok=True)
     held: list[tuple[int, int]] = []  # (cpu, fd)
     try:

@@ -1,9 +1,17 @@
-"""Plots as SVG text, for embedding in a self-contained HTML page."""
+"""Plots as SVG text, for embedding in a self-contained HTML page.
+
+Both plots draw configurations (ddlbench.analysis.configurations), one mark per configuration, never a
+mean over configurations. A figure shows one level of statistics for all its marks (`figure_level`):
+over repetitions when every configuration in it has ≥ 6 (the window throughput's median over
+repetitions and its 95 % CI), else over steps (the median repetition's median step throughput and
+its 95 % CI over steps), so a mark and its error bar always measure the same thing. Hollow marks and
+hatched bars are noisy (interval wider than ±5 %); '(oversubscribed)' marks a line or bar with at
+least one record that ran with cores shared.
+"""
 
 from __future__ import annotations
 
 import io
-import json
 
 import matplotlib
 
@@ -14,123 +22,120 @@ import pandas as pd
 matplotlib.rcParams["svg.fonttype"] = "none"  # keep text as text: smaller, searchable, no font files
 matplotlib.rcParams["svg.hashsalt"] = "ddlbench"  # stable ids, so the same data gives the same SVG
 
-from ddlbench.analysis.aggregate import SERIES_KEYS  # noqa: E402
+from ddlbench.analysis.keys import describe, varying_fields  # noqa: E402
+from ddlbench.report.figures import MIN_CI_N  # noqa: E402
 
 
-def throughput_vs_nodes_svg(points: pd.DataFrame, model: str) -> str:
-    """Global samples/s (median over steps, then over repetitions) against nodes, a line per configuration.
+def figure_level(configs: pd.DataFrame) -> str:
+    """'repetitions' when every configuration has enough repetitions for an interval, else 'steps'."""
+    if len(configs) and (configs["n_repetitions"] >= MIN_CI_N).all():
+        return "repetitions"
+    return "steps"
 
-    Error bars span the step-level p5–p95 (medians over repetitions); the dotted line of the same colour
-    is ideal linear scaling from the smallest node count.
-    """
-    figure, axes = plt.subplots(figsize=(6.4, 3.8))
-    ok = points[(points["model"] == model) & (points["status"] == "ok")]
-    for key, series in ok.groupby(SERIES_KEYS, sort=True):
-        by_nodes = series.groupby("nodes").agg(
-            median=("samples_per_s_median", "median"),
-            p5=("samples_per_s_p5", "median"),
-            p95=("samples_per_s_p95", "median"),
+
+def level_caption(level: str) -> str:
+    if level == "repetitions":
+        return (
+            "global samples/s: median over repetitions of each repetition's window throughput "
+            "(samples ÷ wall time); bars: its 95 % CI over repetitions"
         )
-        config = dict(zip(SERIES_KEYS, key, strict=True))
-        label = "{strategy} {dataset} {ranks_per_node}/node b{batch_size} t{threads}".format(**config)
-        if int(config["micro_batches"]) > 1:
-            label += f" mb{config['micro_batches']}"
-        changed = _options_text(config["strategy_options"])
-        if changed:
-            label += f" {changed}"
-        if config["model_options"] not in ("{}", '{"norm": "batch"}'):
-            label += f" {config['model_options']}"
-        line = axes.errorbar(
-            by_nodes.index,
-            by_nodes["median"],
-            yerr=[
-                (by_nodes["median"] - by_nodes["p5"]).clip(lower=0),
-                (by_nodes["p95"] - by_nodes["median"]).clip(lower=0),
-            ],
-            marker="o",
-            capsize=3,
-            label=label,
-        )
-        if len(by_nodes) > 1:  # ideal: throughput proportional to nodes from the smallest count
-            base_nodes = by_nodes.index[0]
-            ideal = by_nodes["median"].iloc[0] * by_nodes.index / base_nodes
-            axes.plot(by_nodes.index, ideal, linestyle=":", color=line[0].get_color(), alpha=0.6)
+    return (
+        "global samples/s: median step of the median repetition; bars: 95 % CI of that median over steps "
+        f"(none where n ≤ 5; fewer than {MIN_CI_N} repetitions, so no interval over repetitions)"
+    )
+
+
+def _figures(configs: pd.DataFrame, level: str) -> tuple[pd.Series, pd.Series, pd.Series, pd.Series]:
+    """Value, lower and upper error-bar lengths (0 without an interval), and the noise flag, per row."""
+    prefix = "rep_samples_per_s" if level == "repetitions" else "samples_per_s"
+    value = pd.to_numeric(configs[f"{prefix}_median"], errors="coerce")
+    low = pd.to_numeric(configs[f"{prefix}_ci_low"], errors="coerce")
+    high = pd.to_numeric(configs[f"{prefix}_ci_high"], errors="coerce")
+    has_ci = low.notna() & high.notna()
+    noisy = configs[f"{prefix}_noisy"].fillna(False).astype(bool) & has_ci
+    return value, (value - low).where(has_ci, 0).clip(lower=0), (high - value).where(has_ci, 0).clip(lower=0), noisy
+
+
+def throughput_vs_nodes_svg(configs: pd.DataFrame, model: str) -> str:
+    """Global samples/s against nodes, a line per series (configuration but nodes), with 95 % CIs.
+
+    The dotted line of the same colour is ideal linear scaling from the series' smallest node count."""
+    figure, axes = plt.subplots(figsize=(6.4, 4.0))
+    ours = configs[configs["model"] == model].sort_values("nodes")
+    level = figure_level(ours)
+    records = ours.to_dict("records")
+    label_fields = varying_fields(records, leave_out=("model", "nodes")) or ["strategy"]
+    for _, series in ours.groupby("series_key", sort=False):
+        value, below, above, noisy = _figures(series, level)
+        label = describe(series.iloc[0].to_dict(), label_fields)
+        if series["any_oversubscribed"].fillna(False).astype(bool).any():
+            label += " (oversubscribed)"
+        line = axes.errorbar(series["nodes"], value, yerr=[below, above], marker="o", capsize=3, label=label)
+        colour = line[0].get_color()
+        if noisy.any():  # hollow marks over the filled ones
+            axes.plot(series["nodes"][noisy], value[noisy], "o", color=colour, markerfacecolor="white", zorder=5)
+        if len(series) > 1:  # ideal: throughput proportional to nodes from the smallest count
+            base_nodes = series["nodes"].iloc[0]
+            ideal = value.iloc[0] * series["nodes"] / base_nodes
+            axes.plot(series["nodes"], ideal, linestyle=":", color=colour, alpha=0.6)
     axes.set_title(f"{model}: throughput vs nodes")
     axes.set_xlabel("nodes")
-    axes.set_ylabel("global samples/s (median step)")
-    nodes = sorted(points.loc[points["model"] == model, "nodes"].unique())
-    axes.set_xticks(nodes)
+    axes.set_ylabel(_ylabel(level))
+    axes.set_xticks(sorted(ours["nodes"].unique()))
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
-    if ok.empty:
+    if ours.empty:
         axes.text(0.5, 0.5, "no successful points", ha="center", va="center", transform=axes.transAxes)
     else:
-        axes.legend(fontsize="small")
-    figure.tight_layout()
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0, -0.18), ncols=2)
+    return _svg(figure)
+
+
+def strategy_comparison_svg(configs: pd.DataFrame, model: str, dataset: str) -> str:
+    """Global samples/s of each configuration side by side, one group of bars per layout (nodes × ranks).
+
+    Strategies that split a model and strategies that replicate it consume different global batches at
+    the same batch_size, which is why the y axis is samples/s and not steps/s."""
+    figure, axes = plt.subplots(figsize=(7.2, 4.0))
+    ours = configs[(configs["model"] == model) & (configs["dataset"] == dataset)]
+    level = figure_level(ours)
+    placed = [(int(n), int(r)) for n, r in zip(ours["nodes"], ours["ranks_per_node"], strict=True)]
+    layouts = sorted(set(placed))
+    records = ours.to_dict("records")
+    label_fields = varying_fields(records, leave_out=("model", "dataset", "nodes", "ranks_per_node")) or ["strategy"]
+    labels = [describe(row, label_fields) for row in records]
+    ours = ours.assign(_label=labels, _layout=placed)
+    names = sorted(set(labels))
+    width = 0.8 / max(len(names), 1)
+    for index, name in enumerate(names):
+        bars = ours[ours["_label"] == name]
+        value, below, above, noisy = _figures(bars, level)
+        positions = [layouts.index(layout) + (index - (len(names) - 1) / 2) * width for layout in bars["_layout"]]
+        if bars["any_oversubscribed"].fillna(False).astype(bool).any():
+            name += " (oversubscribed)"
+        drawn = axes.bar(positions, value, width=width, yerr=[below, above], capsize=2, label=name)
+        for patch, flag in zip(drawn.patches, noisy, strict=True):
+            if flag:
+                patch.set_hatch("//")
+    axes.set_xticks(range(len(layouts)), [f"{n} node{'s' if n > 1 else ''} × {r}" for n, r in layouts])
+    axes.set_title(f"{model} on {dataset}: strategies compared")
+    axes.set_ylabel(_ylabel(level))
+    axes.grid(alpha=0.3, axis="y")
+    if ours.empty:
+        axes.text(0.5, 0.5, "no successful points", ha="center", va="center", transform=axes.transAxes)
+    else:
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0, -0.12), ncols=2)
+    return _svg(figure)
+
+
+def _ylabel(level: str) -> str:
+    return f"global samples/s\n(bars: 95 % CI over {level})"
+
+
+def _svg(figure) -> str:
     buffer = io.StringIO()
-    figure.savefig(buffer, format="svg", metadata={"Date": None})
+    # tight: the legend sits below the axes, and the saved figure grows to hold it
+    figure.savefig(buffer, format="svg", metadata={"Date": None}, bbox_inches="tight")
     plt.close(figure)
     svg = buffer.getvalue()
     return svg[svg.index("<svg") :]  # drop the XML prolog and doctype: the SVG sits inside HTML
-
-
-def strategy_comparison_svg(points: pd.DataFrame, model: str, dataset: str) -> str:
-    """Global samples/s of each strategy side by side, one group of bars per world size (nodes × ranks).
-
-    A bar is the median over repetitions of each point's median step; whiskers span the step-level
-    p5–p95. Strategies that split a model and strategies that replicate it consume different global
-    batches at the same batch_size, which is why the y axis is samples/s and not steps/s.
-    """
-    figure, axes = plt.subplots(figsize=(7.2, 3.8))
-    ok = points[(points["model"] == model) & (points["dataset"] == dataset) & (points["status"] == "ok")]
-    layouts = sorted({(int(n), int(r)) for n, r in zip(ok["nodes"], ok["ranks_per_node"], strict=True)})
-    labels = sorted({_strategy_label(row) for row in ok.to_dict("records")})
-    width = 0.8 / max(len(labels), 1)
-    for index, label in enumerate(labels):
-        medians, lows, highs = [], [], []
-        for nodes, per_node in layouts:
-            rows = ok[
-                (ok["nodes"] == nodes)
-                & (ok["ranks_per_node"] == per_node)
-                & (ok.apply(_strategy_label, axis=1) == label)
-            ]
-            median = rows["samples_per_s_median"].median() if len(rows) else float("nan")
-            medians.append(median)
-            # medians over repetitions of p5/p95 need not bracket the median of medians: clip at 0
-            lows.append(max(median - rows["samples_per_s_p5"].median(), 0.0) if len(rows) else 0.0)
-            highs.append(max(rows["samples_per_s_p95"].median() - median, 0.0) if len(rows) else 0.0)
-        positions = [i + (index - (len(labels) - 1) / 2) * width for i in range(len(layouts))]
-        axes.bar(positions, medians, width=width, yerr=[lows, highs], capsize=2, label=label)
-    axes.set_xticks(range(len(layouts)), [f"{n} node{'s' if n > 1 else ''} × {r}" for n, r in layouts])
-    axes.set_title(f"{model} on {dataset}: strategies compared")
-    axes.set_ylabel("global samples/s (median step)")
-    axes.grid(alpha=0.3, axis="y")
-    if ok.empty:
-        axes.text(0.5, 0.5, "no successful points", ha="center", va="center", transform=axes.transAxes)
-    else:
-        axes.legend(fontsize="small", ncols=2)
-    figure.tight_layout()
-    buffer = io.StringIO()
-    figure.savefig(buffer, format="svg", metadata={"Date": None})
-    plt.close(figure)
-    svg = buffer.getvalue()
-    return svg[svg.index("<svg") :]
-
-
-def _options_text(options_json: str) -> str:
-    """A point's strategy options as k=v text; points hold only those that differ from the defaults."""
-    return " ".join(f"{k}={v}" for k, v in sorted(json.loads(options_json or "{}").items()))
-
-
-def _strategy_label(row) -> str:
-    """The strategy with the layout choices that distinguish its points: micro-batches, hybrid split."""
-    label = str(row["strategy"])
-    changed = _options_text(row.get("strategy_options", "{}"))
-    if changed:
-        label += f" {changed}"
-    if int(row.get("micro_batches", 1) or 1) > 1:
-        label += f" mb{int(row['micro_batches'])}"
-    split, world = int(row.get("split", 1) or 1), int(row["nodes"]) * int(row["ranks_per_node"])
-    if 1 < split < world:
-        label += f" s{split}"
-    return label

@@ -18,7 +18,9 @@ try:
     RESOURCES = point_resources(PLAN, SITE) if SITE else {}
     if SITE and "SLURM_JOB_ID" not in os.environ:  # on the login node, once, before any submission
         check_plan_on_cluster(PLAN, SITE)
-    if not SITE:  # local: Snakemake caps a job's threads at --cores, so a point could share cores unseen
+    # local: Snakemake caps a job's threads at --cores, so a point could share cores unseen (`--lint`
+    # parses the workflow with cores=1 whatever is asked, and runs nothing)
+    if not SITE and "--lint" not in sys.argv:
         check_plan_cores(PLAN.points, workflow.resource_settings.cores)
 except DdlbenchError as error:
     sys.stderr.write(f"ddlbench: invalid sweep config: {error}\n")

@@ -1,0 +1,194 @@
+"""One row per configuration: its repetitions summarised, its speedup over nodes, and its ratio to ddp.
+
+A configuration is every Point field but `repetition` (ddlbench.analysis.keys); its repetitions are
+independent launches of it. Only successful records of this measurement version take part, unless
+`include_other_versions`: figures of another version measure something else.
+
+Two levels of statistics, both nonparametric (ddlbench.statistics; Hoefler & Belli's rules 5 and 6):
+
+- over repetitions, rep_samples_per_s_*: each repetition contributes its window throughput,
+  samples_per_s_overall = samples of the kept window ÷ its wall time (rule 3: a rate over a window is
+  total work over total time, not a mean of per-step rates); the median over repetitions, its 95 % CI
+  (None below 6 repetitions), CV and noise flag. rep_step_time_s_* does the same with each
+  repetition's mean step time of the window, global_batch_size ÷ samples_per_s_overall (seconds);
+- over steps, samples_per_s_* and step_time_s_*: the step statistics (records.Stats) of the median
+  repetition, the one whose window throughput is the (lower) median: a real run, with its own CI.
+
+Speedup (rule 1: the base is named and its absolute figure kept beside every speedup): within a
+series (ddlbench.analysis.keys.series_key), speedup(n) = T(n) / T(n0) and scaling_efficiency(n) =
+speedup(n) / (n / n0), with T = rep_samples_per_s_median and n0 the series' smallest node count,
+kept as base_nodes and base_samples_per_s (samples/s). Dimensionless.
+
+vs_baseline = T ÷ T of the ddp configuration equal in every field but the strategy's own (strategy,
+strategy_options, split, micro_batches): ddp at its default options, or the only ddp variant there is.
+A ratio of medians; ratios are never averaged (rule 4).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Any
+
+import pandas as pd
+
+from ddlbench.analysis.keys import BASELINE_STRATEGY, CONFIG_FIELDS
+from ddlbench.statistics import coefficient_of_variation, is_noisy, median_ci, percentile
+
+KEY_COLUMNS = ("config_key", "series_key", "baseline_key")
+SIZE_COLUMNS = ("world_size", "replicas", "global_batch_size")
+STEP_COLUMNS = tuple(
+    f"{figure}_{name}"
+    for figure in ("samples_per_s", "step_time_s")
+    for name in ("n", "median", "ci_low", "ci_high", "cv", "noisy", "p5", "p95")
+)
+REP_STATS = ("median", "ci_low", "ci_high", "cv", "noisy")
+# figures that belong to the configuration, repeated on each point row that fed them (aggregate)
+POINT_SUMMARY_COLUMNS = [
+    "n_repetitions",
+    "repetitions_not_ok",
+    "repetitions_other_version",
+    *(f"rep_samples_per_s_{name}" for name in REP_STATS),
+    *(f"rep_step_time_s_{name}" for name in REP_STATS),
+    "median_repetition",
+    "any_oversubscribed",
+    "speedup",
+    "scaling_efficiency",
+    "base_nodes",
+    "base_samples_per_s",
+    "vs_baseline",
+    "baseline_samples_per_s",
+    "baseline_config_key",
+]
+# the largest over repetitions (memory, parameters, stages, dropped warm-up steps)
+MAX_COLUMNS = (
+    "peak_rss_bytes",
+    "tensor_peak_bytes",
+    "tensor_resident_bytes",
+    "cuda_peak_allocated_bytes",
+    "local_parameters_max",
+    "stages",
+    "warmup_dropped_steps",
+)
+# the first repetition's statement (facts that do not change between launches)
+FIRST_COLUMNS = ("split_flops_share", "gradient_path", "gradient_reduction", "mesh", "cores_note")
+SUMMARY_COLUMNS = [
+    *KEY_COLUMNS,
+    *CONFIG_FIELDS,
+    *SIZE_COLUMNS,
+    *POINT_SUMMARY_COLUMNS,
+    "baseline_strategy_options",
+    "measurement_versions",
+    "other_measurement_version",
+    *STEP_COLUMNS,
+    *MAX_COLUMNS,
+    *FIRST_COLUMNS,
+]
+
+
+def summarize_configurations(table: pd.DataFrame, *, include_other_versions: bool = False) -> pd.DataFrame:
+    """One row per configuration with at least one successful repetition taking part (SUMMARY_COLUMNS)."""
+    if table.empty or "samples_per_s_overall" not in table.columns:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    not_ok: dict[str, int] = defaultdict(int)
+    other_version: dict[str, int] = defaultdict(int)
+    for row in table.to_dict("records"):
+        other = bool(_value(row.get("other_measurement_version")))
+        if row["status"] != "ok":
+            not_ok[row["config_key"]] += 1
+        elif other and not include_other_versions:
+            other_version[row["config_key"]] += 1
+        else:
+            groups[row["config_key"]].append(row)
+    rows = [
+        _summarize(key, reps) | {"repetitions_not_ok": not_ok[key], "repetitions_other_version": other_version[key]}
+        for key, reps in groups.items()
+    ]
+    if not rows:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    summary = pd.DataFrame(rows)
+    summary = add_baseline(add_scaling(summary))
+    return summary.reindex(columns=SUMMARY_COLUMNS)
+
+
+def _summarize(key: str, reps: list[dict[str, Any]]) -> dict[str, Any]:
+    first = reps[0]
+    row: dict[str, Any] = {name: first.get(name) for name in (*KEY_COLUMNS, *CONFIG_FIELDS, *SIZE_COLUMNS)}
+    row.pop("repetition", None)
+    throughput = [float(rep["samples_per_s_overall"]) for rep in reps]
+    step_time = [float(first["global_batch_size"]) / value for value in throughput]  # seconds per step
+    row |= {"n_repetitions": len(reps)}
+    row |= _rep_stats("rep_samples_per_s", throughput) | _rep_stats("rep_step_time_s", step_time)
+    ordered = sorted(reps, key=lambda rep: (float(rep["samples_per_s_overall"]), rep["repetition"]))
+    median_rep = ordered[(len(ordered) - 1) // 2]
+    row["median_repetition"] = median_rep["repetition"]
+    row |= {column: _value(median_rep.get(column)) for column in STEP_COLUMNS}
+    versions = sorted({int(rep["measurement_version"]) for rep in reps if _value(rep.get("measurement_version"))})
+    row["measurement_versions"] = ",".join(str(version) for version in versions)
+    row["other_measurement_version"] = any(bool(_value(rep.get("other_measurement_version"))) for rep in reps)
+    row["any_oversubscribed"] = any(bool(_value(rep.get("oversubscribed"))) for rep in reps)
+    for column in MAX_COLUMNS:
+        values = [value for rep in reps if (value := _value(rep.get(column))) is not None]
+        row[column] = max(values) if values else None
+    for column in FIRST_COLUMNS:
+        row[column] = next((value for rep in reps if (value := _value(rep.get(column))) not in (None, "")), None)
+    return row
+
+
+def _rep_stats(prefix: str, values: list[float]) -> dict[str, Any]:
+    ordered = sorted(values)
+    median = percentile(ordered, 50)
+    ci = median_ci(ordered)
+    return {
+        f"{prefix}_median": median,
+        f"{prefix}_ci_low": ci[0] if ci else None,
+        f"{prefix}_ci_high": ci[1] if ci else None,
+        f"{prefix}_cv": coefficient_of_variation(ordered),
+        f"{prefix}_noisy": is_noisy(median, ci),
+    }
+
+
+def add_scaling(summary: pd.DataFrame) -> pd.DataFrame:
+    """speedup, scaling_efficiency, base_nodes and base_samples_per_s of each configuration in its series."""
+    summary = summary.assign(speedup=float("nan"), scaling_efficiency=float("nan"), base_nodes=None)
+    summary["base_samples_per_s"] = float("nan")
+    for _, series in summary.groupby("series_key", sort=False):
+        base_nodes = series["nodes"].min()
+        base = series.loc[series["nodes"] == base_nodes, "rep_samples_per_s_median"].iloc[0]
+        speedup = series["rep_samples_per_s_median"] / base
+        summary.loc[series.index, "speedup"] = speedup
+        summary.loc[series.index, "scaling_efficiency"] = speedup / (series["nodes"] / base_nodes)
+        summary.loc[series.index, "base_nodes"] = int(base_nodes)
+        summary.loc[series.index, "base_samples_per_s"] = base
+    return summary
+
+
+def add_baseline(summary: pd.DataFrame) -> pd.DataFrame:
+    """vs_baseline and the ddp configuration it divides by (its key, options and samples/s)."""
+    baselines: dict[str, dict[str, Any]] = {}
+    ddp = summary[summary["strategy"] == BASELINE_STRATEGY]
+    for key, candidates in ddp.groupby("baseline_key", sort=False):
+        default = candidates[candidates["strategy_options"].map(_no_options)]
+        chosen = default if len(default) else candidates
+        if len(chosen) == 1:
+            baselines[key] = chosen.iloc[0].to_dict()
+    base = [baselines.get(key) for key in summary["baseline_key"]]
+    summary["baseline_samples_per_s"] = [b["rep_samples_per_s_median"] if b else float("nan") for b in base]
+    summary["baseline_config_key"] = [b["config_key"] if b else None for b in base]
+    summary["baseline_strategy_options"] = [b["strategy_options"] if b else None for b in base]
+    summary["vs_baseline"] = summary["rep_samples_per_s_median"] / summary["baseline_samples_per_s"]
+    return summary
+
+
+def _no_options(options: object) -> bool:
+    return not json.loads(options or "{}") if isinstance(options, str) else not options
+
+
+def _value(value: Any) -> Any:
+    """None for pandas' missing values (NaN, NA), the value otherwise."""
+    if value is None or value is pd.NA:
+        return None
+    if isinstance(value, float) and value != value:
+        return None
+    return value

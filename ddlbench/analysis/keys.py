@@ -1,0 +1,138 @@
+"""What makes two records the same configuration, the same series over nodes, or like for like with ddp.
+
+Every key is derived from the `Point` dataclass itself, never from a hand-kept list, so a field added
+to Point separates configurations in every table, figure, speedup and comparison the day it exists:
+
+- configuration: every Point field but `repetition` (repetitions are independent launches of it);
+- series: the configuration without `nodes`, and without `split` where the strategy splits the model
+  over the whole world (pure model/pipeline/tensor/ParaDL splits, split = world size by definition);
+- baseline: the configuration without the fields a strategy owns (`strategy`, `strategy_options`,
+  `split`, `micro_batches`), so ddp is compared only with points equal in everything else.
+
+Keys are short hashes of the canonical JSON of what they keep (Point.to_dict, which leaves fields at
+their defaults out, so a new defaulted field keeps old keys).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from ddlbench.catalog import STRATEGIES
+from ddlbench.point import Point
+
+# the one Point field that does not define a configuration: it numbers launches of the same one
+REPETITION_FIELD = "repetition"
+POINT_FIELDS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Point))
+CONFIG_FIELDS: tuple[str, ...] = tuple(name for name in POINT_FIELDS if name != REPETITION_FIELD)
+# fields a strategy owns: the only ones a point may differ in from the ddp point it is compared with
+STRATEGY_FIELDS: tuple[str, ...] = ("strategy", "strategy_options", "split", "micro_batches")
+BASELINE_STRATEGY = "ddp"
+# option fields are tuples of pairs on a Point; in tables they are canonical JSON objects
+JSON_FIELDS = ("model_options", "strategy_options")
+_KEY_LENGTH = 16  # hex digits of sha256: collisions are out of reach for any sweep
+
+
+def split_follows_world(strategy: str) -> bool:
+    """True when the strategy cuts one replica over every rank, so split = world size grows with nodes.
+
+    Unknown names (a strategy since removed) count as not derived: their split then stays in the key."""
+    if strategy not in STRATEGIES:
+        return False
+    spec = STRATEGIES.get(strategy)
+    return spec.split_dim is not None and not spec.data_parallel
+
+
+def point_columns(point: Point) -> dict[str, Any]:
+    """One column per Point field, named after it; option tuples as canonical JSON objects."""
+    row = {name: getattr(point, name) for name in POINT_FIELDS}
+    for name in JSON_FIELDS:
+        row[name] = json.dumps(dict(row[name]), sort_keys=True)
+    return row
+
+
+def configuration(point: Point) -> dict[str, Any]:
+    """The point's canonical spec without its repetition number."""
+    spec = point.to_dict()
+    spec.pop(REPETITION_FIELD, None)
+    return spec
+
+
+def config_key(point: Point) -> str:
+    """Equal for exactly the points that differ in nothing but `repetition`."""
+    return _digest(configuration(point))
+
+
+def series_key(point: Point) -> str:
+    """Equal for the configurations that form one line over nodes (strong or weak, as the sweep made it)."""
+    spec = configuration(point)
+    spec.pop("nodes")
+    if split_follows_world(point.strategy):
+        spec.pop("split", None)
+    return _digest(spec)
+
+
+def baseline_key(point: Point) -> str:
+    """Equal for the configurations that differ only in the strategy and its own settings."""
+    spec = configuration(point)
+    for name in STRATEGY_FIELDS:
+        spec.pop(name, None)
+    return _digest(spec)
+
+
+def keys(point: Point) -> dict[str, str]:
+    return {"config_key": config_key(point), "series_key": series_key(point), "baseline_key": baseline_key(point)}
+
+
+def _digest(spec: dict[str, Any]) -> str:
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:_KEY_LENGTH]
+
+
+def describe(row: dict[str, Any], names: list[str] | tuple[str, ...]) -> str:
+    """A short label of a configuration from the named fields (the strategy first, then the others).
+
+    A split is named only for hybrids, where it is a choice (pure data parallelism has 1, pure model
+    splits the world size); micro-batches only above 1, where a strategy uses them."""
+    strategy = str(row.get("strategy", ""))
+    parts = [strategy] if "strategy" in names else []
+    for name in names:
+        value = row.get(name)
+        if name == "strategy":
+            continue
+        if name == "split":
+            if not _is_hybrid(strategy):
+                continue
+            parts.append(f"split={value}")
+        elif name == "micro_batches":
+            if int(value or 1) > 1:
+                parts.append(f"mb{int(value)}")
+        elif name in _SHORT:
+            parts.append(_SHORT[name].format(value))
+        elif name in JSON_FIELDS:
+            options = json.loads(value or "{}")
+            parts.append(" ".join(f"{key}={option}" for key, option in sorted(options.items())) or f"{name}=default")
+        elif name == "data_path":
+            parts.append(f"data={value or 'synthetic'}")
+        elif name == "oversubscribe":
+            parts.append("oversubscribe" if value else "no oversubscribe")
+        else:
+            parts.append(f"{name}={value}")
+    return " ".join(parts)
+
+
+_SHORT = {"batch_size": "b{}", "threads": "t{}", "ranks_per_node": "{}/node", "nodes": "n{}"}
+
+
+def _is_hybrid(strategy: str) -> bool:
+    if strategy not in STRATEGIES:
+        return True  # unknown: show what there is
+    spec = STRATEGIES.get(strategy)
+    return spec.split_dim is not None and spec.data_parallel
+
+
+def varying_fields(rows: list[dict[str, Any]], *, leave_out: tuple[str, ...] = ()) -> list[str]:
+    """The configuration fields whose values differ among `rows`, in Point's order: what a legend must name."""
+    return [name for name in CONFIG_FIELDS if name not in leave_out and len({str(row.get(name)) for row in rows}) > 1]

@@ -1,0 +1,74 @@
+"""A figure as the report writes it: the value, its 95 % interval and its n, with its flags beside it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+# the repetitions a nonparametric 95 % interval of the median needs (ddlbench.statistics.median_ci)
+MIN_CI_N = 6
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell:
+    """One table cell: text, the flags shown after it, a tooltip, and whether it reads as text."""
+
+    text: str
+    flags: tuple[str, ...] = ()
+    title: str = ""
+    is_text: bool = False
+
+
+def missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and value != value)
+
+
+def number(value: Any) -> str:
+    """Four significant digits for floats, as they are for the rest; empty for a missing value."""
+    if missing(value):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def interval_text(median: Any, low: Any, high: Any, n: Any, *, unit: str) -> str:
+    """'123.4 [118, 127.9] n=20 steps'; without an interval, why not: '97 n=3 repetitions (no 95 % CI: n < 6)'."""
+    if missing(median):
+        return ""
+    count = "" if missing(n) else f" n={int(n)} {unit[:-1] if int(n) == 1 and unit.endswith('s') else unit}"
+    if missing(low) or missing(high):
+        return f"{number(median)}{count} (no 95 % CI: n < {MIN_CI_N})"
+    return f"{number(median)} [{number(low)}, {number(high)}]{count}"
+
+
+def figure_cell(row: dict[str, Any], prefix: str, *, unit: str, n_column: str, notes: tuple[str, ...] = ()) -> Cell:
+    """The figure `prefix`_median with `prefix`_ci_low/high, the sample size from `n_column`, and the
+    flag 'noisy' when its interval is wider than ±5 % of it (ddlbench.statistics.is_noisy); a figure
+    without an interval is labelled so in its text instead."""
+    median, low, high = row.get(f"{prefix}_median"), row.get(f"{prefix}_ci_low"), row.get(f"{prefix}_ci_high")
+    text = interval_text(median, low, high, row.get(n_column), unit=unit)
+    flags = list(notes) if text else []
+    noisy = row.get(f"{prefix}_noisy")
+    has_interval = not (missing(low) or missing(high))
+    if text and has_interval and not missing(noisy) and bool(noisy):
+        flags.insert(0, "noisy")
+    cv = row.get(f"{prefix}_cv")
+    title = f"coefficient of variation {number(cv)}" if not missing(cv) else ""
+    return Cell(text=text, flags=tuple(flags), title=title)
+
+
+def point_notes(row: dict[str, Any]) -> tuple[str, ...]:
+    """Flags of a measurement as such: another measurement version, cores shared beyond their count."""
+    notes = []
+    if _true(row.get("other_measurement_version")):
+        notes.append(f"measurement v{number(row.get('measurement_version') or row.get('measurement_versions'))}")
+    if _true(row.get("oversubscribed")) or _true(row.get("any_oversubscribed")):
+        notes.append("oversubscribed")
+    return tuple(notes)
+
+
+def _true(value: Any) -> bool:
+    return not missing(value) and bool(value)
