@@ -16,9 +16,7 @@ from tests.test_records import sample_record
 def write_records(sweep_file, versions):
     plan = expand_sweep(load_sweep_config(sweep_file))
     for point, version in zip(plan.points, versions, strict=False):
-        record = dataclasses.replace(
-            sample_record(), point_id=point.point_id, point=point, measurement_version=version
-        )
+        record = dataclasses.replace(sample_record(), point_id=point.point_id, point=point, measurement_version=version)
         write_record(record_path(plan.config.sweep_dir, point.point_id), record)
     return plan
 

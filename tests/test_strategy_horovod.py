@@ -24,11 +24,6 @@ from ddlbench.train.strategies.horovod import Slot, parallelize_horovod, plan_sl
 from tests.conftest import make_point
 from tests.equivalence import check_against_reference
 
-# Horovod averages the gradients in float32 in another order than one full batch sums them; like DDP
-# (tests/test_ddp.py) the parameters agree to ~1e-7 after a few SGD steps, and these bounds leave
-# room for that reordering and nothing more.
-RTOL, ATOL = 1e-4, 1e-5
-
 
 @pytest.fixture
 def horovod_installed() -> None:
@@ -41,7 +36,9 @@ def horovod_installed() -> None:
 @pytest.mark.slow
 def test_two_rank_horovod_matches_single_process(tmp_path, horovod_installed):
     # GroupNorm: each rank's half of the batch computes exactly what the full batch does, so the
-    # reference is one full-batch step per global batch (shards=1)
+    # reference is one full-batch step per global batch (shards=1). Horovod averages the gradients in
+    # another order than one full batch sums them: like DDP, within the rounding bound of
+    # tests/equivalence.py (measured: 1/300 of it)
     record = check_against_reference(
         tmp_path,
         strategy="horovod",
@@ -51,8 +48,6 @@ def test_two_rank_horovod_matches_single_process(tmp_path, horovod_installed):
         batch_size=8,
         model_options=(("norm", "group"),),
         strategy_options=(("fusion_threshold_mb", "1"),),
-        rtol=RTOL,
-        atol=ATOL,
     )
     # a status of ok also says both ranks exited 0: hvd.shutdown() and the worker's teardown neither hung nor aborted
     assert record.status == "ok"

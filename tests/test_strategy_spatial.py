@@ -4,35 +4,24 @@ ranks (local launcher, gloo) against one process training on the same global bat
 from __future__ import annotations
 
 import importlib.util
-import os
-import socket
-import traceback
-from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
-from ddlbench.point import Point
-from ddlbench.train.kernel import MOMENTUM, build_model, step_batches, strategy_setup
-from ddlbench.train.losses import loss_for
 from ddlbench.train.models.cifar_resnet import build_resnet8
-from ddlbench.train.strategies import RankContext, build_trainer
 from ddlbench.train.strategies.halo import Piece, SlabWindowed, geometry, halo_windows, output_extent, rank_plan
 from ddlbench.train.strategies.spatial import plan_region
-from tests.equivalence import check_against_reference, layout_point
+from tests.equivalence import check_against_reference
+from tests.float64 import check_against_reference_float64
 
 # Each output row is computed from the same inputs and weights as in one process, but the slab-shaped
 # convolutions may pick other kernels, the norm statistics are combined from per-slab moments, and each
-# weight gradient is the sum of two ranks' partial sums: float32 rounding of ~1e-7 relative per step,
-# ~1e-6 after 4 SGD steps with momentum. These models are well conditioned on these batches (the reference
-# against itself with its weights scaled by 1 + 1e-7·noise ends <= 8e-7 apart for resnet8, vgg11, resnet18
-# and cosmoflow). The bounds are DDP's: room for rounding, none for a missing or misplaced halo row (the
-# negative test below: boundary outputs move by > 1e-2) or a statistic's gradient not shared (tried by
-# hand: parameters move by 5e-3).
-RTOL, ATOL = 1e-4, 1e-5
+# weight gradient is the sum of two ranks' partial sums: rounding, within the bound of
+# tests/equivalence.py (measured: at most 1/60 of it for resnet8, vgg11, resnet18 and cosmoflow, 1/8 for
+# dp × sp with BatchNorm over 4 samples; on 2 threads the same). A missing or misplaced halo row moves
+# boundary outputs by > 1e-2 (the negative test below) and a statistic's gradient not shared moves
+# parameters by 5e-3 (tried by hand): hundreds of bounds.
 
 
 def _has(module: str) -> bool:
@@ -143,8 +132,15 @@ def test_region_ends_where_the_extent_stops_splitting(parts, children, layers):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("norm", ["group", "batch"])  # BatchNorm too: statistics span every rank's slab
-def test_spatial_matches_single_process(tmp_path, norm):
+@pytest.mark.parametrize(
+    ("norm", "threads"),
+    [
+        ("group", 1),
+        ("batch", 1),  # BatchNorm too: statistics span every rank's slab
+        pytest.param("group", 2, id="group-threads2"),  # other groupings of the slabs' sums
+    ],
+)
+def test_spatial_matches_single_process(tmp_path, norm, threads):
     record = check_against_reference(
         tmp_path,
         strategy="spatial",
@@ -155,8 +151,7 @@ def test_spatial_matches_single_process(tmp_path, norm):
         batch_size=8,
         model_options=(("norm", norm),),
         shards=1,  # every rank sees the whole batch: the statistics are the full batch's
-        rtol=RTOL,
-        atol=ATOL,
+        threads=threads,
     )
     facts = [rank.facts for rank in record.ranks]
     assert [f["coords"]["sp"] for f in facts] == [0, 1] and all(f["mesh"] == {"sp": 2} for f in facts)
@@ -169,16 +164,14 @@ def test_spatial_matches_single_process(tmp_path, norm):
 
 # float32 training of resnet20 on these batches is chaotic: the single-process reference against itself
 # with its initial weights scaled by 1 + 1e-7·noise ends 1e-4 apart after 4 steps (BatchNorm), as ReLUs
-# near zero flip. In float64 the same spatial run ends ~1e-15 from a float64 reference, so these checks
-# run both sides in float64 (outside the kernel, which trains in float32) and allow 1e-9: rounding
-# amplified a million-fold still passes, a wrong halo row or statistic (>= 1e-5) does not.
-RTOL64, ATOL64 = 1e-9, 1e-10
-
-
+# near zero flip. In float64 nothing flips, and the same spatial run ends within 1/15 of the float64
+# rounding bound (u = 2^-53, ~1e-12 of the movement), which a wrong halo row or statistic (>= 1e-5)
+# overshoots by millions.
 @pytest.mark.slow
 @pytest.mark.parametrize("norm", ["group", "batch"])
 def test_spatial_resnet20_matches_single_process_in_float64(tmp_path, norm):
-    point = layout_point(
+    check_against_reference_float64(
+        tmp_path,
         strategy="spatial",
         model="resnet20",
         dataset="cifar10",
@@ -187,89 +180,6 @@ def test_spatial_resnet20_matches_single_process_in_float64(tmp_path, norm):
         batch_size=8,
         model_options=(("norm", norm),),
     )
-    losses, got = _train_float64(point, tmp_path / "state.pt")
-    want_losses, want = _reference_float64(point)
-    for name, value in want.items():
-        torch.testing.assert_close(got[name], value, rtol=RTOL64, atol=ATOL64, msg=lambda m, n=name: f"{n}: {m}")
-    initial = build_model(point).state_dict()
-    assert (
-        max((want[n].float() - initial[n]).abs().max().item() for n, _ in build_model(point).named_parameters()) > 1e-3
-    )
-    assert losses == pytest.approx(want_losses, rel=RTOL64)
-
-
-def _train_float64(point: Point, out: Path) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The point's strategy on real ranks (fresh spawned processes, gloo) in float64; rank 0's losses and
-    full state dict."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    context = mp.get_context("spawn")
-    processes = [
-        context.Process(target=_float64_rank, args=(rank, point, port, str(out))) for rank in range(point.world_size)
-    ]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(timeout=120)
-    codes = [process.exitcode for process in processes]
-    for process in processes:
-        if process.exitcode is None:
-            process.kill()
-    assert codes == [0] * point.world_size, f"rank exit codes {codes}"
-    return torch.load(out)
-
-
-def _float64_rank(rank: int, point: Point, port: int, out: str) -> None:
-    code = 1
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=point.world_size)
-        ctx = RankContext(
-            rank=rank, world_size=point.world_size, local_rank=rank, device=torch.device("cpu"), backend="gloo"
-        )
-        trainer = build_trainer(point.strategy, _float64_model(point), strategy_setup(point, ctx))
-        start, stop = trainer.local_batch_range(point.global_batch_size)
-        batches = step_batches(point, start, stop, ctx.device)
-        steps = point.warmup_steps + point.steps
-        losses = [trainer.step(x.double(), y).item() for x, y in (batches[s % len(batches)] for s in range(steps))]
-        state = trainer.full_state_dict()
-        if rank == 0:
-            torch.save((losses, state), out)
-        dist.barrier()
-        dist.destroy_process_group()
-        code = 0
-    except Exception:
-        traceback.print_exc()
-    os._exit(code)  # gloo can abort at interpreter exit; the result is already written
-
-
-def _float64_model(point: Point) -> nn.Module:
-    """The point's model with its weights drawn in float64 (the data stays float32: the synthetic samples
-    are drawn in the default dtype, and converted after)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        return build_model(point)
-    finally:
-        torch.set_default_dtype(previous)
-
-
-def _reference_float64(point: Point) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """tests.reference.train_reference's loop (one process, whole global batches), in float64."""
-    model = _float64_model(point)
-    loss_fn = loss_for("classify")
-    optimizer = torch.optim.SGD(model.parameters(), lr=point.learning_rate, momentum=MOMENTUM)
-    batches = step_batches(point, 0, point.global_batch_size, torch.device("cpu"))
-    losses = []
-    for step in range(point.warmup_steps + point.steps):
-        inputs, targets = batches[step % len(batches)]
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(inputs.double()), targets)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses, {name: value.detach().clone() for name, value in model.state_dict().items()}
 
 
 @pytest.mark.slow
@@ -286,8 +196,6 @@ def test_dp_spatial_matches_single_process(tmp_path, norm, shards):
         batch_size=4,
         model_options=(("norm", norm),),
         shards=shards,
-        rtol=RTOL,
-        atol=ATOL,
     )
     facts = [rank.facts for rank in record.ranks]
     assert [(f["coords"]["dp"], f["coords"]["sp"]) for f in facts] == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -329,8 +237,6 @@ def test_spatial_zoo_models_match_single_process(tmp_path, model, dataset, optio
         ranks_per_node=2,
         batch_size=4,
         model_options=options,
-        rtol=RTOL,
-        atol=ATOL,
     )
     facts = [rank.facts for rank in record.ranks]
     assert all(f["spatial_children"] == children for f in facts), facts[0]["gather_reason"]
