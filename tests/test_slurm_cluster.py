@@ -135,6 +135,12 @@ def test_srun_ranks_on_two_nodes_match_the_local_run(slurm_env, tmp_path, strate
     assert record.provenance.slurm.num_nodes == 2
     assert record.provenance.slurm.partition == "cpu"
     assert len(record.ranks) == point.world_size
+    # each rank says which CPUs it could use and who decided; the virtual nodes of this cluster share
+    # one host's cores, which the record must admit rather than hide
+    assert all(rank.cpus and rank.cpu_binding for rank in record.ranks)
+    hosts = {rank.hostname for rank in record.ranks}
+    shared = len(hosts) == 1 and sum(r.threads for r in record.ranks) > len({c for r in record.ranks for c in r.cpus})
+    assert record.metrics.oversubscribed == shared
     import torch
 
     ours, theirs = torch.load(tmp_path / "srun.pt"), torch.load(local)
