@@ -17,7 +17,7 @@ import contextlib
 import fcntl
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,12 +53,11 @@ def grant_for(point: Point, snakemake_cores: int | None = None) -> CoreGrant:
 def check_cores(point: Point, grant: CoreGrant) -> None:
     """Refuse, in one line naming the point and both numbers, a point that would share cores silently."""
     if grant.oversubscribed and not point.oversubscribe:
-        raise OversubscriptionRefused(
-            f"point {point.point_id} needs {point.world_size} ranks × {point.threads} threads = {grant.needed} "
-            f"cores, but {grant.granted} are granted here (Snakemake's --cores share and the CPU affinity "
-            f"{_ranges(grant.allowed)}); give more cores, or set `oversubscribe: true` in the sweep to run it "
-            "with its figures flagged"
+        granted = (
+            f"{grant.granted} are granted here (Snakemake's --cores share and the {len(grant.allowed)} CPUs "
+            "of the affinity)"
         )
+        raise OversubscriptionRefused(_refusal(point, granted))
 
 
 @contextlib.contextmanager
@@ -95,7 +94,7 @@ def rank_cpus(claimed: tuple[int, ...], rank: int, threads: int) -> tuple[int, .
     return claimed[rank * threads : (rank + 1) * threads]
 
 
-def pin_from_environment(environ: dict[str, str] | os._Environ) -> str:
+def pin_from_environment(environ: Mapping[str, str]) -> str:
     """In a rank, before torch starts its thread pools: pin to the CPUs the launcher chose, and say
     who decided this rank's CPU binding (ddlbench, SLURM's --cpu-bind, or none)."""
     cpus = environ.get(PIN_VAR)
@@ -109,20 +108,6 @@ def pin_from_environment(environ: dict[str, str] | os._Environ) -> str:
     return "none"
 
 
-def _ranges(cpus: tuple[int, ...]) -> str:
-    if not cpus:
-        return "{}"
-    runs, start, prev = [], cpus[0], cpus[0]
-    for cpu in (*cpus[1:], None):
-        if cpu is not None and cpu == prev + 1:
-            prev = cpu
-            continue
-        runs.append(f"{start}-{prev}" if prev > start else f"{start}")
-        if cpu is not None:
-            start = prev = cpu
-    return "{" + ",".join(runs) + "}"
-
-
 def check_plan_cores(points: list[Point], cores: int | None) -> None:
     """Before Snakemake schedules anything locally: refuse the first point whose ranks × threads
     exceed `--cores` (Snakemake would quietly cap its threads), naming how many such points there are."""
@@ -130,10 +115,14 @@ def check_plan_cores(points: list[Point], cores: int | None) -> None:
         return
     crowded = [point for point in points if point.world_size * point.threads > cores and not point.oversubscribe]
     if crowded:
-        first = crowded[0]
         others = f" (and {len(crowded) - 1} more points)" if len(crowded) > 1 else ""
-        raise OversubscriptionRefused(
-            f"point {first.point_id}{others} needs {first.world_size} ranks × {first.threads} threads = "
-            f"{first.world_size * first.threads} cores, but --cores is {cores}; give more cores, or set "
-            "`oversubscribe: true` in the sweep to run it with its figures flagged"
-        )
+        raise OversubscriptionRefused(_refusal(crowded[0], f"--cores is {cores}", others))
+
+
+def _refusal(point: Point, granted: str, others: str = "") -> str:
+    """The one line of a refusal: the point, what it needs, what it was granted, and the way out."""
+    return (
+        f"point {point.point_id}{others} needs {point.world_size} ranks × {point.threads} threads = "
+        f"{point.world_size * point.threads} cores, but {granted}; give more cores, or set "
+        "`oversubscribe: true` in the sweep to run it with its figures flagged"
+    )

@@ -101,11 +101,12 @@ class MemoryProbe:
                 method="cuda caching allocator: max_memory_allocated since the inputs were resident, minus them",
             )
         profiler, self._profiler = self._profiler, None
+        if profiler is not None:
+            profiler.__exit__(None, None, None)  # whatever happened, never into the timed window
         if profiler is None or not self._probed:
             return MemoryFigures(
                 peak_bytes=None, resident_bytes=None, input_pool_bytes=input_pool_bytes, method="not probed"
             )
-        profiler.__exit__(None, None, None)
         resident, peak = allocator_peak(profiler)
         return MemoryFigures(
             peak_bytes=peak - input_pool_bytes,
