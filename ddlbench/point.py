@@ -40,6 +40,13 @@ class Point:
     # allow ranks × threads beyond the cores granted (locally: Snakemake's cores and the CPU affinity);
     # the record then says oversubscribed and the report marks its figures
     oversubscribe: bool = False
+    # execution options (ddlbench.train.execution): numerics and layout of the step
+    precision: str = "fp32"  # fp32 (strict), tf32, bf16 or fp16 (autocast; fp16 with a gradient scaler)
+    channels_last: bool = False  # NHWC memory format for CNN weights and inputs
+    compile: bool = False  # torch.compile the model
+    # processes of each rank's DataLoader reading real data (0: read in the rank itself); always 0 for
+    # synthetic data, which stays resident
+    loader_workers: int = 0
 
     @property
     def world_size(self) -> int:
@@ -48,6 +55,11 @@ class Point:
     def resolved_strategy_options(self) -> dict[str, str]:
         """The strategy's options with its defaults filled in."""
         return STRATEGIES.get(self.strategy).default_options() | dict(self.strategy_options)
+
+    @property
+    def cores_per_rank(self) -> int:
+        """Cores one rank keeps busy: its intra-op threads, plus its loader's worker processes."""
+        return self.threads + self.loader_workers
 
     @property
     def replicas(self) -> int:
@@ -70,9 +82,19 @@ class Point:
         digest = self.spec_hash[:8]
         shape = f"-s{self.split}" if 1 < self.split < self.world_size else ""
         micro = f"-mb{self.micro_batches}" if self.micro_batches > 1 else ""
+        execution = "".join(
+            tag
+            for tag, used in (
+                (f"-{self.precision}", self.precision != "fp32"),
+                ("-cl", self.channels_last),
+                ("-compiled", self.compile),
+                (f"-w{self.loader_workers}", self.loader_workers > 0),
+            )
+            if used
+        )
         return (
             f"{self.model}-{self.dataset}-{self.strategy}-n{self.nodes}x{self.ranks_per_node}{shape}"
-            f"-b{self.batch_size}{micro}-t{self.threads}-r{self.repetition}-{digest}"
+            f"-b{self.batch_size}{micro}-t{self.threads}{execution}-r{self.repetition}-{digest}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,4 +129,10 @@ _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "strategy_options": {},
     "data_path": "",
     "oversubscribe": False,
+    "precision": "fp32",
+    "channels_last": False,
+    "compile": False,
+    "loader_workers": 0,
 }
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")

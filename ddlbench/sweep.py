@@ -41,6 +41,8 @@ def expand_sweep(config: SweepConfig) -> Plan:
     for combination in itertools.product(*axis_values):
         values = dict(zip(fields, combination, strict=True))
         layout = resolve_layout(values)
+        if not data.get(values["dataset"]):
+            layout["loader_workers"] = 0  # synthetic data stays resident: no loader, whatever the axis says
         for repetition in range(config.repetitions):
             point = Point(
                 **(values | layout),

@@ -28,6 +28,8 @@ def why_skipped(point: Point) -> str | None:
         return f"{point.model} takes {model.input_kind} input; {point.dataset} gives {dataset.input_kind}"
     if model.family not in strategy.families:
         return f"{point.strategy} splits {' and '.join(strategy.families)} models; {point.model} is {model.family}"
+    if point.channels_last and model.family != "cnn2d":
+        return f"channels_last is a layout of 2-D CNNs; {point.model} is {model.family}"
     if strategy.split_dim is not None:
         if strategy.data_parallel:
             if split < 2:

@@ -27,6 +27,10 @@ AXES: dict[str, str] = {
     "threads": "threads",
     "micro_batches": "micro_batches",
     "split": "split",
+    "precision": "precision",
+    "channels_last": "channels_last",
+    "compile": "compile",
+    "loader_workers": "loader_workers",
 }
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "workflow" / "config"  # the shipped sweeps
@@ -48,6 +52,10 @@ class SweepConfig:
     threads: tuple[int, ...]
     micro_batches: tuple[int, ...]
     split: tuple[int, ...]
+    precision: tuple[str, ...]
+    channels_last: tuple[bool, ...]
+    compile: tuple[bool, ...]
+    loader_workers: tuple[int, ...]
     warmup_steps: int
     steps: int
     repetitions: int

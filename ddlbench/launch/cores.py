@@ -1,6 +1,6 @@
 """Cores for local ranks: refuse silent sharing, pin ranks to disjoint cores where the host has them.
 
-A point needs ranks × threads cores. Locally it is granted the smaller of Snakemake's share (the
+A point needs ranks × (threads + loader workers) cores. Locally it is granted the smaller of Snakemake's share (the
 rule's `{threads}`, which Snakemake caps at `--cores`) and the CPUs this process may run on (its
 affinity). A point that needs more is refused unless its sweep sets `oversubscribe: true`.
 
@@ -35,7 +35,7 @@ class OversubscriptionRefused(DdlbenchError):
 
 @dataclass(frozen=True, kw_only=True)
 class CoreGrant:
-    needed: int  # ranks × threads
+    needed: int  # ranks × (threads + loader workers)
     granted: int  # min(Snakemake's share, the affinity's size)
     allowed: tuple[int, ...]  # this process's CPU affinity
 
@@ -47,7 +47,7 @@ class CoreGrant:
 def grant_for(point: Point, snakemake_cores: int | None = None) -> CoreGrant:
     allowed = tuple(sorted(os.sched_getaffinity(0)))
     granted = len(allowed) if snakemake_cores is None else min(snakemake_cores, len(allowed))
-    return CoreGrant(needed=point.world_size * point.threads, granted=granted, allowed=allowed)
+    return CoreGrant(needed=point.world_size * point.cores_per_rank, granted=granted, allowed=allowed)
 
 
 def check_cores(point: Point, grant: CoreGrant) -> None:
@@ -89,9 +89,10 @@ def claimed_cores(grant: CoreGrant, lock_dir: Path | None = None) -> Iterator[tu
             os.close(fd)  # closing the descriptor drops the lock
 
 
-def rank_cpus(claimed: tuple[int, ...], rank: int, threads: int) -> tuple[int, ...]:
-    """The disjoint cores of one rank: its `threads` consecutive entries of the claimed set."""
-    return claimed[rank * threads : (rank + 1) * threads]
+def rank_cpus(claimed: tuple[int, ...], rank: int, cores_per_rank: int) -> tuple[int, ...]:
+    """The disjoint cores of one rank (its threads and its loader's workers): its `cores_per_rank`
+    consecutive entries of the claimed set."""
+    return claimed[rank * cores_per_rank : (rank + 1) * cores_per_rank]
 
 
 def pin_from_environment(environ: Mapping[str, str]) -> str:
@@ -113,7 +114,7 @@ def check_plan_cores(points: list[Point], cores: int | None) -> None:
     exceed `--cores` (Snakemake would quietly cap its threads), naming how many such points there are."""
     if cores is None:
         return
-    crowded = [point for point in points if point.world_size * point.threads > cores and not point.oversubscribe]
+    crowded = [point for point in points if point.world_size * point.cores_per_rank > cores and not point.oversubscribe]
     if crowded:
         others = f" (and {len(crowded) - 1} more points)" if len(crowded) > 1 else ""
         raise OversubscriptionRefused(_refusal(crowded[0], f"--cores is {cores}", others))
@@ -121,8 +122,11 @@ def check_plan_cores(points: list[Point], cores: int | None) -> None:
 
 def _refusal(point: Point, granted: str, others: str = "") -> str:
     """The one line of a refusal: the point, what it needs, what it was granted, and the way out."""
+    per_rank = f"{point.threads} threads"
+    if point.loader_workers:
+        per_rank = f"({per_rank} + {point.loader_workers} loader workers)"
     return (
-        f"point {point.point_id}{others} needs {point.world_size} ranks × {point.threads} threads = "
-        f"{point.world_size * point.threads} cores, but {granted}; give more cores, or set "
+        f"point {point.point_id}{others} needs {point.world_size} ranks × {per_rank} = "
+        f"{point.world_size * point.cores_per_rank} cores, but {granted}; give more cores, or set "
         "`oversubscribe: true` in the sweep to run it with its figures flagged"
     )

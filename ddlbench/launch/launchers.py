@@ -87,7 +87,7 @@ class LocalLauncher:
         rendezvous.unlink(missing_ok=True)
         processes = []
         for rank in range(point.world_size):
-            pin = {PIN_VAR: ",".join(map(str, rank_cpus(claimed, rank, point.threads)))} if claimed else {}
+            pin = {PIN_VAR: ",".join(map(str, rank_cpus(claimed, rank, point.cores_per_rank)))} if claimed else {}
             env = {
                 **pin,
                 **os.environ,
@@ -125,7 +125,7 @@ class SrunLauncher:
             f"--nodes={point.nodes}",
             f"--ntasks={point.world_size}",
             f"--ntasks-per-node={point.ranks_per_node}",
-            f"--cpus-per-task={point.threads}",
+            f"--cpus-per-task={point.cores_per_rank}",
             # the launcher may itself run in a step (submitit's, Snakemake's `srun -n1`) that holds the
             # allocation's CPUs and memory; the ranks share them with it
             "--overlap",

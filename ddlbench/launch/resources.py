@@ -123,7 +123,7 @@ def resources_for(
         constraint=site.constraint,
         nodes=point.nodes,
         tasks_per_node=point.ranks_per_node,
-        cpus_per_task=point.threads,
+        cpus_per_task=point.cores_per_rank,
         gpus_per_node=site.gpus_per_rank * point.ranks_per_node,
         mem_per_node_mb=math.ceil(per_rank * point.ranks_per_node * mem_factor) + LAUNCHER_MEM_MB,
         time_min=math.ceil((point.timeout_s * time_factor + site.time_margin_s) / 60),

@@ -43,7 +43,7 @@ def point_spec(wildcards):
 
 def point_threads(wildcards):
     point = POINTS[wildcards.point]
-    return point.world_size * point.threads
+    return point.world_size * point.cores_per_rank
 
 
 def resource_of_point(key):
