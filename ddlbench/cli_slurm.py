@@ -68,7 +68,17 @@ def _add_site_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--qos", help="SLURM quality of service")
     parser.add_argument("--constraint", help="SLURM node constraint (features)")
     parser.add_argument("--gpus-per-rank", type=int, help="GPUs per rank: 1 on GPU partitions (default 0)")
-    parser.add_argument("--mem-per-rank-mb", type=int, help="memory per rank in MB (default 4096)")
+    parser.add_argument(
+        "--mem-per-rank-mb",
+        type=int,
+        help="memory per rank in MB (default: the partition's DefMemPerGPU or DefMemPerCPU, else a node's memory "
+        "shared by its ranks)",
+    )
+    parser.add_argument(
+        "--exclusive",
+        action=argparse.BooleanOptionalAction,
+        help="whole nodes for every point (default: on; --no-exclusive lets points share nodes with other jobs)",
+    )
     parser.add_argument("--time-margin-s", type=int, help="added to each point's timeout for its time limit (300)")
     parser.add_argument("--require-account", action="store_true", help="refuse to submit without an account")
 
@@ -88,6 +98,7 @@ SITE_OPTIONS = (
     "gpus_per_rank",
     "mem_per_rank_mb",
     "time_margin_s",
+    "exclusive",
 )
 
 

@@ -106,6 +106,10 @@ class RankResult:
     clock_drift_s: float = 0.0  # the offset re-estimated after the last step, minus the first estimate
     cpus: tuple[int, ...] = ()  # the CPUs the rank's process could run on (its affinity) while training
     cpu_binding: str = ""  # who set that affinity: ddlbench (local pinning), slurm (its --cpu-bind), or none
+    slurm_node: str = ""  # SLURMD_NODENAME: the SLURM node the rank ran on ("" outside SLURM)
+    # The rank's GPU (ddlbench.launch.devices): `visible` (CUDA_VISIBLE_DEVICES as the rank saw it,
+    # None when unset), and on CUDA `index` (torch's), `name`, `uuid`, `pci_bus_id`
+    gpu: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
@@ -166,6 +170,7 @@ class SlurmJob:
     num_cpus: int | None  # CPUs of the whole allocation
     num_gpus: int  # GPUs of the whole allocation
     restarts: int  # times SLURM requeued the job before this run
+    exclusive: bool | None = None  # the job held its nodes alone (OverSubscribe=NO); None: not known
 
 
 @dataclass(frozen=True, kw_only=True)

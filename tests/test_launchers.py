@@ -68,3 +68,18 @@ def test_auto_picks_srun_only_inside_an_allocation(monkeypatch):
     assert isinstance(select_launcher("auto", {}), LocalLauncher)
     with pytest.raises(DdlbenchError, match="accepted: auto, local, srun"):
         select_launcher("mpirun", {})
+
+
+def test_the_ranks_srun_step_keeps_job_wide_slurm_variables_only():
+    from ddlbench.launch.launchers import step_environment
+
+    inherited = {
+        "PATH": "/bin", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_CONF": "/etc/slurm.conf",
+        "SLURM_MEM_PER_NODE": "2000", "SLURM_ARRAY_TASK_ID": "3",
+        "SLURM_NTASKS_PER_GPU": "1", "SLURM_TRES_PER_TASK": "cpu:1", "SLURM_CPUS_PER_TASK": "4",
+        "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0", "SLURM_CPU_BIND": "cores", "SLURM_DISTRIBUTION": "cyclic",
+    }  # fmt: skip
+    assert step_environment(inherited) == {
+        "PATH": "/bin", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_CONF": "/etc/slurm.conf",
+        "SLURM_MEM_PER_NODE": "2000", "SLURM_ARRAY_TASK_ID": "3",
+    }  # fmt: skip

@@ -18,10 +18,13 @@ from ddlbench.launch.resources import (
     submitit_parameters,
 )
 from ddlbench.launch.slurm import (
+    ClusterFacts,
     Partition,
     QueuedJob,
     check_resources,
     parse_allocation,
+    parse_config,
+    parse_nodes,
     parse_partitions,
     parse_queue,
     parse_time_min,
@@ -51,7 +54,8 @@ def test_resources_of_a_multi_node_point_golden():
         "tasks": 0,
         "tasks_per_node": 4,
         "gres": "gpu:4",
-        "tasks_per_gpu": 1,
+        "tasks_per_gpu": 0,  # never --ntasks-per-gpu: every rank of a node sees the node's GPUs
+        "slurm_extra": "--exclusive",
     }
     assert submitit_parameters(resources) == {
         "slurm_partition": "gpu",
@@ -64,6 +68,7 @@ def test_resources_of_a_multi_node_point_golden():
         "slurm_srun_args": ["--ntasks=1", "--nodes=1"],
         "slurm_additional_parameters": {"nodes": 4, "ntasks_per_node": 4, "account": "proj42"},
         "gpus_per_node": 4,
+        "slurm_exclusive": True,
     }
 
 
@@ -84,7 +89,7 @@ def test_sweep_settings_and_rerun_factors_change_the_allocation_not_the_point():
     assert resources.mem_per_node_mb == 200 + LAUNCHER_MEM_MB
     assert resources.time_min == 25  # (2 × 600 + 300) s
     assert resources_for(point, SITE).signal_delay_s == 90
-    assert resources_for(point, Site(partition="p", time_margin_s=30)).signal_delay_s == 15
+    assert resources_for(point, Site(partition="p", time_margin_s=30, mem_per_rank_mb=100)).signal_delay_s == 15
 
 
 @pytest.mark.parametrize(
@@ -96,6 +101,8 @@ def test_sweep_settings_and_rerun_factors_change_the_allocation_not_the_point():
         ({"partition": "p", "time_margin_s": -1}, "time_margin_s", "integer >= 0"),
         ({"partition": " "}, "partition", "not a name"),
         ({"partition": "p", "require_account": "yes"}, "require_account", "true or false"),
+        ({"partition": "p", "exclusive": 1}, "exclusive", "true or false"),
+        ({"partition": "p", "gpus_per_rank": 2}, "gpus_per_rank", "give 0 (CPU) or 1 (one GPU per rank)"),
     ],
 )
 def test_bad_site_settings_name_the_key(raw, key, fragment):
@@ -127,30 +134,121 @@ def test_partitions_and_times_are_parsed():
     ]
 
 
+NODES_TEXT = "\n".join(
+    f"NodeName=n{i} Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 CPUTot=2 CPULoad=0.1 AvailableFeatures=(null) "
+    f"Gres=gpu:2 NodeAddr=127.0.0.1 RealMemory=5514 AllocMem=0 FreeMem=9000 Sockets=2 State={state} "
+    "Partitions=cpu,gpu BootTime=2026-11-22T15:49:22 CfgTRES=cpu=2,mem=5514M,billing=2"
+    for i, state in enumerate(["IDLE", "MIXED", "ALLOCATED", "IDLE+DRAIN"], start=1)
+)
+FACTS = ClusterFacts(
+    partitions=parse_partitions(PARTITIONS_TEXT), nodes=parse_nodes(NODES_TEXT), def_mem_per_cpu_mb=1000
+)
+FITS = {"partition": "cpu", "mem_per_rank_mb": 1000}
+
+
+def test_nodes_config_and_memory_defaults_are_parsed():
+    nodes = parse_nodes(
+        NODES_TEXT + "\nNodeName=g1 CPUTot=64 RealMemory=512000 MemSpecLimit=2048 "
+        "Gres=gpu:a100:4(S:0-1),gpu:a10:2 State=DOWN+NOT_RESPONDING Partitions=gpu"
+    )
+    assert (nodes["n1"].cpus, nodes["n1"].memory_mb, nodes["n1"].gpus, nodes["n1"].partitions) == (
+        2, 5514, 2, ("cpu", "gpu"),
+    )  # fmt: skip
+    assert (nodes["g1"].memory_mb, nodes["g1"].gpus) == (512000 - 2048, 6)
+    assert [node.usable for node in nodes.values()] == [True, True, True, False, False]
+    assert parse_config("DefMemPerCPU            = 1000\nAccountingStorageEnforce = associations,limits\n") == {
+        "DefMemPerCPU": "1000", "AccountingStorageEnforce": "associations,limits",
+    }  # fmt: skip
+    gpu = parse_partitions(
+        "PartitionName=gpu State=UP TotalNodes=2 JobDefaults=DefCpuPerGPU=8,DefMemPerGPU=65536 "
+        "DefMemPerNode=UNLIMITED MaxMemPerNode=262144"
+    )["gpu"]
+    assert (gpu.def_mem_per_gpu_mb, gpu.def_mem_per_node_mb, gpu.max_mem_per_node_mb) == (65536, None, 262144)
+    defaults = FACTS.memory_defaults("cpu")  # the partition sets nothing: the cluster's DefMemPerCPU
+    assert (defaults.per_cpu_mb, defaults.smallest_node_mb) == (1000, 5514)
+
+
+def test_default_memory_comes_from_the_partition_and_fits_a_two_by_two_sweep():
+    site = Site(partition="cpu")  # what `ddlbench profile slurm --partition cpu` writes
+    for point in (make_point(nodes=n, ranks_per_node=r, threads=1) for n in (1, 2) for r in (1, 2)):
+        resources = resources_for(point, site, memory_defaults=FACTS.memory_defaults("cpu"))
+        assert resources.mem_per_node_mb == 1000 * point.ranks_per_node + LAUNCHER_MEM_MB
+        assert "DefMemPerCPU" in resources.mem_source
+        check_resources([(point.point_id, resources)], FACTS)
+    gpu = ClusterFacts(
+        partitions={"g": Partition(name="g", total_nodes=1, max_time_min=None, state="UP", def_mem_per_gpu_mb=9000)},
+        nodes={},
+    )
+    point = make_point(ranks_per_node=4)
+    per_gpu = resources_for(point, Site(partition="g", gpus_per_rank=1), memory_defaults=gpu.memory_defaults("g"))
+    assert per_gpu.mem_per_node_mb == 4 * 9000 + LAUNCHER_MEM_MB
+    bare = Partition(name="h", total_nodes=1, max_time_min=None, state="UP")
+    no_defaults = ClusterFacts(
+        partitions={"h": bare}, nodes=parse_nodes("NodeName=x CPUTot=8 RealMemory=16768 Partitions=h")
+    )
+    shared = resources_for(point, Site(partition="h"), memory_defaults=no_defaults.memory_defaults("h"))
+    assert shared.mem_per_node_mb <= 16768  # the node's memory shared by its 4 ranks and the launcher
+    assert shared.mem_per_node_mb == (16768 - LAUNCHER_MEM_MB) // 4 * 4 + LAUNCHER_MEM_MB
+    with pytest.raises(ConfigError, match="mem_per_rank_mb"):
+        resources_for(point, Site(partition="h"))  # no defaults known: refused, never a made-up figure
+
+
 @pytest.mark.parametrize(
-    ("point_kw", "site_kw", "account_required", "fragment"),
+    ("point_kw", "site_kw", "facts_kw", "fragment"),
     [
-        ({}, {"partition": "gpux"}, False, "partition 'gpux' does not exist; partitions of this cluster: cpu, debug"),
-        ({"nodes": 8}, {"partition": "cpu"}, False, "needs 8 nodes, but partition 'cpu' has 4"),
-        ({"timeout_s": 3 * 3600}, {"partition": "cpu"}, False, "is over the 120 min that partition 'cpu' allows"),
-        ({}, {"partition": "cpu"}, True, "requires an account and none is set"),
+        ({}, {"partition": "gpux"}, {}, "partition 'gpux' does not exist; partitions of this cluster: cpu, debug, gpu"),
+        ({}, {"partition": "debug"}, {}, "partition 'debug' is DOWN, not UP"),
+        ({"nodes": 8}, {}, {}, "needs 8 nodes, but partition 'cpu' has 4"),
+        ({"timeout_s": 3 * 3600}, {}, {}, "is over the 120 min that partition 'cpu' allows"),
+        ({}, {}, {"account_required": True}, "requires an account and none is set"),
+        ({"ranks_per_node": 3}, {}, {}, "needs 3 CPUs per node, but the nodes of partition 'cpu' have at most 2"),
+        ({"ranks_per_node": 1, "threads": 1, "loader_workers": 2}, {}, {}, "needs 3 CPUs per node"),
+        (
+            {"ranks_per_node": 2},
+            {"mem_per_rank_mb": 4096},
+            {},
+            "needs 8960 MB of memory per node (4096 MB per rank from the site's mem_per_rank_mb, plus the launcher's "
+            "share), but the nodes of partition 'cpu' have at most 5514",
+        ),
+        ({"ranks_per_node": 2}, {"gpus_per_rank": 2}, {}, "gpus_per_rank"),
+        ({"nodes": 4}, {}, {}, "only 3 of the 4 nodes of partition 'cpu' that have them take jobs (n4 IDLE+DRAIN)"),
     ],
 )
-def test_points_the_cluster_would_refuse_are_refused_before_submission(point_kw, site_kw, account_required, fragment):
+def test_points_the_cluster_would_refuse_are_refused_before_submission(point_kw, site_kw, facts_kw, fragment):
+    import dataclasses
+
     point = make_point(**point_kw)
-    planned = [(point.point_id, resources_for(point, Site(**site_kw)))]
-    with pytest.raises(DdlbenchError) as error:
-        check_resources(planned, parse_partitions(PARTITIONS_TEXT), account_required=account_required)
-    assert f"point {point.point_id}:" in str(error.value)
+    with pytest.raises((DdlbenchError, ConfigError)) as error:
+        planned = [(point.point_id, resources_for(point, site_from_mapping(FITS | site_kw)))]
+        check_resources(planned, dataclasses.replace(FACTS, **facts_kw))
     assert fragment in str(error.value)
+    if not isinstance(error.value, ConfigError):
+        assert f"point {point.point_id}:" in str(error.value)
+        assert "\n" not in str(error.value)
+
+
+def test_gpu_requests_are_checked_against_the_nodes_gres():
+    site = Site(partition="gpu", gpus_per_rank=1, mem_per_rank_mb=1000)
+    two = make_point(nodes=2, ranks_per_node=2)
+    check_resources([(two.point_id, resources_for(two, site))], FACTS)  # 2 GPUs on each of n1..n3
+    three = make_point(nodes=1, ranks_per_node=3, threads=1, oversubscribe=True)
+    facts = dataclasses_replace_nodes(FACTS, cpus=8)
+    with pytest.raises(DdlbenchError, match="needs 3 GPUs per node, but the nodes of partition 'gpu' have at most 2"):
+        check_resources([(three.point_id, resources_for(three, site))], facts)
+
+
+def dataclasses_replace_nodes(facts: ClusterFacts, **changes) -> ClusterFacts:
+    import dataclasses
+
+    return dataclasses.replace(
+        facts, nodes={name: dataclasses.replace(node, **changes) for name, node in facts.nodes.items()}
+    )
 
 
 def test_a_point_that_fits_passes_the_checks():
-    point = make_point(nodes=4, timeout_s=3600)
-    site = Site(partition="cpu", account="a", time_margin_s=300)
-    check_resources(
-        [(point.point_id, resources_for(point, site))], parse_partitions(PARTITIONS_TEXT), account_required=True
-    )
+    point = make_point(nodes=3, timeout_s=3600)
+    site = Site(partition="cpu", account="a", time_margin_s=300, mem_per_rank_mb=1000)
+    check_resources([(point.point_id, resources_for(point, site))], FACTS)
 
 
 def test_allocation_is_read_from_scontrol():
@@ -169,7 +267,9 @@ def test_allocation_is_read_from_scontrol():
         1,
     )
     plain = parse_allocation("9", "JobId=9 Partition=cpu NodeList=n1 NumNodes=1 NumCPUs=2 AllocTRES=cpu=2")
-    assert (plain.array_job_id, plain.num_gpus, plain.restarts) == (None, 0, 0)
+    assert (plain.array_job_id, plain.num_gpus, plain.restarts, plain.exclusive) == (None, 0, 0, None)
+    assert parse_allocation("9", "JobId=9 OverSubscribe=NO").exclusive is True
+    assert parse_allocation("9", "JobId=9 OverSubscribe=OK").exclusive is False
 
 
 def test_status_joins_records_and_the_queue(tmp_path):

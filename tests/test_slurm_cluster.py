@@ -10,91 +10,24 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import time
-from pathlib import Path
 
-import pandas as pd
 import pytest
 from conftest import BIN, REPO, job_counts, run_cli, run_snakemake
+from slurm_support import one_row_per_point, profile_env, records_of, sweep, wait_until
 
-from ddlbench.launch.profile import ProfileOptions, write_profile
 from ddlbench.launch.resources import Site
 from ddlbench.records import read_record
 
 pytestmark = pytest.mark.slurm
 
 
-def _cluster_answers() -> str | None:
-    if shutil.which("sinfo") is None:
-        return "sinfo is not installed"
-    try:
-        result = subprocess.run(["sinfo", "-h", "-o", "%P %a"], capture_output=True, text=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        return "sinfo did not answer"
-    if result.returncode != 0 or "cpu" not in result.stdout:
-        return f"no SLURM cluster with a `cpu` partition: {result.stderr.strip() or result.stdout.strip()}"
-    return None
-
-
 @pytest.fixture(scope="session")
 def slurm_env(tmp_path_factory) -> dict[str, str]:
-    """Environment for commands that submit: a profile `slurm` in a private XDG_CONFIG_HOME."""
-    problem = _cluster_answers()
-    if problem:
-        if os.environ.get("DDLBENCH_REQUIRE_SLURM") == "1":
-            pytest.fail(f"DDLBENCH_REQUIRE_SLURM=1 but {problem}; run `make slurm-up`")
-        pytest.skip(f"{problem}; run `make slurm-up`")
-    config_home = tmp_path_factory.mktemp("xdg")
-    site = Site(partition="cpu", mem_per_rank_mb=1000, time_margin_s=60)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CONFIG_HOME", str(config_home))
-        write_profile(site, ProfileOptions(jobs=8, status_wait_s=2, latency_wait_s=5))
-    return {
-        "XDG_CONFIG_HOME": str(config_home),
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "DDLBENCH_INJECT_FAULT": "",
-    }
-
-
-def wait_until(predicate, *, timeout_s: float, what: str, poll_s: float = 1.0):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
-
-
-def records_of(sweep_dir: Path) -> dict[str, object]:
-    return {path.parent.name: read_record(path) for path in sorted((sweep_dir / "points").glob("*/record.json"))}
-
-
-def one_row_per_point(sweep_file: Path, env: dict[str, str], expected_points: int) -> pd.DataFrame:
-    result = run_cli("aggregate", "--configfile", str(sweep_file), env=env)
-    assert result.returncode == 0, result.stderr
-    table = pd.read_parquet(Path(result.stdout.split("-> ")[1].split(",")[0]))
-    assert len(table) == expected_points
-    assert table["point_id"].is_unique
-    return table
-
-
-def sweep(write_sweep, name: str, **overrides) -> Path:
-    config = dict(
-        name=name,
-        models=["resnet8"],
-        datasets=["cifar10"],
-        strategies=["ddp"],
-        nodes=[1, 2],
-        ranks_per_node=[1],
-        batch_size=[8],
-        warmup_steps=1,
-        steps=3,
-        timeout_s=30,
-    )
-    return write_sweep(f"{name}.yaml", **(config | overrides))
+    """Environment for commands that submit: a profile `slurm` in a private XDG_CONFIG_HOME, as
+    `ddlbench profile slurm --partition cpu` writes it (memory from the partition, whole nodes)."""
+    return profile_env(tmp_path_factory, Site(partition="cpu", time_margin_s=60))
 
 
 # (strategy, ranks per node, extra point fields): data parallel, a pipeline across the two nodes,
@@ -165,6 +98,8 @@ def test_profile_sweep_records_failures_and_rerun_fixes_exactly_those(slurm_env,
     spread = by_shape["n2x2"].provenance.slurm
     assert (spread.num_nodes, spread.num_cpus, spread.partition) == (2, 4, "cpu")
     assert by_shape["n2x2"].provenance.slurm_job_id == spread.job_id
+    # the default profile: whole nodes, and memory from the partition (DefMemPerCPU) that fits 2 ranks a node
+    assert spread.exclusive is True
     assert (sweep_dir / "report.html").exists()
 
     status = run_cli("status", "--configfile", str(sweep_file), env=slurm_env)

@@ -111,6 +111,23 @@ class LocalLauncher:
 SLURM_MEMORY_KILL = re.compile(r"exceeded (job |step )?memory limit|oom[-_ ]kill", re.IGNORECASE)
 
 
+# SLURM_* variables that describe the job as a whole and that srun may read: everything else (the
+# enclosing step's shape, the batch script's task geometry: SLURM_NTASKS_PER_GPU, SLURM_TRES_PER_TASK,
+# SLURM_CPUS_PER_TASK, SLURM_MEM_PER_CPU, SLURM_DISTRIBUTION, SLURM_CPU_BIND…) is input to srun too, and
+# would override or contradict the options ddlbench gives the ranks' step (srun 22.05 refuses
+# --ntasks-per-node beside an inherited SLURM_NTASKS_PER_GPU, for one: tests/test_slurm_gpu.py).
+_JOB_WIDE = re.compile(
+    r"SLURM_(JOB_[A-Z0-9_]+|JOBID|CONF|CLUSTER_NAME|NODELIST|SUBMIT_DIR|SUBMIT_HOST|ARRAY_[A-Z_]+"
+    r"|RESTART_COUNT|MEM_PER_NODE|WORKING_CLUSTER)"
+)
+
+
+def step_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the ranks' srun step: the caller's, less every SLURM_* variable that is not
+    job-wide (SLURM_MEM_PER_NODE stays: the step shares the job's memory per node)."""
+    return {key: value for key, value in environ.items() if not key.startswith("SLURM_") or _JOB_WIDE.fullmatch(key)}
+
+
 class SrunLauncher:
     """One srun step over the allocation; ranks meet over TCP on the allocation's first node."""
 
@@ -147,11 +164,7 @@ class SrunLauncher:
         return {"MASTER_ADDR": master, "MASTER_PORT": str(port), INIT_METHOD_VAR: f"tcp://{master}:{port}"}
 
     def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float) -> LaunchOutcome:
-        # variables of an enclosing step would override the shape asked for on the command line
-        inherited = {key: value for key, value in self.environ.items() if not key.startswith("SLURM_STEP")}
-        for key in ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_CPUS_PER_TASK", "SLURM_CPU_BIND"):
-            inherited.pop(key, None)
-        env = {**inherited, **thread_env(point), **self.rendezvous_env()}
+        env = {**step_environment(self.environ), **thread_env(point), **self.rendezvous_env()}
         command = self.command(point, rank_dir=rank_dir, dump_params=dump_params)
         process = subprocess.Popen(command, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
         tee = StderrTee(process.stderr, SLURM_MEMORY_KILL)

@@ -30,10 +30,15 @@ class Site:
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
-    gpus_per_rank: int = 0  # 1 on GPU partitions: one rank per GPU
-    mem_per_rank_mb: int = 4096
+    gpus_per_rank: int = 0  # 1 on GPU partitions: each rank takes one of its node's GPUs
+    # None: the partition's default (DefMemPerGPU, DefMemPerCPU, else a node's memory shared by its ranks)
+    mem_per_rank_mb: int | None = None
     time_margin_s: int = 300  # added to a point's timeout: start-up, data generation, writing the record
     require_account: bool = False  # the site rejects jobs without an account
+    # Whole nodes for every measured point (sbatch --exclusive): a benchmark that shares its nodes with
+    # other jobs shares their memory bandwidth, caches, network links and GPUs' hosts, and its figures say
+    # nothing about the hardware. On by default, as benchmarking practice; off only to fit a busy queue.
+    exclusive: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,10 +62,19 @@ def site_from_mapping(raw: object, *, source: str = "site settings") -> Site:
             raise ConfigError(key, f"{value!r} is not a name; give a non-empty string")
     for key, lowest in (("gpus_per_rank", 0), ("mem_per_rank_mb", 16), ("time_margin_s", 0)):
         value = raw.get(key, getattr(Site, key))
+        if value is None and key == "mem_per_rank_mb":
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
             raise ConfigError(key, f"{value!r} is not accepted; give an integer >= {lowest}")
-    if not isinstance(raw.get("require_account", False), bool):
-        raise ConfigError("require_account", f"{raw['require_account']!r} is not accepted; give true or false")
+    if raw.get("gpus_per_rank", 0) > 1:
+        raise ConfigError(
+            "gpus_per_rank",
+            f"{raw['gpus_per_rank']} is not accepted: a rank trains on one device; "
+            "give 0 (CPU) or 1 (one GPU per rank)",
+        )
+    for key in ("require_account", "exclusive"):
+        if not isinstance(raw.get(key, False), bool):
+            raise ConfigError(key, f"{raw[key]!r} is not accepted; give true or false")
     return Site(**raw)
 
 
@@ -71,6 +85,17 @@ def load_site(path: str | Path) -> Site:
     except OSError as exc:
         raise ConfigError("", f"cannot read the site file {str(path)!r}: {exc.strerror}") from None
     return site_from_mapping(raw, source=str(path))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryDefaults:
+    """What a partition gives a job that names no memory (scontrol), in MB; None where it sets nothing."""
+
+    partition: str
+    per_gpu_mb: int | None = None  # DefMemPerGPU
+    per_cpu_mb: int | None = None  # DefMemPerCPU (the partition's, else the cluster's)
+    per_node_mb: int | None = None  # DefMemPerNode (the partition's, else the cluster's)
+    smallest_node_mb: int | None = None  # the least memory a node of the partition offers to jobs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,10 +115,16 @@ class Resources:
     # SLURM's warning before the time limit (submitit requeues on it): inside the margin, so that
     # ddlbench's own timeout, which writes a `timeout` record, comes first
     signal_delay_s: int
+    exclusive: bool = False
+    mem_source: str = ""  # where the memory per rank came from, for messages
 
     @property
     def ntasks(self) -> int:
         return self.nodes * self.tasks_per_node
+
+    @property
+    def cpus_per_node(self) -> int:
+        return self.tasks_per_node * self.cpus_per_task
 
     @property
     def time_limit(self) -> str:
@@ -110,12 +141,14 @@ def resources_for(
     partition: str | None = None,
     mem_factor: float = 1.0,
     time_factor: float = 1.0,
+    memory_defaults: MemoryDefaults | None = None,
 ) -> Resources:
-    """The allocation of `point`: its nodes and ranks, `threads` cores per rank, one GPU per rank when the
-    site has them, memory per rank (the sweep's value, else the site's) times `mem_factor`, and a time
-    limit of the point's timeout × `time_factor` plus the site's margin, so that ddlbench's own timeout
-    fires first and still writes a `timeout` record."""
-    per_rank = mem_per_rank_mb if mem_per_rank_mb is not None else site.mem_per_rank_mb
+    """The allocation of `point`: its nodes and ranks, `cores_per_rank` cores per rank (threads and loader
+    workers), `gpus_per_rank` GPUs per rank on each node, memory per rank (the sweep's value, else the
+    site's, else the partition's default: `memory_defaults`) times `mem_factor`, plus the launcher's share
+    on every node, and a time limit of the point's timeout × `time_factor` plus the site's margin, so that
+    ddlbench's own timeout fires first and still writes a `timeout` record."""
+    per_rank, source = _mem_per_rank(point, site, mem_per_rank_mb, memory_defaults)
     return Resources(
         partition=partition or site.partition,
         account=site.account,
@@ -128,6 +161,39 @@ def resources_for(
         mem_per_node_mb=math.ceil(per_rank * point.ranks_per_node * mem_factor) + LAUNCHER_MEM_MB,
         time_min=math.ceil((point.timeout_s * time_factor + site.time_margin_s) / 60),
         signal_delay_s=max(10, min(90, site.time_margin_s // 2)),
+        exclusive=site.exclusive,
+        mem_source=source + (f" × mem factor {mem_factor:g}" if mem_factor != 1 else ""),
+    )
+
+
+def _mem_per_rank(point: Point, site: Site, sweep_mb: int | None, defaults: MemoryDefaults | None) -> tuple[float, str]:
+    """MB per rank and where the figure comes from."""
+    if sweep_mb is not None:
+        return sweep_mb, f"{sweep_mb} MB per rank from the sweep's slurm.mem_per_rank_mb"
+    if site.mem_per_rank_mb is not None:
+        return site.mem_per_rank_mb, f"{site.mem_per_rank_mb} MB per rank from the site's mem_per_rank_mb"
+    if defaults is None:
+        raise ConfigError(
+            "mem_per_rank_mb",
+            "no memory per rank: the site leaves it to the partition, whose defaults are not known here; "
+            "give mem_per_rank_mb in the site (`ddlbench profile slurm --mem-per-rank-mb MB`) "
+            "or in the sweep's slurm section",
+        )
+    where = f"partition {defaults.partition!r}"
+    if site.gpus_per_rank and defaults.per_gpu_mb:
+        per_rank = defaults.per_gpu_mb * site.gpus_per_rank
+        return per_rank, f"{per_rank} MB per rank from {where}'s DefMemPerGPU"
+    if defaults.per_cpu_mb:
+        per_rank = defaults.per_cpu_mb * point.cores_per_rank
+        return per_rank, f"{per_rank} MB per rank from {where}'s DefMemPerCPU × {point.cores_per_rank} cores"
+    node = defaults.per_node_mb or defaults.smallest_node_mb
+    if node:
+        what = "DefMemPerNode" if defaults.per_node_mb else "smallest node's memory"
+        per_rank = max(16, (node - LAUNCHER_MEM_MB) // point.ranks_per_node)
+        return per_rank, f"{per_rank} MB per rank: {where}'s {what} less the launcher, shared by the node's ranks"
+    raise ConfigError(
+        "mem_per_rank_mb",
+        f"{where} sets no default memory and its nodes' memory is unknown; give mem_per_rank_mb in the site or sweep",
     )
 
 
@@ -159,8 +225,13 @@ def snakemake_resources(resources: Resources) -> dict[str, Any]:
     if resources.constraint:
         out["constraint"] = resources.constraint
     if resources.gpus_per_node:
+        # GPUs per node, seen by every rank of the node (ddlbench.launch.devices). tasks_per_gpu 0 keeps
+        # the plugin from adding --ntasks-per-gpu (it falls back to `tasks` when the key is absent), which
+        # would bind one GPU to each task and clash with --ntasks-per-node.
         out["gres"] = f"gpu:{resources.gpus_per_node}"
-        out["tasks_per_gpu"] = 1
+        out["tasks_per_gpu"] = 0
+    # present for every point: "" where nodes may be shared
+    out["slurm_extra"] = "--exclusive" if resources.exclusive else ""
     return out
 
 
@@ -188,6 +259,8 @@ def submitit_parameters(resources: Resources) -> dict[str, Any]:
     }
     if resources.gpus_per_node:
         params["gpus_per_node"] = resources.gpus_per_node
+    if resources.exclusive:
+        params["slurm_exclusive"] = True
     if resources.constraint:
         params["slurm_constraint"] = resources.constraint
     return params

@@ -6,6 +6,7 @@ login node whose controller does not answer must not hang ddlbench. Torch-free.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import getpass
 import logging
@@ -17,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ddlbench.errors import DdlbenchError
-from ddlbench.launch.resources import Resources
+from ddlbench.launch.resources import MemoryDefaults, Resources
 from ddlbench.records import SlurmJob
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,20 @@ class Partition:
     total_nodes: int
     max_time_min: int | None  # None: no limit
     state: str
+    def_mem_per_cpu_mb: int | None = None
+    def_mem_per_gpu_mb: int | None = None
+    def_mem_per_node_mb: int | None = None
+    max_mem_per_node_mb: int | None = None
+
+
+def _mb(text: str | None) -> int | None:
+    """MB of a SLURM memory field (plain MB, or with an M/G/T suffix); None for UNLIMITED, 0 or absent."""
+    if not text:
+        return None
+    match = re.fullmatch(r"(\d+)([MGT]?)", text.strip())
+    if not match or int(match.group(1)) == 0:
+        return None
+    return int(match.group(1)) * {"": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[match.group(2)]
 
 
 def parse_partitions(text: str) -> dict[str, Partition]:
@@ -90,65 +105,205 @@ def parse_partitions(text: str) -> dict[str, Partition]:
         fields = parse_oneliner(line)
         if "PartitionName" not in fields:
             continue
+        # DefMemPerGPU lives in JobDefaults (e.g. "DefCpuPerGPU=4,DefMemPerGPU=8192"); parse_oneliner
+        # splits at the first "=", so the rest of the pair is the value of JobDefaults
+        job_defaults = dict(
+            item.split("=", 1) for item in fields.get("JobDefaults", "").split(",") if item.count("=") == 1
+        )
         partitions[fields["PartitionName"]] = Partition(
             name=fields["PartitionName"],
             total_nodes=int(fields.get("TotalNodes", "0")),
             max_time_min=parse_time_min(fields.get("MaxTime", "UNLIMITED")),
             state=fields.get("State", "UP"),
+            def_mem_per_cpu_mb=_mb(fields.get("DefMemPerCPU")),
+            def_mem_per_gpu_mb=_mb(job_defaults.get("DefMemPerGPU")),
+            def_mem_per_node_mb=_mb(fields.get("DefMemPerNode")),
+            max_mem_per_node_mb=_mb(fields.get("MaxMemPerNode")),
         )
     return partitions
+
+
+# Node states in which a node takes no new job: a job that needs it would wait until someone acts
+_UNUSABLE_STATES = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "INVAL", "FUTURE")
+_GRES_GPU = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Node:
+    name: str
+    cpus: int
+    memory_mb: int  # RealMemory less MemSpecLimit: what jobs may ask for
+    gpus: int
+    state: str  # scontrol's, e.g. IDLE, MIXED, IDLE+DRAIN, DOWN+NOT_RESPONDING
+    partitions: tuple[str, ...]
+
+    @property
+    def usable(self) -> bool:
+        return not any(flag in self.state.upper() for flag in _UNUSABLE_STATES)
+
+
+def parse_nodes(text: str) -> dict[str, Node]:
+    """`scontrol show node -o`: each node's CPUs, memory for jobs, GPUs (its gpu GRES), state, partitions."""
+    nodes = {}
+    for line in text.splitlines():
+        fields = parse_oneliner(line)
+        if "NodeName" not in fields:
+            continue
+        memory = (_mb(fields.get("RealMemory")) or 0) - (_mb(fields.get("MemSpecLimit")) or 0)
+        nodes[fields["NodeName"]] = Node(
+            name=fields["NodeName"],
+            cpus=int(fields.get("CPUTot", "0") or 0),
+            memory_mb=max(memory, 0),
+            gpus=sum(int(count) for count in _GRES_GPU.findall(fields.get("Gres", ""))),
+            state=fields.get("State", "UNKNOWN"),
+            partitions=tuple(part for part in fields.get("Partitions", "").split(",") if part),
+        )
+    return nodes
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterFacts:
+    """What the controller says about partitions, nodes and defaults; asked once, before submission."""
+
+    partitions: dict[str, Partition]
+    nodes: dict[str, Node]
+    account_required: bool = False
+    def_mem_per_cpu_mb: int | None = None  # the cluster's DefMemPerCPU (a partition's own comes first)
+    def_mem_per_node_mb: int | None = None
+
+    def nodes_of(self, partition: str) -> list[Node]:
+        return [node for node in self.nodes.values() if partition in node.partitions]
+
+    def memory_defaults(self, partition: str) -> MemoryDefaults | None:
+        """What a job in `partition` gets when it names no memory; None for an unknown partition."""
+        found = self.partitions.get(partition)
+        if found is None:
+            return None
+        own = found.def_mem_per_cpu_mb or found.def_mem_per_node_mb
+        members = self.nodes_of(partition)
+        return MemoryDefaults(
+            partition=partition,
+            per_gpu_mb=found.def_mem_per_gpu_mb,
+            per_cpu_mb=found.def_mem_per_cpu_mb if own else self.def_mem_per_cpu_mb,
+            per_node_mb=found.def_mem_per_node_mb if own else self.def_mem_per_node_mb,
+            smallest_node_mb=min((node.memory_mb for node in members), default=None) or None,
+        )
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """`scontrol show config`: "Key = value" lines."""
+    pairs = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            pairs[key.strip()] = value.strip()
+    return pairs
 
 
 def query_partitions() -> dict[str, Partition]:
     return parse_partitions(run_slurm(["scontrol", "show", "partition", "-o"]))
 
 
+@functools.cache
+def query_cluster() -> ClusterFacts:
+    """Partitions, nodes and the cluster's defaults, in three scontrol calls, once per process."""
+    config = parse_config(run_slurm(["scontrol", "show", "config"]))
+    return ClusterFacts(
+        partitions=query_partitions(),
+        nodes=parse_nodes(run_slurm(["scontrol", "show", "node", "-o"])),
+        account_required="associations" in config.get("AccountingStorageEnforce", "").lower(),
+        def_mem_per_cpu_mb=_mb(config.get("DefMemPerCPU")),
+        def_mem_per_node_mb=_mb(config.get("DefMemPerNode")),
+    )
+
+
 def query_account_required() -> bool:
     """Whether the controller rejects jobs without an association (AccountingStorageEnforce)."""
-    for line in run_slurm(["scontrol", "show", "config"]).splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "AccountingStorageEnforce":
-            return "associations" in value.lower()
-    return False
+    return query_cluster().account_required
 
 
-def check_resources(
-    planned: Iterable[tuple[str, Resources]], partitions: Mapping[str, Partition], *, account_required: bool
-) -> None:
-    """Refuse, before anything is submitted, a point the cluster would reject or hold forever: an
-    unknown partition, more nodes than the partition has, a time limit over the partition's, a missing
-    account where one is required. The message names the point and the value."""
+def check_resources(planned: Iterable[tuple[str, Resources]], facts: ClusterFacts) -> None:
+    """Refuse, before anything is submitted, a point the cluster would reject or hold forever: an unknown
+    partition or one not UP, more nodes than the partition has, a time limit over the partition's, more
+    CPUs, memory or GPUs per node than its nodes have, too few nodes able to hold it that are not down or
+    drained, a missing account where one is required. Each refusal is one line naming the point and the
+    value."""
     for point_id, resources in planned:
-        partition = partitions.get(resources.partition)
-        if partition is None:
-            raise DdlbenchError(
-                f"point {point_id}: partition {resources.partition!r} does not exist; "
-                f"partitions of this cluster: {', '.join(sorted(partitions)) or 'none'}"
-            )
-        if resources.nodes > partition.total_nodes:
-            raise DdlbenchError(
-                f"point {point_id}: needs {resources.nodes} nodes, but partition {partition.name!r} has "
-                f"{partition.total_nodes}; drop the larger node counts or choose another partition"
-            )
-        if resources.time_min < 1:
-            raise DdlbenchError(f"point {point_id}: time limit {resources.time_min} min is not a valid limit")
-        if partition.max_time_min is not None and resources.time_min > partition.max_time_min:
-            raise DdlbenchError(
-                f"point {point_id}: time limit {resources.time_limit} (timeout_s plus the site's margin) is over "
-                f"the {partition.max_time_min} min that partition {partition.name!r} allows; lower timeout_s"
-            )
-        if account_required and not resources.account:
-            raise DdlbenchError(
-                f"point {point_id}: this cluster requires an account and none is set; "
-                "give one with `ddlbench profile slurm --account NAME`"
-            )
+        problem = _problem(resources, facts)
+        if problem:
+            raise DdlbenchError(f"point {point_id}: {problem}")
+
+
+def _problem(resources: Resources, facts: ClusterFacts) -> str | None:
+    partition = facts.partitions.get(resources.partition)
+    if partition is None:
+        return (
+            f"partition {resources.partition!r} does not exist; "
+            f"partitions of this cluster: {', '.join(sorted(facts.partitions)) or 'none'}"
+        )
+    name = repr(partition.name)
+    if partition.state.upper() != "UP":
+        return f"partition {name} is {partition.state}, not UP: its jobs would wait until an administrator acts"
+    if resources.nodes > partition.total_nodes:
+        return (
+            f"needs {resources.nodes} nodes, but partition {name} has {partition.total_nodes}; "
+            "drop the larger node counts or choose another partition"
+        )
+    if resources.time_min < 1:
+        return f"time limit {resources.time_min} min is not a valid limit"
+    if partition.max_time_min is not None and resources.time_min > partition.max_time_min:
+        return (
+            f"time limit {resources.time_limit} (timeout_s plus the site's margin) is over "
+            f"the {partition.max_time_min} min that partition {name} allows; lower timeout_s"
+        )
+    if facts.account_required and not resources.account:
+        return "this cluster requires an account and none is set; give one with `ddlbench profile slurm --account NAME`"
+    mem, cpus, gpus = resources.mem_per_node_mb, resources.cpus_per_node, resources.gpus_per_node
+    if partition.max_mem_per_node_mb is not None and mem > partition.max_mem_per_node_mb:
+        return (
+            f"needs {mem} MB of memory per node ({resources.mem_source}, plus the launcher's share), over the "
+            f"{partition.max_mem_per_node_mb} MB that partition {name} allows (MaxMemPerNode)"
+        )
+    members = facts.nodes_of(partition.name)
+    if not members:
+        return None  # nodes not visible to this user: the checks above are all that can be made
+    shapes = (
+        ("GPUs per node", gpus, max(node.gpus for node in members), "lower ranks_per_node, or choose a GPU partition"),
+        ("CPUs per node", cpus, max(node.cpus for node in members), "lower threads, loader_workers or ranks_per_node"),
+        (
+            "MB of memory per node",
+            mem,
+            max(node.memory_mb for node in members),
+            "lower mem_per_rank_mb or ranks_per_node",
+        ),
+    )
+    for what, needed, most, way_out in shapes:
+        if needed > most:
+            detail = f" ({resources.mem_source}, plus the launcher's share)" if what.startswith("MB") else ""
+            return f"needs {needed} {what}{detail}, but the nodes of partition {name} have at most {most}; {way_out}"
+    fitting = [node for node in members if node.cpus >= cpus and node.memory_mb >= mem and node.gpus >= gpus]
+    shape = f"{cpus} CPUs, {mem} MB" + (f" and {gpus} GPUs" if gpus else "")
+    if len(fitting) < resources.nodes:
+        return (
+            f"needs {resources.nodes} nodes with {shape} each, but only {len(fitting)} of the "
+            f"{len(members)} nodes of partition {name} have them"
+        )
+    usable = [node for node in fitting if node.usable]
+    if len(usable) < resources.nodes:
+        out = ", ".join(f"{node.name} {node.state}" for node in fitting if not node.usable)
+        return (
+            f"needs {resources.nodes} nodes with {shape} each, but only {len(usable)} of the {len(fitting)} nodes "
+            f"of partition {name} that have them take jobs ({out}); wait for them or choose another partition"
+        )
+    return None
 
 
 def check_cluster(planned: list[tuple[str, Resources]], *, account_required: bool | None = None) -> None:
     """check_resources against the live cluster (scontrol), which is asked once."""
-    if account_required is None:
-        account_required = query_account_required()
-    check_resources(planned, query_partitions(), account_required=account_required)
+    facts = query_cluster()
+    if account_required is not None:
+        facts = dataclasses.replace(facts, account_required=account_required)
+    check_resources(planned, facts)
 
 
 _GPU_TRES = re.compile(r"gres/gpu(?::[^=,]*)?=(\d+)")
@@ -156,7 +311,9 @@ _GPU_TRES = re.compile(r"gres/gpu(?::[^=,]*)?=(\d+)")
 
 def parse_allocation(job_id: str, scontrol_line: str) -> SlurmJob:
     fields = parse_oneliner(scontrol_line.strip().splitlines()[0] if scontrol_line.strip() else "")
-    gpus = sum(int(count) for count in _GPU_TRES.findall(fields.get("AllocTRES", "")))
+    # scontrol prints the allocation as TRES= (22.05) or AllocTRES= (other releases)
+    tres = fields.get("AllocTRES") or fields.get("TRES", "")
+    gpus = sum(int(count) for count in _GPU_TRES.findall(tres))
 
     def number(key: str) -> int | None:
         value = fields.get(key, "")
@@ -173,6 +330,8 @@ def parse_allocation(job_id: str, scontrol_line: str) -> SlurmJob:
         num_cpus=number("NumCPUs"),
         num_gpus=gpus,
         restarts=number("Restarts") or 0,
+        # --exclusive shows as OverSubscribe=NO (=USER or =MCS for those forms of it); OK: shared
+        exclusive=fields["OverSubscribe"] in ("NO", "USER", "MCS") if "OverSubscribe" in fields else None,
     )
 
 

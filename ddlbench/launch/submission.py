@@ -20,7 +20,7 @@ from typing import Any
 from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.resources import Resources, Site, resources_for, snakemake_resources, submitit_parameters
-from ddlbench.launch.slurm import check_cluster
+from ddlbench.launch.slurm import ClusterFacts, check_cluster, query_cluster
 from ddlbench.point import Point
 from ddlbench.records import record_path
 from ddlbench.sweep import Plan
@@ -32,17 +32,37 @@ MAX_REQUEUES = 2
 
 
 def plan_resources(
-    points: Iterable[Point], site: Site, *, sweep: Any = None, mem_factor: float = 1.0, time_factor: float = 1.0
+    points: Iterable[Point],
+    site: Site,
+    *,
+    sweep: Any = None,
+    mem_factor: float = 1.0,
+    time_factor: float = 1.0,
+    facts: ClusterFacts | None = None,
 ) -> dict[str, Resources]:
-    """point id → allocation, with the sweep's own partition and memory (its `slurm` section) over the site's."""
+    """point id → allocation, with the sweep's own partition and memory (its `slurm` section) over the site's.
+    Where neither names the memory per rank, the partition's defaults come from `facts` (else the live
+    cluster, asked once)."""
+    partition = getattr(sweep, "slurm_partition", None) or site.partition
+    sweep_mem = getattr(sweep, "slurm_mem_per_rank_mb", None)
+    defaults = None
+    if sweep_mem is None and site.mem_per_rank_mb is None:
+        facts = facts or query_cluster()
+        defaults = facts.memory_defaults(partition)
+        if defaults is None:
+            raise DdlbenchError(
+                f"partition {partition!r} does not exist; partitions of this cluster: "
+                f"{', '.join(sorted(facts.partitions)) or 'none'}"
+            )
     return {
         point.point_id: resources_for(
             point,
             site,
-            partition=getattr(sweep, "slurm_partition", None),
-            mem_per_rank_mb=getattr(sweep, "slurm_mem_per_rank_mb", None),
+            partition=partition,
+            mem_per_rank_mb=sweep_mem,
             mem_factor=mem_factor,
             time_factor=time_factor,
+            memory_defaults=defaults,
         )
         for point in points
     }

@@ -18,7 +18,6 @@ from dataclasses import asdict, replace
 from datetime import timedelta
 from pathlib import Path
 
-from ddlbench.errors import DdlbenchError
 from ddlbench.launch.cores import pin_from_environment
 from ddlbench.launch.rendezvous import RankEnv, rank_env
 from ddlbench.point import Point
@@ -79,19 +78,13 @@ def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None, b
     import torch
     import torch.distributed as dist
 
+    from ddlbench.launch.devices import gpu_identity, rank_device
     from ddlbench.train.kernel import train_point
     from ddlbench.train.strategies import RankContext
 
-    if torch.cuda.is_available():
-        if env.local_rank >= torch.cuda.device_count():
-            raise DdlbenchError(
-                f"local rank {env.local_rank} needs GPU {env.local_rank}, but this host has "
-                f"{torch.cuda.device_count()}; run fewer ranks per host"
-            )
-        device, backend = torch.device("cuda", env.local_rank), "nccl"
-        torch.cuda.set_device(device)
-    else:
-        device, backend = torch.device("cpu"), "gloo"
+    # local launches run every rank on this host (LOCAL_WORLD_SIZE); under srun a node has ranks_per_node
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", point.ranks_per_node))
+    device, backend = rank_device(env.local_rank, local_ranks, os.environ)
     dist.init_process_group(
         backend,
         init_method=env.init_method,
@@ -103,7 +96,13 @@ def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None, b
         rank=env.rank, world_size=env.world_size, local_rank=env.local_rank, device=device, backend=backend
     )
     result, state = train_point(point, ctx, keep_state=dump_params is not None)
-    write_json_atomic(rank_file(rank_dir, env.rank), asdict(replace(result, cpu_binding=binding)))
+    placed = replace(
+        result,
+        cpu_binding=binding,
+        slurm_node=os.environ.get("SLURMD_NODENAME", ""),
+        gpu=gpu_identity(device, os.environ),
+    )
+    write_json_atomic(rank_file(rank_dir, env.rank), asdict(placed))
     if state is not None and dump_params is not None:
         dump_params.parent.mkdir(parents=True, exist_ok=True)
         torch.save(state, dump_params)

@@ -1,0 +1,166 @@
+"""GPU requests on a real SLURM controller: the test cluster's nodes declare 2 GPUs each as GRES
+(placeholder devices), so sbatch and srun parse, allocate and bind ddlbench's requests for real; the
+ranks run on the CPU and record what SLURM made visible to them. Also: the srun step's environment,
+and refusals that depend on the cluster's state. Skips without the cluster of tests/cluster/slurm.sh,
+unless DDLBENCH_REQUIRE_SLURM=1."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import BIN, make_point, run_cli, run_snakemake
+from slurm_support import profile_env, records_of, sweep
+
+from ddlbench.launch.resources import Site
+from ddlbench.records import PointRecord, read_record
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="module")
+def gpu_env(tmp_path_factory) -> dict[str, str]:
+    """A profile as `ddlbench profile slurm --partition gpu --gpus-per-rank 1` writes it."""
+    return profile_env(tmp_path_factory, Site(partition="gpu", gpus_per_rank=1, time_margin_s=60))
+
+
+def sacct(job_id: str, env: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Job and steps of `job_id` as sacct accounts them: JobID → {NTasks, NNodes, State, AllocTRES}."""
+    out = subprocess.run(
+        ["sacct", "-j", job_id, "-P", "-n", "-o", "JobID,NTasks,NNodes,State,AllocTRES"],
+        capture_output=True, text=True, check=True, env={**os.environ, **env},
+    ).stdout  # fmt: skip
+    rows = {}
+    for line in out.splitlines():
+        job, tasks, nodes, state, tres = line.split("|")
+        rows[job] = {"NTasks": tasks, "NNodes": nodes, "State": state, "AllocTRES": tres}
+    return rows
+
+
+def scontrol_job(job_id: str, env: dict[str, str]) -> str:
+    return subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True, env={**os.environ, **env}
+    ).stdout
+
+
+def assert_two_gpus_on_each_of_two_nodes(record: PointRecord, env: dict[str, str]) -> None:
+    """What SLURM allocated (sacct, scontrol) and what each rank saw agree: 2 nodes × 2 GPUs, 4 ranks started."""
+    assert record.status == "ok", record.reason
+    job = record.provenance.slurm
+    assert (job.num_nodes, job.num_gpus, job.exclusive) == (2, 4, True)
+    job_id = f"{job.array_job_id}_{job.array_task_id}" if job.array_task_id else job.job_id
+    assert "TresPerNode=gres:gpu:2" in scontrol_job(job_id, env)  # asked per node, not per task
+    steps = sacct(job_id, env)
+    whole = next(row for key, row in steps.items() if "." not in key)
+    assert "gres/gpu=4" in whole["AllocTRES"] and whole["NNodes"] == "2"
+    # the ranks' step: 4 tasks over both nodes with all 4 GPUs, so 2 per node
+    ranks_step = [row for key, row in steps.items() if row["NTasks"] == "4"]
+    assert len(ranks_step) == 1, steps
+    assert "gres/gpu=4" in ranks_step[0]["AllocTRES"] and ranks_step[0]["NNodes"] == "2"
+    assert ranks_step[0]["State"] == "COMPLETED"
+    assert sorted(rank.rank for rank in record.ranks) == [0, 1, 2, 3]
+    per_node = Counter(rank.slurm_node for rank in record.ranks)
+    assert sorted(per_node.values()) == [2, 2] and "" not in per_node, per_node
+    # every rank of a node sees both of the node's GPUs and would take the one of its local rank
+    assert {rank.gpu["visible"] for rank in record.ranks} == {"0,1"}
+
+
+def test_gpu_sweep_through_snakemake_gets_its_gpus_per_node(gpu_env, write_sweep, tmp_path):
+    """The profile names no memory: each point's comes from the partition, and every shape of a 1–2 × 1–2
+    sweep is accepted by sbatch and runs."""
+    sweep_file = sweep(write_sweep, "gpus", nodes=[1, 2], ranks_per_node=[1, 2], oversubscribe=True)
+    result = run_snakemake("--profile", "slurm", "--configfile", str(sweep_file), env=gpu_env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = {point_id.split("-")[3]: record for point_id, record in records_of(tmp_path / "results" / "gpus").items()}
+    assert {shape: record.status for shape, record in records.items()} == dict.fromkeys(
+        ("n1x1", "n1x2", "n2x1", "n2x2"), "ok"
+    )
+    assert_two_gpus_on_each_of_two_nodes(records["n2x2"], gpu_env)
+    # one rank asks for one GPU and sees one; its exclusive job holds the node's two (SLURM gives an
+    # --exclusive job every GRES of its nodes), which the record says
+    single = records["n1x1"]
+    assert [rank.gpu["visible"] for rank in single.ranks] == ["0"]
+    assert (single.provenance.slurm.num_gpus, single.provenance.slurm.exclusive) == (2, True)
+
+
+def test_gpu_point_through_submit_gets_its_gpus_per_node(gpu_env, write_sweep, tmp_path):
+    sweep_file = sweep(write_sweep, "gpus-submit", nodes=[2], ranks_per_node=[2], oversubscribe=True)
+    submitted = run_cli("submit", "--configfile", str(sweep_file), env=gpu_env)
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    (record,) = records_of(tmp_path / "results" / "gpus-submit").values()
+    assert_two_gpus_on_each_of_two_nodes(record, gpu_env)
+
+
+def test_ranks_start_whatever_task_geometry_the_job_script_exported(gpu_env, tmp_path):
+    """A job submitted with --ntasks-per-gpu (or --cpus-per-task, --tres-per-task…) hands SLURM_NTASKS_PER_GPU
+    (and the like) to every srun inside it; srun then refuses ddlbench's --ntasks-per-node ("mutually
+    exclusive with --ntasks-per-gpu and SLURM_NTASKS_PER_GPU", Slurm 22.05). The ranks' step drops them."""
+    env = {**os.environ, **gpu_env}
+    conflicting = "export SLURM_NTASKS_PER_GPU=1 SLURM_TRES_PER_TASK=cpu:1 SLURM_CPUS_PER_TASK=2; "
+    bare = subprocess.run(
+        ["sbatch", "--wait", "-p", "gpu", "--nodes=1", "--ntasks=2", "--gres=gpu:2", "--mem=3000M", "--time=5",
+         f"--output={tmp_path / 'bare.out'}", "--wrap", conflicting + "srun --overlap -n2 --ntasks-per-node=2 true"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert bare.returncode != 0, "the hazard is real: plain srun refuses the step"
+    assert "mutually exclusive" in (tmp_path / "bare.out").read_text()
+    point = make_point(ranks_per_node=2, oversubscribe=True)
+    command = shlex.join(
+        [str(BIN / "ddlbench"), "run-point", "--spec", point.to_json(), "--out", str(tmp_path / "r.json"),
+         "--launcher", "srun"]
+    )  # fmt: skip
+    batch = subprocess.run(
+        ["sbatch", "--wait", "-p", "gpu", "--nodes=1", "--ntasks=2", "--gres=gpu:2", "--mem=3000M", "--time=5",
+         f"--output={tmp_path / 'job.out'}", "--wrap", conflicting + command],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert batch.returncode == 0, batch.stderr + (tmp_path / "job.out").read_text()
+    record = read_record(tmp_path / "r.json")
+    assert record.status == "ok", record.reason
+    assert [rank.gpu["visible"] for rank in record.ranks] == ["0,1", "0,1"]
+
+
+def _refused(sweep_file: Path, env: dict[str, str], fragment: str) -> None:
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
+    submitted = run_cli("submit", "--configfile", str(sweep_file), "--no-wait", env=env)
+    assert submitted.returncode == 2, submitted.stdout
+    assert fragment in submitted.stderr and "point resnet8-cifar10-ddp-" in submitted.stderr, submitted.stderr
+    snakemake = run_snakemake("--profile", "slurm", "--configfile", str(sweep_file), env=env)
+    assert snakemake.returncode == 2
+    assert fragment in snakemake.stderr and "Traceback" not in snakemake.stderr
+    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ({"ranks_per_node": [3]}, "needs 3 GPUs per node, but the nodes of partition 'gpu' have at most 2"),
+        ({"slurm": {"mem_per_rank_mb": 100000}}, "MB of memory per node (100000 MB per rank from the sweep"),
+        ({"threads": [3]}, "needs 3 CPUs per node, but the nodes of partition 'gpu' have at most 2"),
+    ],
+)
+def test_shapes_no_node_can_hold_are_refused_before_submission(gpu_env, write_sweep, overrides, fragment):
+    _refused(sweep(write_sweep, "refused", **{"oversubscribe": True, **overrides}), gpu_env, fragment)
+
+
+def test_a_down_partition_and_drained_nodes_are_refused_before_submission(gpu_env, write_sweep):
+    env = {**os.environ, **gpu_env}
+
+    def scontrol(*args: str) -> None:
+        subprocess.run(["scontrol", "update", *args], check=True, env=env)
+
+    sweep_file = sweep(write_sweep, "refused-state", nodes=[2])
+    scontrol("PartitionName=gpu", "State=DOWN")
+    try:
+        _refused(sweep_file, gpu_env, "partition 'gpu' is DOWN, not UP")
+    finally:
+        scontrol("PartitionName=gpu", "State=UP")
+    scontrol("NodeName=n[2-4]", "State=DRAIN", "Reason=ddlbench-test")
+    try:
+        _refused(sweep_file, gpu_env, "but only 1 of the 4 nodes of partition 'gpu' that have them take jobs")
+    finally:
+        scontrol("NodeName=n[2-4]", "State=RESUME")
