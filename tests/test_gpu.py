@@ -75,3 +75,18 @@ def test_strategy_runs_with_nccl_on_cuda(tmp_path, strategy):
     assert record.provenance.backend == "nccl"
     assert record.metrics.cuda_peak_allocated_bytes > 0
     assert math.isfinite(record.metrics.loss_last)
+
+
+def test_a_rank_takes_its_local_rank_gpu_and_records_what_it_is(tmp_path):
+    from ddlbench.launch.devices import gpu_identity, rank_device
+
+    device, backend = rank_device(0, 1, {})
+    assert (device, backend) == (torch.device("cuda", 0), "nccl")
+    identity = gpu_identity(device, {"CUDA_VISIBLE_DEVICES": "0"})
+    assert identity["index"] == 0 and identity["name"] == torch.cuda.get_device_name(0)
+    assert identity["uuid"].startswith("GPU-") and len(identity["pci_bus_id"]) == len("00000000:00:00.0")
+    with pytest.raises(Exception, match=r"ranks on this host need one GPU each, but \d+ are visible"):
+        rank_device(0, torch.cuda.device_count() + 1, {"CUDA_VISIBLE_DEVICES": "0"})
+    record = run_point(make_point(), out=tmp_path / "r.json", launcher="local")
+    assert record.status == "ok", record.reason
+    assert record.ranks[0].gpu["index"] == 0 and record.ranks[0].gpu["uuid"] == identity["uuid"]

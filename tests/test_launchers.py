@@ -83,3 +83,17 @@ def test_the_ranks_srun_step_keeps_job_wide_slurm_variables_only():
         "PATH": "/bin", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_CONF": "/etc/slurm.conf",
         "SLURM_MEM_PER_NODE": "2000", "SLURM_ARRAY_TASK_ID": "3",
     }  # fmt: skip
+
+
+def test_a_rank_without_cuda_trains_on_the_cpu_and_records_the_gpus_slurm_made_visible():
+    pytest.importorskip("torch")
+    import torch
+
+    from ddlbench.launch.devices import gpu_identity, rank_device
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU path; tests/test_gpu.py covers CUDA")
+    device, backend = rank_device(1, 2, {"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert (device.type, backend) == ("cpu", "gloo")
+    assert gpu_identity(device, {"CUDA_VISIBLE_DEVICES": "0,1"}) == {"visible": "0,1"}
+    assert gpu_identity(device, {}) == {"visible": None}

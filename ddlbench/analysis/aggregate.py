@@ -140,6 +140,7 @@ def record_row(record: PointRecord) -> dict[str, Any]:
         "slurm_cpus": prov.slurm.num_cpus if prov.slurm else None,
         "slurm_gpus": prov.slurm.num_gpus if prov.slurm else None,
         "slurm_restarts": prov.slurm.restarts if prov.slurm else None,
+        "slurm_exclusive": prov.slurm.exclusive if prov.slurm else None,  # nodes held alone (sbatch --exclusive)
         "config_hash": prov.config_hash,
         "start_time": prov.start_time,
         "end_time": prov.end_time,
