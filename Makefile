@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: run test venv horovod lint bench bench-slurm slurm-up slurm-down clean
+.PHONY: run test test-floor venv horovod lint bench bench-slurm slurm-up slurm-down clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,23 @@ run: venv
 
 test: venv
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The lowest torch the code works with, read from pyproject.toml's "torch>=X" (one source of truth); the
+# unit tests (not slow, not SLURM, not GPU) run against it in a venv of its own. PyPI's x86-64 wheels
+# of older torch releases are CUDA builds: this venv takes a few GB.
+TORCH_FLOOR := $(shell sed -n 's/^ *"torch>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+FLOOR_VENV  ?= .venv-floor
+
+$(FLOOR_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/pip install --quiet --upgrade pip
+	$(FLOOR_VENV)/bin/pip install --quiet torch==$(TORCH_FLOOR)
+	$(FLOOR_VENV)/bin/pip install --quiet -e '.[test]'
+	touch $@
+
+test-floor: $(FLOOR_VENV)/.installed
+	@$(FLOOR_VENV)/bin/python -c "import torch; v = torch.__version__.split('+')[0]; assert v == '$(TORCH_FLOOR)', v; print('torch', v)"
+	$(FLOOR_VENV)/bin/pytest -m "not slow and not slurm and not gpu" $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check ddlbench tests benchmarks

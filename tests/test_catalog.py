@@ -70,8 +70,11 @@ def test_the_layer_table_is_what_the_models_build_today():
     from ddlbench.catalog.layer_table import REGENERATE, TABLE_PATH
     from ddlbench.train.build_layer_table import build_table, render
 
-    committed, fresh = TABLE_PATH.read_text(), render(build_table())
-    changes = list(difflib.unified_diff(committed.splitlines(), fresh.splitlines(), "committed", "fresh", lineterm=""))
+    def content(text: str) -> list[str]:  # the torch release that built the table is a note, not content
+        return [line for line in text.splitlines() if not line.lstrip().startswith('"torch":')]
+
+    committed, fresh = content(TABLE_PATH.read_text()), content(render(build_table()))
+    changes = list(difflib.unified_diff(committed, fresh, "committed", "fresh", lineterm=""))
     assert not changes, f"{TABLE_PATH.name} is out of date; regenerate it with `{REGENERATE}`:\n" + "\n".join(
         changes[:30]
     )
