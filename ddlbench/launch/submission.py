@@ -43,16 +43,18 @@ def plan_resources(
     """point id → allocation, with the sweep's own partition and memory (its `slurm` section) over the site's.
     Where neither names the memory per rank, the partition's defaults come from `facts` (else the live
     cluster, asked once)."""
+    points = list(points)
     partition = getattr(sweep, "slurm_partition", None) or site.partition
     sweep_mem = getattr(sweep, "slurm_mem_per_rank_mb", None)
     defaults = None
     if sweep_mem is None and site.mem_per_rank_mb is None:
         facts = facts or query_cluster()
         defaults = facts.memory_defaults(partition)
-        if defaults is None:
+        if defaults is None and points:
+            others = f" (and the {len(points) - 1} other points)" if len(points) > 1 else ""
             raise DdlbenchError(
-                f"partition {partition!r} does not exist; partitions of this cluster: "
-                f"{', '.join(sorted(facts.partitions)) or 'none'}"
+                f"point {points[0].point_id}{others}: partition {partition!r} does not exist; "
+                f"partitions of this cluster: {', '.join(sorted(facts.partitions)) or 'none'}"
             )
     return {
         point.point_id: resources_for(
