@@ -322,3 +322,21 @@ def test_faults_can_target_points_and_first_runs_only():
     assert planned_fault("m-d-s-n4x1-b8", env) is None
     with pytest.raises(ValueError, match="unknown fault 'hang~later'"):
         planned_fault("x", {"DDLBENCH_INJECT_FAULT": "hang~later"})
+
+
+def test_the_default_profile_leaves_memory_to_the_partition_and_asks_for_whole_nodes(tmp_path):
+    from conftest import run_cli
+
+    from ddlbench.launch.resources import load_site
+
+    env = {"XDG_CONFIG_HOME": str(tmp_path)}
+    assert run_cli("profile", "slurm", "--partition", "cpu", env=env).returncode == 0
+    site = load_site(tmp_path / "snakemake" / "slurm" / "ddlbench-site.yaml")
+    assert (site.mem_per_rank_mb, site.exclusive) == (None, True)
+    shared = run_cli("profile", "slurm", "--partition", "cpu", "--no-exclusive", "--mem-per-rank-mb", "2000", env=env)
+    assert shared.returncode == 0, shared.stderr
+    site = load_site(tmp_path / "snakemake" / "slurm" / "ddlbench-site.yaml")
+    assert (site.mem_per_rank_mb, site.exclusive) == (2000, False)
+    resources = resources_for(make_point(), site)
+    assert snakemake_resources(resources)["slurm_extra"] == ""
+    assert "slurm_exclusive" not in submitit_parameters(resources)
