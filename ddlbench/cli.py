@@ -21,6 +21,9 @@ from ddlbench.errors import DdlbenchError
 
 log = logging.getLogger("ddlbench")
 
+# ddlbench.launch.launchers.LAUNCHERS, spelled out here so that building the parser imports no launcher
+LAUNCHERS = ("auto", "local", "srun", "mpirun")
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
@@ -55,7 +58,15 @@ def _parser() -> argparse.ArgumentParser:
     _add_sweep_options(run)
     run.add_argument("--out", type=Path, help="record path (default: the point's place in the sweep's folder)")
     run.add_argument(
-        "--launcher", default="auto", help="auto (srun inside a SLURM allocation, else local), local, srun"
+        "--launcher",
+        default="auto",
+        choices=LAUNCHERS,
+        help="auto (srun inside a SLURM allocation, mpirun inside a PBS job, else local), local, srun, mpirun",
+    )
+    run.add_argument(
+        "--hostfile",
+        type=Path,
+        help="hosts for --launcher mpirun (default: $DDLBENCH_HOSTFILE, $PBS_NODEFILE, else this host)",
     )
     run.add_argument("--dump-params", type=Path, help="save the final full model state here (for checks)")
     run.add_argument(
@@ -183,7 +194,14 @@ def _run_point(args: argparse.Namespace) -> int:
     else:
         raise DdlbenchError("run-point needs --spec JSON, or --point ID (with --configfile)")
     try:
-        record = run_point(point, out=out, launcher=args.launcher, dump_params=args.dump_params, cores=args.cores)
+        record = run_point(
+            point,
+            out=out,
+            launcher=args.launcher,
+            dump_params=args.dump_params,
+            cores=args.cores,
+            hostfile=args.hostfile,
+        )
     except Interrupted as exc:
         log.error("point %s interrupted (%s); no record written", point.point_id, exc)
         return 143

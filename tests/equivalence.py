@@ -204,20 +204,23 @@ def layout_point(**fields) -> Point:
     return make_point(**(fields | layout))
 
 
-def check_against_reference(tmp_path: Path, *, shards: int = 1, min_change: float = 1e-3, **fields) -> PointRecord:
+def check_against_reference(
+    tmp_path: Path, *, shards: int = 1, min_change: float = 1e-3, launcher: str = "local", **fields
+) -> PointRecord:
     """Run the point on real ranks, train the reference, and assert both end in the same place.
 
     `shards` cuts each global batch of the reference into that many equal slices whose gradients are
     averaged (what per-slice BatchNorm statistics give); 1 is one full-batch step. Every parameter
     must match within the point's `RoundingBound`, training must have moved them by more than
     `min_change` (or the comparison would prove nothing), and the recorded first and last losses must
-    match the reference's. Returns the record for further checks of facts and memory.
+    match the reference's. `launcher` starts the ranks (local, mpirun). Returns the record for further
+    checks of facts and memory.
     """
     point = layout_point(**fields)
     reason = why_skipped(point)
     assert reason is None, f"the plan would skip this point: {reason}"
     params_path = tmp_path / "params.pt"
-    record = run_point(point, out=tmp_path / "record.json", launcher="local", dump_params=params_path)
+    record = run_point(point, out=tmp_path / "record.json", launcher=launcher, dump_params=params_path)
     failures = "; ".join(f"rank {f.rank}: {f.error_type}: {f.message}" for f in record.failures)
     assert record.status == "ok", f"{record.status}: {record.reason} {failures}"
     assert len(record.ranks) == point.world_size

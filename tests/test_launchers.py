@@ -66,8 +66,8 @@ def test_auto_picks_srun_only_inside_an_allocation(monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
     assert isinstance(select_launcher("auto", {"SLURM_JOB_ID": "7"}), SrunLauncher)
     assert isinstance(select_launcher("auto", {}), LocalLauncher)
-    with pytest.raises(DdlbenchError, match="accepted: auto, local, srun"):
-        select_launcher("mpirun", {})
+    with pytest.raises(DdlbenchError, match="accepted: auto, local, srun, mpirun"):
+        select_launcher("torchrun", {})
 
 
 def test_the_ranks_srun_step_keeps_job_wide_slurm_variables_only():

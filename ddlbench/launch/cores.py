@@ -25,6 +25,10 @@ from ddlbench.errors import DdlbenchError
 from ddlbench.point import Point
 
 PIN_VAR = "DDLBENCH_CPUS"  # comma-separated CPUs the worker pins itself to, before torch starts
+# For launchers that start every rank with one environment (mpirun): each local rank's CPUs, the
+# slices separated by ";"; a rank takes the slice of its local rank, which its MPI runtime sets
+PIN_BY_LOCAL_RANK_VAR = "DDLBENCH_CPUS_BY_LOCAL_RANK"
+MPI_LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")  # Open MPI; MPICH/Hydra, Intel MPI
 # where the per-CPU lock files live: every ddlbench on a host must share it (the default does)
 LOCK_DIR_VAR = "DDLBENCH_CPU_LOCK_DIR"
 
@@ -98,7 +102,7 @@ def rank_cpus(claimed: tuple[int, ...], rank: int, cores_per_rank: int) -> tuple
 def pin_from_environment(environ: Mapping[str, str]) -> str:
     """In a rank, before torch starts its thread pools: pin to the CPUs the launcher chose, and say
     who decided this rank's CPU binding (ddlbench, SLURM's --cpu-bind, or none)."""
-    cpus = environ.get(PIN_VAR)
+    cpus = environ.get(PIN_VAR) or _slice_of_local_rank(environ)
     if cpus:
         os.sched_setaffinity(0, {int(cpu) for cpu in cpus.split(",")})
         return f"ddlbench: pinned to {cpus}"
@@ -107,6 +111,15 @@ def pin_from_environment(environ: Mapping[str, str]) -> str:
         listed = environ.get("SLURM_CPU_BIND_LIST", "")
         return f"slurm: {bind}{' ' + listed if listed else ''}"
     return "none"
+
+
+def _slice_of_local_rank(environ: Mapping[str, str]) -> str:
+    slices = environ.get(PIN_BY_LOCAL_RANK_VAR)
+    local = next((environ[name] for name in MPI_LOCAL_RANK_VARS if name in environ), None)
+    if not slices or local is None:
+        return ""
+    parts = slices.split(";")
+    return parts[int(local)] if int(local) < len(parts) else ""
 
 
 def check_plan_cores(points: list[Point], cores: int | None) -> None:

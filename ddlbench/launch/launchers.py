@@ -1,4 +1,5 @@
-"""Launchers: start a point's ranks as local processes, or with srun inside a SLURM allocation.
+"""Launchers: start a point's ranks as local processes, or with srun inside a SLURM allocation (mpirun:
+ddlbench/launch/mpi.py).
 
 Both run the same worker command; they differ in who starts the ranks and how the ranks find each
 other (a rendezvous file on one host; the first node of the allocation over TCP under SLURM).
@@ -11,45 +12,26 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
 from ddlbench.errors import DdlbenchError
+from ddlbench.launch.command import thread_env, worker_command
 from ddlbench.launch.cores import PIN_VAR, CoreGrant, check_cores, claimed_cores, grant_for, rank_cpus
+from ddlbench.launch.mpi import MpirunLauncher, find_mpirun
 from ddlbench.launch.processes import LaunchOutcome, StderrTee, start_process, supervise
 from ddlbench.launch.rendezvous import INIT_METHOD_VAR, slurm_master_port
 from ddlbench.launch.slurm import current_allocation, first_host
 from ddlbench.point import Point
 
-LAUNCHERS = ("auto", "local", "srun")
+LAUNCHERS = ("auto", "local", "srun", "mpirun")
 
 
 class Launcher(Protocol):
     name: str
 
     def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float) -> LaunchOutcome: ...
-
-
-def worker_command(point: Point, rank_dir: Path, dump_params: Path | None) -> list[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "ddlbench.launch.worker",
-        "--spec",
-        point.to_json(),
-        "--rank-dir",
-        str(rank_dir),
-    ]
-    if dump_params is not None:
-        command += ["--dump-params", str(dump_params)]
-    return command
-
-
-def thread_env(point: Point) -> dict[str, str]:
-    # OpenMP and MKL size their pools from these before torch.set_num_threads runs
-    return {"OMP_NUM_THREADS": str(point.threads), "MKL_NUM_THREADS": str(point.threads)}
 
 
 class LocalLauncher:
@@ -175,11 +157,22 @@ class SrunLauncher:
         return dataclasses.replace(outcome, launcher_messages=tuple(tee.matches))
 
 
-def select_launcher(name: str, environ: Mapping[str, str] | None = None, *, cores: int | None = None) -> Launcher:
-    """`auto` is srun inside a SLURM allocation (SLURM_JOB_ID set, srun on PATH), else local processes."""
+def select_launcher(
+    name: str, environ: Mapping[str, str] | None = None, *, cores: int | None = None, hostfile: Path | None = None
+) -> Launcher:
+    """`auto` is srun inside a SLURM allocation (SLURM_JOB_ID set, srun on PATH), else mpirun inside a PBS
+    job (PBS_NODEFILE set, mpirun or mpiexec on PATH: local processes would put every node's ranks on
+    the job's first node), else local processes. `hostfile` is for mpirun only."""
     environ = os.environ if environ is None else environ
     if name not in LAUNCHERS:
         raise DdlbenchError(f"unknown launcher {name!r}; accepted: {', '.join(LAUNCHERS)}")
     if name == "auto":
-        name = "srun" if "SLURM_JOB_ID" in environ and shutil.which("srun") else "local"
+        if "SLURM_JOB_ID" in environ and shutil.which("srun"):
+            name = "srun"
+        else:
+            name = "mpirun" if environ.get("PBS_NODEFILE") and find_mpirun(environ) else "local"
+    if hostfile is not None and name != "mpirun":
+        raise DdlbenchError(f"a hostfile is for the mpirun launcher only, not for {name!r}")
+    if name == "mpirun":
+        return MpirunLauncher(environ, hostfile=hostfile, cores=cores)
     return SrunLauncher(environ) if name == "srun" else LocalLauncher(cores)

@@ -1,17 +1,22 @@
 """Who a rank is and where ranks meet, from the environment its launcher gave it.
 
 Local launches set torchrun-style variables (RANK, WORLD_SIZE, ...); srun sets SLURM_PROCID and
-friends. Both end as one RankEnv, so the worker does not care which launcher started it.
+friends; ranks that mpirun started ask MPI (mpi4py). All end as one RankEnv, so the worker does not
+care which launcher started it.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddlbench.errors import DdlbenchError
 
 INIT_METHOD_VAR = "DDLBENCH_INIT_METHOD"
+# Set to 1 by the mpirun launcher. An explicit mark rather than OMPI_COMM_WORLD_RANK or PMI_RANK: those
+# leak into whatever a rank starts, and a SLURM step's SLURM_PROCID would leak into mpirun's ranks
+MPI_VAR = "DDLBENCH_MPI"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,7 +29,10 @@ class RankEnv:
 
 
 def rank_env(environ: Mapping[str, str]) -> RankEnv:
-    """Read a rank's identity from torchrun-style variables, else from srun's SLURM_* variables."""
+    """Read a rank's identity from MPI when mpirun started it, else from torchrun-style variables,
+    else from srun's SLURM_* variables."""
+    if environ.get(MPI_VAR) == "1":
+        return mpi_rank_env()
     if "RANK" in environ:
         keys = {
             "rank": "RANK",
@@ -51,6 +59,43 @@ def rank_env(environ: Mapping[str, str]) -> RankEnv:
             raise DdlbenchError(f"no rendezvous: set {INIT_METHOD_VAR}, or MASTER_ADDR and MASTER_PORT")
         init_method = f"tcp://{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}"
     return RankEnv(**values, init_method=init_method)
+
+
+def mpi_rank_env() -> RankEnv:
+    """Who this mpirun-started rank is, from MPI; rank 0 picks the rendezvous (its host and a free TCP
+    port) and broadcasts it. MPI is then finalised, collectively: it only bootstraps, and keeps nothing
+    (threads, sockets, a pending MPI_Finalize) alive beside gloo, whose worker leaves with os._exit."""
+    try:
+        from mpi4py import MPI  # here only: MPI_Init runs on import, and only mpirun's ranks may run it
+    except ImportError as exc:
+        raise DdlbenchError(f"rank started by mpirun, but mpi4py cannot be imported: {exc}") from exc
+    world = MPI.COMM_WORLD
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)  # the ranks sharing this host's memory
+    leader = node.bcast(world.rank, root=0)  # lowest world rank on this host
+    leaders = sorted(set(world.allgather(leader)))
+    meet = None
+    if world.rank == 0:
+        # loopback when every rank is on this host: it needs no name resolution and no interface choice
+        host = "127.0.0.1" if node.size == world.size else socket.gethostname()
+        meet = (host, free_port())
+    host, port = world.bcast(meet, root=0)
+    env = RankEnv(
+        rank=world.rank,
+        world_size=world.size,
+        local_rank=node.rank,
+        node_rank=leaders.index(leader),
+        init_method=f"tcp://{host}:{port}",
+    )
+    node.Free()
+    MPI.Finalize()
+    return env
+
+
+def free_port() -> int:
+    """A TCP port free now; torch's store binds it moments later on rank 0 (the window is short)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
 
 
 def slurm_master_port(job_id: str, *, base: int = 20000, span: int = 20000) -> int:

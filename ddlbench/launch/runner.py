@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ddlbench.launch.launchers import LocalLauncher, select_launcher
+from ddlbench.launch.mpi import MpirunLauncher
 from ddlbench.launch.processes import LaunchOutcome, describe_returncode
 from ddlbench.launch.slurm import current_allocation
 from ddlbench.launch.worker import failure_file, rank_file
@@ -40,16 +41,18 @@ def run_point(
     dump_params: Path | None = None,
     timeout_s: float | None = None,
     cores: int | None = None,
+    hostfile: Path | None = None,
 ) -> PointRecord:
     """Run `point` and write its record to `out`, whatever the outcome; returns the record.
     `timeout_s` overrides the point's own limit (a rerun given more time) without changing the point.
     `cores` is what Snakemake granted the point (its `{threads}`); a local launch needing more ranks ×
     threads than that (or than the CPU affinity) is refused before anything starts, unless the point
-    allows oversubscription (OversubscriptionRefused: no record is written, nothing was measured)."""
+    allows oversubscription (OversubscriptionRefused: no record is written, nothing was measured).
+    `hostfile` lists the hosts of an mpirun launch."""
     timeout_s = point.timeout_s if timeout_s is None else timeout_s
     start_time = utc_now()
-    chosen = select_launcher(launcher, cores=cores)
-    grant = chosen.check(point) if isinstance(chosen, LocalLauncher) else None
+    chosen = select_launcher(launcher, cores=cores, hostfile=hostfile)
+    grant = chosen.check(point) if isinstance(chosen, LocalLauncher | MpirunLauncher) else None
     rank_dir = rank_dir_for(out)
     shutil.rmtree(rank_dir, ignore_errors=True)
     rank_dir.mkdir(parents=True)

@@ -1,0 +1,28 @@
+"""What every launcher starts: the worker command of a point's ranks, and their thread variables."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ddlbench.point import Point
+
+
+def worker_command(point: Point, rank_dir: Path, dump_params: Path | None) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "ddlbench.launch.worker",
+        "--spec",
+        point.to_json(),
+        "--rank-dir",
+        str(rank_dir),
+    ]
+    if dump_params is not None:
+        command += ["--dump-params", str(dump_params)]
+    return command
+
+
+def thread_env(point: Point) -> dict[str, str]:
+    # OpenMP and MKL size their pools from these before torch.set_num_threads runs
+    return {"OMP_NUM_THREADS": str(point.threads), "MKL_NUM_THREADS": str(point.threads)}
