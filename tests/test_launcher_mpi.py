@@ -24,6 +24,7 @@ from ddlbench.errors import DdlbenchError
 from ddlbench.launch.cores import PIN_BY_LOCAL_RANK_VAR, PIN_VAR, pin_from_environment
 from ddlbench.launch.launchers import LAUNCHERS, LocalLauncher, SrunLauncher, select_launcher
 from ddlbench.launch.mpi import (
+    MpiPlan,
     MpirunLauncher,
     find_mpirun,
     flavour_of,
@@ -32,7 +33,7 @@ from ddlbench.launch.mpi import (
     mpirun_command,
     read_hostfile,
 )
-from ddlbench.launch.rendezvous import MPI_VAR
+from ddlbench.launch.rendezvous import MPI_VAR, misplacement, rank_env
 from tests.conftest import make_point, run_cli
 
 OPEN_MPI_VERSION = "mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n"
@@ -197,11 +198,37 @@ def test_the_cli_accepts_every_launcher_and_names_them_for_a_wrong_one(capsys):
 
 def test_ranks_get_threads_the_mpi_mark_and_a_cpu_slice_per_local_rank():
     point = make_point(ranks_per_node=2, threads=2)
-    launcher = MpirunLauncher({"PATH": "/bin", PIN_VAR: "7", "OMP_NUM_THREADS": "16"})
+    launcher = MpirunLauncher({"PATH": "/bin", PIN_VAR: "7", "OMP_NUM_THREADS": "16", "LOCAL_WORLD_SIZE": "8"})
     env = launcher.rank_environment(point, claimed=(4, 5, 6, 7))
     assert env[MPI_VAR] == "1" and env["OMP_NUM_THREADS"] == "2" and env["MKL_NUM_THREADS"] == "2"
     assert env[PIN_BY_LOCAL_RANK_VAR] == "4,5;6,7" and PIN_VAR not in env  # a stale pin would win
     assert PIN_BY_LOCAL_RANK_VAR not in launcher.rank_environment(point, claimed=None)
+    # the worker maps local ranks to GPUs by LOCAL_WORLD_SIZE: the point's, never the caller's
+    assert env["LOCAL_WORLD_SIZE"] == "2"
+
+
+def test_open_mpi_passes_on_what_remote_ranks_need_by_name_only(tmp_path):
+    point = make_point(nodes=2, ranks_per_node=2, threads=2)
+    launcher = MpirunLauncher({"PATH": "/bin", "HOME": "/root", "SECRET_TOKEN": "x"})
+    env = launcher.rank_environment(point, claimed=None)
+    plan = MpiPlan(executable="mpirun", flavour="openmpi", hosts=("n1", "n2"), on_this_host=False)
+    command = launcher.command(point, plan, env, rank_dir=tmp_path, dump_params=None)
+    exported = {command[index + 1] for index, word in enumerate(command) if word == "-x"}
+    assert {MPI_VAR, "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PATH"} <= exported
+    assert not {"HOME", "SECRET_TOKEN"} & exported and "2" not in exported  # names, never values
+
+
+def test_a_process_marked_for_mpi_but_not_started_by_it_is_refused():
+    # mpi4py would quietly make it rank 0 of a world of 1
+    with pytest.raises(DdlbenchError, match=r"DDLBENCH_MPI=1 .*\(none of OMPI_COMM_WORLD_RANK, PMI_RANK"):
+        rank_env({MPI_VAR: "1", "RANK": "0"})
+
+
+def test_a_placement_other_than_the_points_ranks_per_node_is_named_host_by_host():
+    even = [(0, 2, "n1"), (0, 2, "n1"), (2, 2, "n2"), (2, 2, "n2")]
+    assert misplacement(even, "2") is None and misplacement(even, None) is None
+    uneven = [(0, 3, "n1"), (0, 3, "n1"), (0, 3, "n1"), (3, 1, "n2")]
+    assert misplacement(uneven, "2").startswith("mpirun placed the 4 ranks 3 on n1, 1 on n2, but the point runs 2")
 
 
 @pytest.mark.parametrize("local_rank_var", ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"])
@@ -260,6 +287,22 @@ def test_ranks_learn_who_they_are_and_where_to_meet_from_mpi(mpirun):
     # one address for all, rank 0's pick broadcast over MPI: loopback on one host, a port it found free
     assert ranks[0]["init_method"] == ranks[1]["init_method"]
     assert ranks[0]["init_method"].startswith("tcp://127.0.0.1:")
+
+
+@pytest.mark.slow
+def test_every_rank_refuses_a_placement_other_than_the_points(mpirun):
+    point = make_point(ranks_per_node=2)
+    probe = "import os; from ddlbench.launch.rendezvous import rank_env; rank_env(os.environ); os._exit(0)"
+    launcher = MpirunLauncher()
+    plan = launcher.plan(point)
+    command = mpirun_command(
+        plan.flavour, plan.executable, point=point, hosts=plan.hosts, worker=[sys.executable, "-c", probe],
+        as_root=os.geteuid() == 0,
+    )  # fmt: skip
+    env = launcher.rank_environment(point, claimed=None) | {"LOCAL_WORLD_SIZE": "1"}  # as if 1 per node
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.count("mpirun placed the 2 ranks 2 on ") >= 1, result.stderr
 
 
 @pytest.mark.slow

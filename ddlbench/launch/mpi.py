@@ -48,6 +48,7 @@ EXECUTABLES = ("mpirun", "mpiexec")
 HOSTFILE_VAR = "DDLBENCH_HOSTFILE"
 # what a remote rank needs besides ddlbench's own DDLBENCH_* variables (Open MPI passes only the named)
 _PASSED_ON = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
+_SET_FOR_RANKS = ("LOCAL_WORLD_SIZE",)  # set by rank_environment, and needed by remote ranks too
 _HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _LOCAL_NAMES = ("localhost", "127.0.0.1")
 
@@ -214,26 +215,40 @@ class MpirunLauncher:
         grant = self._grant(point, plan)
         with claimed_cores(grant) if grant else contextlib.nullcontext() as claimed:
             env = self.rank_environment(point, claimed)
-            passed_on = (*_PASSED_ON, *thread_env(point))
-            exported = tuple(sorted(name for name in env if name.startswith("DDLBENCH_") or name in passed_on))
-            command = mpirun_command(
-                plan.flavour,
-                plan.executable,
-                point=point,
-                hosts=plan.hosts,
-                worker=worker_command(point, rank_dir, dump_params),
-                exported=exported,
-                as_root=os.geteuid() == 0,
-            )
+            command = self.command(point, plan, env, rank_dir=rank_dir, dump_params=dump_params)
             process = subprocess.Popen(command, env=env, start_new_session=True)
             try:
                 return supervise([process], ranks_of_process=[tuple(range(point.world_size))], timeout_s=timeout_s)
             finally:
                 kill_session(process.pid)
 
+    def command(
+        self, point: Point, plan: MpiPlan, env: Mapping[str, str], *, rank_dir: Path, dump_params: Path | None
+    ) -> list[str]:
+        """The mpirun command of `plan`, naming for Open MPI the variables of `env` its ranks need."""
+        passed_on = (*_PASSED_ON, *_SET_FOR_RANKS, *thread_env(point))
+        exported = tuple(sorted(name for name in env if name.startswith("DDLBENCH_") or name in passed_on))
+        return mpirun_command(
+            plan.flavour,
+            plan.executable,
+            point=point,
+            hosts=plan.hosts,
+            worker=worker_command(point, rank_dir, dump_params),
+            exported=exported,
+            as_root=os.geteuid() == 0,
+        )
+
     def rank_environment(self, point: Point, claimed: tuple[int, ...] | None) -> dict[str, str]:
         env = {key: value for key, value in self.environ.items() if key not in (PIN_VAR, PIN_BY_LOCAL_RANK_VAR)}
-        env |= thread_env(point) | {MPI_VAR: "1"}
+        env |= thread_env(point) | {
+            MPI_VAR: "1",
+            # ranks per host as mpirun is told to place them: the worker maps local ranks to GPUs by it
+            # (a caller's own LOCAL_WORLD_SIZE, from torchrun say, must not reach the ranks), and each
+            # rank checks MPI's actual placement against it (rendezvous.misplacement)
+            "LOCAL_WORLD_SIZE": str(point.ranks_per_node),
+            # Intel MPI follows a batch system's placement over -ppn unless told not to; others ignore it
+            "I_MPI_JOB_RESPECT_PROCESS_PLACEMENT": "off",
+        }
         if claimed:
             slices = (rank_cpus(claimed, local, point.cores_per_rank) for local in range(point.ranks_per_node))
             env[PIN_BY_LOCAL_RANK_VAR] = ";".join(",".join(map(str, cpus)) for cpus in slices)

@@ -17,6 +17,8 @@ INIT_METHOD_VAR = "DDLBENCH_INIT_METHOD"
 # Set to 1 by the mpirun launcher. An explicit mark rather than OMPI_COMM_WORLD_RANK or PMI_RANK: those
 # leak into whatever a rank starts, and a SLURM step's SLURM_PROCID would leak into mpirun's ranks
 MPI_VAR = "DDLBENCH_MPI"
+# what an MPI runtime sets in the ranks it starts (Open MPI; MPICH's Hydra and Intel MPI; PMIx; MVAPICH)
+MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,7 +34,13 @@ def rank_env(environ: Mapping[str, str]) -> RankEnv:
     """Read a rank's identity from MPI when mpirun started it, else from torchrun-style variables,
     else from srun's SLURM_* variables."""
     if environ.get(MPI_VAR) == "1":
-        return mpi_rank_env()
+        if not any(name in environ for name in MPI_RANK_VARS):
+            # mpi4py would start a one-rank MPI of its own here: every rank would be rank 0 of 1
+            raise DdlbenchError(
+                f"{MPI_VAR}=1 marks a rank of mpirun, but no MPI runtime started this process "
+                f"(none of {', '.join(MPI_RANK_VARS)} is set); start it with mpirun/mpiexec, or unset {MPI_VAR}"
+            )
+        return mpi_rank_env(environ)
     if "RANK" in environ:
         keys = {
             "rank": "RANK",
@@ -61,10 +69,14 @@ def rank_env(environ: Mapping[str, str]) -> RankEnv:
     return RankEnv(**values, init_method=init_method)
 
 
-def mpi_rank_env() -> RankEnv:
+def mpi_rank_env(environ: Mapping[str, str]) -> RankEnv:
     """Who this mpirun-started rank is, from MPI; rank 0 picks the rendezvous (its host and a free TCP
     port) and broadcasts it. MPI is then finalised, collectively: it only bootstraps, and keeps nothing
-    (threads, sockets, a pending MPI_Finalize) alive beside gloo, whose worker leaves with os._exit."""
+    (threads, sockets, a pending MPI_Finalize) alive beside gloo, whose worker leaves with os._exit.
+
+    The launcher sets LOCAL_WORLD_SIZE to the point's ranks per node, which the worker maps GPUs by;
+    where MPI placed the ranks otherwise (an Intel MPI that follows the batch system's placement over
+    -ppn, one host listed under two names), every rank refuses alike, naming each host's count."""
     try:
         from mpi4py import MPI  # here only: MPI_Init runs on import, and only mpirun's ranks may run it
     except ImportError as exc:
@@ -72,7 +84,8 @@ def mpi_rank_env() -> RankEnv:
     world = MPI.COMM_WORLD
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)  # the ranks sharing this host's memory
     leader = node.bcast(world.rank, root=0)  # lowest world rank on this host
-    leaders = sorted(set(world.allgather(leader)))
+    hosts = world.allgather((leader, node.size, socket.gethostname()))
+    leaders = sorted({first for first, _, _ in hosts})
     meet = None
     if world.rank == 0:
         # loopback when every rank is on this host: it needs no name resolution and no interface choice
@@ -88,7 +101,26 @@ def mpi_rank_env() -> RankEnv:
     )
     node.Free()
     MPI.Finalize()
+    misplaced = misplacement(hosts, environ.get("LOCAL_WORLD_SIZE"))
+    if misplaced:
+        raise DdlbenchError(misplaced)
     return env
+
+
+def misplacement(hosts: list[tuple[int, int, str]], expected: str | None) -> str | None:
+    """Why MPI's placement (per rank: its host's lowest rank, its host's rank count, its host name)
+    differs from `expected` ranks on every host; None where it does not, or nothing is expected."""
+    if not expected:
+        return None
+    counts = {first: (size, name) for first, size, name in hosts}
+    if all(size == int(expected) for size, _ in counts.values()):
+        return None
+    placed = ", ".join(f"{counts[first][0]} on {counts[first][1]}" for first in sorted(counts))
+    return (
+        f"mpirun placed the {len(hosts)} ranks {placed}, but the point runs {expected} per node "
+        "(LOCAL_WORLD_SIZE): list each host once in the hostfile, and check that the batch system's "
+        "placement does not override mpirun's ranks per node"
+    )
 
 
 def free_port() -> int:
