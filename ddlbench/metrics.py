@@ -55,7 +55,26 @@ def summarize_ranks(point: Point, ranks: list[RankResult]) -> Metrics:
         clock_uncertainty_s=max(rank.clock_uncertainty_s for rank in ranks),
         oversubscribed=oversubscribed,
         cores_note=cores_note,
+        **input_wait_figures(ranks, step_times, dropped, point.steps),
     )
+
+
+def input_wait_figures(
+    ranks: list[RankResult], step_times: list[float], dropped: int, steps: int
+) -> dict[str, Stats | None]:
+    """Per kept step of a point that read through a loader: input_wait_s = the longest wait on input of
+    any rank (s; a collective step cannot start before its slowest rank has its batch), and
+    input_wait_share = that wait ÷ the job's step time (dimensionless, the share of the step stalled on
+    input). None for points whose input was resident."""
+    if not any(rank.input_source == "loader" for rank in ranks):
+        return {"input_wait_s": None, "input_wait_share": None}
+    if any(len(rank.input_wait_s) != steps for rank in ranks):
+        raise ValueError("a rank reading through a loader did not time its wait on input at every measured step")
+    waits = [max(rank.input_wait_s[i] for rank in ranks) for i in range(dropped, steps)]
+    return {
+        "input_wait_s": Stats.of(waits),
+        "input_wait_share": Stats.of([wait / step for wait, step in zip(waits, step_times[dropped:], strict=True)]),
+    }
 
 
 # at most this share of the measured steps may be judged still warming up
@@ -83,8 +102,9 @@ def warmup_steps_detected(step_times: list[float]) -> int:
 def core_sharing(ranks: list[RankResult]) -> tuple[bool, str]:
     """Whether some host ran more threads than the CPUs its ranks could use, and the count per host.
 
-    Per host (by hostname): Σ threads of its ranks against the size of the union of their CPU
-    affinities. More threads than CPUs means ranks time-share cores, and the figures measure contention.
+    Per host (by hostname): Σ threads of its ranks, and their loaders' worker processes, against the size
+    of the union of their CPU affinities. More than CPUs means ranks time-share cores, and the figures
+    measure contention.
     """
     hosts: dict[str, list[RankResult]] = {}
     for rank in ranks:
@@ -95,11 +115,11 @@ def core_sharing(ranks: list[RankResult]) -> tuple[bool, str]:
         if not cpus:
             continue
         threads = sum(rank.threads for rank in members)
-        shared = threads > len(cpus)
+        workers = sum(rank.loader_workers for rank in members)
+        shared = threads + workers > len(cpus)
         oversubscribed |= shared
-        notes.append(
-            f"{host}: {len(members)} ranks, {threads} threads on {len(cpus)} CPUs{' (shared)' if shared else ''}"
-        )
+        busy = f"{threads} threads + {workers} loader workers" if workers else f"{threads} threads"
+        notes.append(f"{host}: {len(members)} ranks, {busy} on {len(cpus)} CPUs{' (shared)' if shared else ''}")
     return oversubscribed, "; ".join(notes)
 
 

@@ -110,11 +110,25 @@ class RankResult:
     # The rank's GPU (ddlbench.launch.devices): `visible` (CUDA_VISIBLE_DEVICES as the rank saw it,
     # None when unset), and on CUDA `index` (torch's), `name`, `uuid`, `pci_bus_id`
     gpu: dict[str, Any] = field(default_factory=dict)
+    # Input (ddlbench.train.data.loader): "resident" batches made before timing (synthetic data, and real
+    # data in records before the loader), or "loader": real data read during the steps, inside the step
+    # timer. input_wait_s, per measured step: host time blocked on the loader's next batch plus enqueueing
+    # its copy to the device (seconds; on CUDA an upper bound of the stall, as the device may still be busy)
+    input_source: Literal["resident", "loader"] = "resident"
+    loader_workers: int = 0  # the loader's worker processes (0: read in the rank)
+    input_wait_s: tuple[float, ...] = ()
+    loader_cpus: tuple[int, ...] = ()  # the CPUs the workers were pinned to, one each; () when not split
+    loader_binding: str = ""  # how the rank's CPUs were split between its threads and its workers, or why not
+    # What really ran (ddlbench.train.execution, read back from torch): precision, autocast dtype, TF32
+    # switches on CUDA, the first conv weight's memory format, what was compiled, the fp16 grad scaler's
+    # final scale and skipped steps. Empty in records from before execution options.
+    execution: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
         data = dict(data)
-        for name in ("step_times_s", "losses", "step_starts_s", "step_ends_s", "warmup_times_s", "cpus"):
+        tuples = ("step_times_s", "losses", "step_starts_s", "step_ends_s", "warmup_times_s", "cpus")
+        for name in (*tuples, "input_wait_s", "loader_cpus"):
             if name in data:
                 data[name] = tuple(data[name])
         return cls(**data)
@@ -155,6 +169,11 @@ class Metrics:
     clock_uncertainty_s: float | None = None  # max over ranks of the clock offset's error bound
     oversubscribed: bool = False  # some host ran more threads than the CPUs its ranks could use
     cores_note: str = ""  # ranks × threads against CPUs, per host, as measured
+    # Points that read through a loader (None otherwise), per kept measured step: the longest input wait
+    # of any rank (s), and that wait ÷ the job's step time (dimensionless, the share of the step stalled
+    # on input)
+    input_wait_s: Stats | None = None
+    input_wait_share: Stats | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,6 +251,11 @@ class PointRecord:
                     "step_time_s": Stats(**metrics["step_time_s"]),
                     "samples_per_s": Stats(**metrics["samples_per_s"]),
                     "step_times_job_s": tuple(metrics.get("step_times_job_s", ())),
+                    **{
+                        name: Stats(**metrics[name])
+                        for name in ("input_wait_s", "input_wait_share")
+                        if metrics.get(name) is not None
+                    },
                 }
             )
         provenance = dict(data["provenance"])

@@ -7,7 +7,7 @@ import math
 
 from ddlbench.catalog import DATASETS, MODELS, STRATEGIES
 from ddlbench.catalog.layer_table import SplitKind, predict_split_share
-from ddlbench.point import Point
+from ddlbench.point import PRECISIONS, Point
 
 # A filter, channel or spatial point (or its dp hybrid) must split at least this share of its model's
 # forward FLOPs to run and be compared under its strategy's name. With a share s split over p ranks, each
@@ -30,6 +30,9 @@ def why_skipped(point: Point) -> str | None:
         return f"{point.strategy} splits {' and '.join(strategy.families)} models; {point.model} is {model.family}"
     if point.channels_last and model.family != "cnn2d":
         return f"channels_last is a layout of 2-D CNNs; {point.model} is {model.family}"
+    refused = _refused_execution(point)
+    if refused:
+        return refused
     if strategy.split_dim is not None:
         if strategy.data_parallel:
             if split < 2:
@@ -73,6 +76,24 @@ def why_skipped(point: Point) -> str | None:
             return f"spatial split over {split} ranks needs {split} to divide the input's first axis ({extent})"
     if strategy.split_dim in _SPLIT_KINDS:
         return _too_little_split(point, _SPLIT_KINDS[strategy.split_dim], split if strategy.data_parallel else world)
+    return None
+
+
+def _refused_execution(point: Point) -> str | None:
+    """Why the point's strategy cannot honour its precision or compile setting (StrategySpec.refuses), or None."""
+    refuses = STRATEGIES.get(point.strategy).refuses
+    why = refuses.get(f"precision={point.precision}")
+    if why:
+        accepted = ", ".join(p for p in PRECISIONS if f"precision={p}" not in refuses)
+        return f"{point.strategy} cannot run precision={point.precision}: {why}; accepted precisions: {accepted}"
+    if point.channels_last and "channels_last" in refuses:
+        return f"{point.strategy} cannot run channels_last=true: {refuses['channels_last']}; set it to false"
+    if point.compile and "compile" in refuses:
+        compiling = [name for name in STRATEGIES.names() if "compile" not in STRATEGIES.get(name).refuses]
+        return (
+            f"{point.strategy} cannot run compile=true: {refuses['compile']}; set compile to false, or use one "
+            f"of {', '.join(compiling)}"
+        )
     return None
 
 

@@ -129,11 +129,12 @@ def _zoo(strategy: str, model: str, module: str, why: str, marks=(), **fields) -
     ("strategy", "model", "fields"),
     [
         _zoo("filter", "vgg11", "vgg", "linear_head"),  # the two 512-wide classifier layers are split too
-        # stride-2 3×3 and 1×1 projections, 64–512 channels. Seed 1: with seed 0's data three of 1.1M
-        # ReLU inputs lie within 1e-6 of zero, and ONE process that merely sums each convolution as two
-        # channel halves (channel parallelism's arithmetic, no communication) already moves blocks 0-5's
-        # gradients by 0.45 % through those flipped gates; seed 1 has no such tie (measured 2.4e-5)
-        _zoo("channel", "resnet18", "resnet", "stride2", seed=1),
+        # stride-2 3×3 and 1×1 projections, 64–512 channels. Seed 2: a ReLU input within 1e-6 of zero
+        # flips its gate under channel parallelism's regrouped sums and moves later gradients by percents
+        # (once measured 0.45 % from one process merely summing each convolution as two channel halves).
+        # Over the reference's two steps (2.2M ReLU inputs, per-module initial weights of
+        # ddlbench.train.models.init) seeds 0, 1, 3, 4 and 5 have 1 to 6 such inputs; seed 2 none (min 1.04e-6)
+        _zoo("channel", "resnet18", "resnet", "stride2", seed=2),
         # Conv3d with biases (norm none): channel parallelism adds each bias once, after the sum
         _zoo("channel", "cosmoflow", "cosmoflow", "conv3d_bias", dataset="cosmoflow32", norm="none"),
     ],

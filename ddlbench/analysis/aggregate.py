@@ -11,6 +11,9 @@ One row per planned point. Its columns, by group:
 - per point, over its kept measured steps (records.Stats): samples_per_s_<s> and step_time_s_<s> for
   every Stats field s: n, mean, median, p5, p95, min, max, ci_low, ci_high (95 % CI of the median,
   empty for n ≤ 5), cv, noisy;
+- for points that read real data through a loader, input_wait_s_<s> and input_wait_share_<s> the same
+  way (records.Metrics: the longest wait of any rank per kept step, and its share of the step time),
+  and input_source (loader, or resident: batches made before timing);
 - samples_per_s_overall (samples of the kept window ÷ its wall time, Hoefler & Belli's rule 3),
   window_s, warmup_dropped_steps, clock_uncertainty_s, oversubscribed, cores_note, memory, losses;
 - rank facts: mesh, stages, local parameters, split_flops_share, gradient_path, gradient_reduction;
@@ -38,9 +41,10 @@ from ddlbench.sweep import Plan
 
 STATS_FIELDS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Stats))
 STEP_FIGURES = ("samples_per_s", "step_time_s")
+INPUT_FIGURES = ("input_wait_s", "input_wait_share")  # points that read through a loader only
 # columns of yes/no facts, kept as nullable booleans (a missing or failed point has none)
 BOOLEAN_COLUMNS = (
-    *(f"{figure}_noisy" for figure in STEP_FIGURES),
+    *(f"{figure}_noisy" for figure in (*STEP_FIGURES, *INPUT_FIGURES)),
     "oversubscribed",
     "other_measurement_version",
     "rep_samples_per_s_noisy",
@@ -105,6 +109,9 @@ def record_row(record: PointRecord) -> dict[str, Any]:
         for figure in STEP_FIGURES:
             stats = getattr(metrics, figure)
             row |= {f"{figure}_{name}": getattr(stats, name) for name in STATS_FIELDS}
+        for figure in INPUT_FIGURES:
+            if (stats := getattr(metrics, figure)) is not None:
+                row |= {f"{figure}_{name}": getattr(stats, name) for name in STATS_FIELDS}
         row |= {
             "samples_per_s_overall": metrics.samples_per_s_overall,
             "window_s": metrics.window_s,
@@ -123,6 +130,7 @@ def record_row(record: PointRecord) -> dict[str, Any]:
         }
     if record.ranks:
         row |= _facts_columns(record)
+        row["input_source"] = "loader" if any(rank.input_source == "loader" for rank in record.ranks) else "resident"
     prov = record.provenance
     row |= {
         "hostnames": ",".join(prov.hostnames),

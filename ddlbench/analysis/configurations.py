@@ -11,8 +11,9 @@ Two levels of statistics, both nonparametric (ddlbench.statistics; Hoefler & Bel
   total work over total time, not a mean of per-step rates); the median over repetitions, its 95 % CI
   (None below 6 repetitions), CV and noise flag. rep_step_time_s_* does the same with each
   repetition's mean step time of the window, global_batch_size ÷ samples_per_s_overall (seconds);
-- over steps, samples_per_s_* and step_time_s_*: the step statistics (records.Stats) of the median
-  repetition, the one whose window throughput is the (lower) median: a real run, with its own CI.
+- over steps, samples_per_s_* and step_time_s_* (and input_wait_s_*, input_wait_share_* where the
+  point read through a loader): the step statistics (records.Stats) of the median repetition, the
+  one whose window throughput is the (lower) median: a real run, with its own CI.
 
 Speedup (rule 1: the base is named and its absolute figure kept beside every speedup): within a
 series (ddlbench.analysis.keys.series_key), speedup(n) = T(n) / T(n0) and scaling_efficiency(n) =
@@ -39,7 +40,7 @@ KEY_COLUMNS = ("config_key", "series_key", "baseline_key")
 SIZE_COLUMNS = ("world_size", "replicas", "global_batch_size")
 STEP_COLUMNS = tuple(
     f"{figure}_{name}"
-    for figure in ("samples_per_s", "step_time_s")
+    for figure in ("samples_per_s", "step_time_s", "input_wait_s", "input_wait_share")
     for name in ("n", "median", "ci_low", "ci_high", "cv", "noisy", "p5", "p95")
 )
 REP_STATS = ("median", "ci_low", "ci_high", "cv", "noisy")

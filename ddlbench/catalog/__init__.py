@@ -105,6 +105,11 @@ class StrategySpec:
     stages_per_rank: int = 0  # pipeline stages each rank of the pp dimension holds (0: not a pipeline)
     options: Mapping[str, OptionSpec] = field(default_factory=dict)
     needs: str = ""  # an optional package it requires at run time, and the set-up step that installs it
+    # takes the model on the meta device and materialises only this rank's shards (ddlbench.train.models.init)
+    materialises_shards: bool = False
+    # execution options it cannot honour, each with the reason the plan gives for skipping it:
+    # "precision=<value>" (Point.precision), "channels_last" or "compile"; ddlbench.train.execution
+    refuses: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def data_parallel(self) -> bool:

@@ -13,6 +13,25 @@ _BALANCE = OptionSpec(
     description="how consecutive blocks are grouped into stages: equal forward FLOPs (counted on one "
     "sample) or equal parameter counts; the stage with the largest share is made as small as possible",
 )
+# Execution options a strategy cannot honour (Point.precision, Point.compile; ddlbench.train.execution),
+# with the reason the plan gives. compile is refused wherever it is not wired in and checked by a test.
+_FLAT_NCHW = "its parameters are views of flat buffers laid out NCHW, so the weights cannot stay channels_last"
+_GATHERED_NCHW = (
+    "FSDP2 all-gathers every parameter into a contiguous (NCHW) tensor for the forward, so the weights cannot "
+    "stay channels_last"
+)
+_COMPILE_PIPELINE = (
+    "torch.distributed.pipelining runs the stage modules' forward and backward itself (and ddlbench watches "
+    "them with module hooks); compiling stages is not wired in"
+)
+_COMPILE_SHARDED = (
+    "FSDP2 and DTensor sharding need each block compiled before it is sharded (as torchtitan does), which "
+    "this strategy does not do"
+)
+_COMPILE_PARADL = (
+    "its split layers run collectives and halo exchanges inside custom autograd functions, where torch.compile "
+    "would break the graph at every split layer"
+)
 
 STRATEGIES.register(
     StrategySpec(
@@ -39,6 +58,13 @@ STRATEGIES.register(
             )
         },
         needs="horovod 0.28.1, built by `make horovod` (envs/horovod.sh)",
+        refuses={
+            "precision=fp16": "Horovod's DistributedOptimizer averages gradients inside step(), so fp16's gradient "
+            "scaler would need synchronize() before unscale_() and skip_synchronize() around its step, which is "
+            "not wired in",
+            "compile": "Horovod's DistributedOptimizer hooks each parameter's gradient accumulator; that is not "
+            "checked under torch.compile here",
+        },
     )
 )
 STRATEGIES.register(
@@ -65,6 +91,7 @@ for _name, _schedule, _per_rank in (
             micro_batched=True,
             stages_per_rank=_per_rank,
             options={"balance": _BALANCE},
+            refuses={"compile": _COMPILE_PIPELINE},
         )
     )
 STRATEGIES.register(
@@ -74,6 +101,8 @@ STRATEGIES.register(
         description="fully sharded data parallel (FSDP2 fully_shard per block; ZeRO-3: parameters, gradients "
         "and optimizer state sharded, parameters gathered for each block's forward and backward)",
         mesh=("dp",),
+        materialises_shards=True,
+        refuses={"compile": _COMPILE_SHARDED, "channels_last": _GATHERED_NCHW},
     )
 )
 STRATEGIES.register(
@@ -90,6 +119,7 @@ STRATEGIES.register(
                 "gradients freed, as soon as backward has produced it",
             )
         },
+        refuses={"channels_last": _FLAT_NCHW},
     )
 )
 STRATEGIES.register(
@@ -99,7 +129,9 @@ STRATEGIES.register(
         description="tensor parallel (Megatron-style, DTensor): attention heads and the MLP's hidden units "
         "split over ranks, column- then row-wise",
         mesh=("tp",),
+        materialises_shards=True,
         families=("transformer",),
+        refuses={"compile": _COMPILE_SHARDED},
     )
 )
 STRATEGIES.register(
@@ -110,6 +142,7 @@ STRATEGIES.register(
         "(filters); activations are all-gathered after each split layer",
         mesh=("fp",),
         families=_CNN,
+        refuses={"compile": _COMPILE_PARADL},
     )
 )
 STRATEGIES.register(
@@ -120,6 +153,7 @@ STRATEGIES.register(
         "the partial outputs are summed with an all-reduce",
         mesh=("cp",),
         families=_CNN,
+        refuses={"compile": _COMPILE_PARADL},
     )
 )
 STRATEGIES.register(
@@ -131,6 +165,7 @@ STRATEGIES.register(
         "gathered where the axis no longer divides",
         mesh=("sp",),
         families=_CNN,
+        refuses={"compile": _COMPILE_PARADL},
     )
 )
 STRATEGIES.register(
@@ -145,6 +180,7 @@ STRATEGIES.register(
             "schedule": OptionSpec(default="1f1b", choices=("1f1b", "gpipe"), description="the pipeline schedule"),
             "balance": _BALANCE,
         },
+        refuses={"compile": _COMPILE_PIPELINE},
     )
 )
 STRATEGIES.register(
@@ -153,7 +189,9 @@ STRATEGIES.register(
         builder=f"{_MODULE}.tensor:parallelize_dp_tp",
         description="hybrid data × tensor on a 2-D mesh: replicas of a `split`-way tensor-parallel transformer",
         mesh=("dp", "tp"),
+        materialises_shards=True,
         families=("transformer",),
+        refuses={"compile": _COMPILE_SHARDED},
     )
 )
 STRATEGIES.register(
@@ -163,6 +201,7 @@ STRATEGIES.register(
         description="ParaDL's ds hybrid: data parallel across groups, spatial parallel over `split` ranks within",
         mesh=("dp", "sp"),
         families=_CNN,
+        refuses={"compile": _COMPILE_PARADL},
     )
 )
 STRATEGIES.register(
@@ -172,5 +211,6 @@ STRATEGIES.register(
         description="ParaDL's df hybrid: data parallel across groups, filter parallel over `split` ranks within",
         mesh=("dp", "fp"),
         families=_CNN,
+        refuses={"compile": _COMPILE_PARADL},
     )
 )

@@ -38,6 +38,8 @@ COMPARISON_COLUMNS = [
     "baseline_samples_per_s", "step_time_s", "warmup_dropped_steps", "split_flops_share", "tensor_peak_mib",
     "peak_rss_mib", "cuda_peak_mib", "local_parameters_max", "stages",
 ]  # fmt: skip
+# shown, in both tables, when some point read real data through a loader
+INPUT_COLUMNS = ["input_wait_s", "input_wait_share"]
 POINT_FIGURE_COLUMNS = [
     "status", "measurement_version", "samples_per_s", "samples_per_s_overall", "step_time_s",
     "warmup_dropped_steps", "speedup", "scaling_efficiency", "base_nodes", "base_samples_per_s", "vs_baseline",
@@ -72,6 +74,8 @@ def render_report(config: SweepConfig, table: pd.DataFrame, *, include_other_ver
     )
     oversubscribed = table[_flag(table, "oversubscribed")].reindex(columns=["point_id", "cores_note"])
     point_fields = _point_fields(table)
+    reading = "input_wait_s_median" in table.columns and bool(table["input_wait_s_median"].notna().any())
+    input_columns = INPUT_COLUMNS if reading else []
     context: dict[str, Any] = {
         "config": config,
         "config_hash": config.config_hash(),
@@ -84,15 +88,16 @@ def render_report(config: SweepConfig, table: pd.DataFrame, *, include_other_ver
         "configurations": len(configs),
         "plots": plots,
         "comparison_plots": comparison_plots,
-        "comparison": [_comparison_cells(row) for row in comparison.to_dict("records")],
-        "comparison_columns": COMPARISON_COLUMNS,
+        "comparison": [_comparison_cells(row) | _input_cells(row) for row in comparison.to_dict("records")],
+        "comparison_columns": COMPARISON_COLUMNS + input_columns,
+        "input_columns": input_columns,
         "baseline": BASELINE_STRATEGY,
         "skipped": skipped,
         "other_versions": _plain_rows(other),
         "oversubscribed": _plain_rows(oversubscribed),
         "shared_settings": _shared_settings(table),
-        "columns": ["point_id", *point_fields, "repetition", *POINT_FIGURE_COLUMNS],
-        "rows": [_point_cells(row, point_fields) for row in table.to_dict("records")],
+        "columns": ["point_id", *point_fields, "repetition", *POINT_FIGURE_COLUMNS, *input_columns],
+        "rows": [_point_cells(row, point_fields) | _input_cells(row) for row in table.to_dict("records")],
         "failed": _plain_rows(failed[["point_id", "status", "reason"]]),
         "provenance": _provenance(table),
     }
@@ -149,6 +154,11 @@ def _point_cells(row: dict[str, Any], fields: list[str]) -> dict[str, Cell]:
     cells["step_time_s"] = figure_cell(row, "step_time_s", unit="steps", n_column="step_time_s_n")
     cells["status"] = Cell(text=str(row["status"]), is_text=True)
     return cells
+
+
+def _input_cells(row: dict[str, Any]) -> dict[str, Cell]:
+    """The wait on input per step (s) and its share of the step time, of a point that read through a loader."""
+    return {column: figure_cell(row, column, unit="steps", n_column=f"{column}_n") for column in INPUT_COLUMNS}
 
 
 def _point_fields(table: pd.DataFrame) -> list[str]:

@@ -13,40 +13,60 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ddlbench.catalog import DATASETS, MODELS, resolve_builder
+from ddlbench.catalog import DATASETS, MODELS, STRATEGIES, resolve_builder
 from ddlbench.point import Point
 from ddlbench.records import RankResult
 from ddlbench.train.clock import StepTimer, estimate_offset, host_group
 from ddlbench.train.data import BatchSource, open_dataset
+from ddlbench.train.data.loader import LOADER_MEMORY_NOTE, open_point_loader, reads_through_loader
+from ddlbench.train.execution import Execution, configure_execution
 from ddlbench.train.faults import planned_fault, strike
 from ddlbench.train.losses import loss_for
 from ddlbench.train.memory import MemoryProbe, storage_bytes
+from ddlbench.train.models.init import init_plan
+from ddlbench.train.models.init import materialise as materialise_model
 from ddlbench.train.strategies import RankContext, StrategySetup, build_trainer
 
 log = logging.getLogger(__name__)
 
 # Distinct batches materialised on the device before timing starts; steps cycle through them, so
 # data generation never sits inside a timed step (like the synthetic benchmarks of Horovod/DDLBench).
+# Real data is not pooled: every step reads its own samples through a loader (ddlbench.train.data.loader).
 DATA_POOL_STEPS = 8
 MOMENTUM = 0.9
 
 
-def build_model(point: Point) -> nn.Module:
-    """The point's model with its initial weights drawn from the point's seed (identical on every rank)."""
+def build_model(point: Point, *, materialise: bool = True) -> nn.Module:
+    """The point's model with its initial weights drawn from the point's seed (identical on every rank).
+
+    Built on the meta device (shapes only), then materialised on the default device (the CPU unless a
+    `torch.device` context names another; a meta context keeps it shapes-only). Each module's weights
+    are drawn from its own seed, (point seed, qualified name) (ddlbench.train.models.init), so the same
+    numbers come out whatever builds them: this function for the single-process reference and most
+    strategies, or a sharding strategy given `materialise=False` that shards the meta model first and
+    then materialises only its own shards (`StrategySpec.materialises_shards`).
+    """
     model_spec, dataset_spec = MODELS.get(point.model), DATASETS.get(point.dataset)
     if model_spec.input_kind != dataset_spec.input_kind:
         raise ValueError(
             f"model {point.model} takes {model_spec.input_kind} input; dataset {point.dataset} gives "
             f"{dataset_spec.input_kind}"
         )
-    torch.manual_seed(point.seed)
+    torch.manual_seed(point.seed)  # the builder's InitPlan takes its seed from here (finish_model)
     builder = resolve_builder(model_spec.builder)
-    return builder(
-        sample_shape=dataset_spec.sample_shape,
-        num_outputs=dataset_spec.num_outputs,
-        **dict(point.model_options),
-        **dict(model_spec.shape),
-    )
+    device = torch.get_default_device()
+    with torch.device("meta"):
+        model = builder(
+            sample_shape=dataset_spec.sample_shape,
+            num_outputs=dataset_spec.num_outputs,
+            **dict(point.model_options),
+            **dict(model_spec.shape),
+        )
+    if init_plan(model).seed != point.seed:
+        raise RuntimeError(f"{model_spec.builder} reseeded the global generator; its model would not be the point's")
+    if not materialise or device.type == "meta":
+        return model
+    return materialise_model(model, device)
 
 
 def open_point_data(point: Point) -> BatchSource:
@@ -56,10 +76,12 @@ def open_point_data(point: Point) -> BatchSource:
 def step_batches(
     point: Point, start: int, stop: int, device: torch.device, dataset: BatchSource | None = None
 ) -> list[tuple[Tensor, Tensor]]:
-    """This rank's samples [start, stop) of each of the pool's global batches."""
+    """This rank's samples [start, stop) of each of the pool's global batches: DATA_POOL_STEPS of them for
+    synthetic data, every step's own for real data (what the loader reads; the reference trains on them)."""
     dataset = dataset or open_point_data(point)
     global_batch = point.global_batch_size
-    pool = min(point.warmup_steps + point.steps, DATA_POOL_STEPS)
+    steps = point.warmup_steps + point.steps
+    pool = steps if reads_through_loader(point) else min(steps, DATA_POOL_STEPS)
     batches = []
     for step in range(pool):
         inputs, targets = dataset.batch(step * global_batch + start, stop - start)
@@ -71,7 +93,9 @@ def make_optimizer_for(point: Point):
     return lambda params: torch.optim.SGD(params, lr=point.learning_rate, momentum=MOMENTUM)
 
 
-def strategy_setup(point: Point, ctx: RankContext, dataset: BatchSource | None = None) -> StrategySetup:
+def strategy_setup(
+    point: Point, ctx: RankContext, dataset: BatchSource | None = None, *, execution: Execution | None = None
+) -> StrategySetup:
     sample, _ = (dataset or open_point_data(point)).batch(0, 1)
     return StrategySetup(
         ctx=ctx,
@@ -82,6 +106,7 @@ def strategy_setup(point: Point, ctx: RankContext, dataset: BatchSource | None =
         micro_batches=point.micro_batches,
         split=point.split,
         options=point.resolved_strategy_options(),
+        execution=execution or Execution(),
     )
 
 
@@ -95,8 +120,15 @@ def train_point(
     the model is built. The measured steps form one window: every rank leaves warm-up at a barrier,
     times each step's start and end (host timer, or CUDA events with no synchronisation and no
     `.item()` inside the window), and maps them onto rank 0's clock (ddlbench.train.clock).
+
+    Input: synthetic points cycle through batches made resident before timing; real-data points read
+    each step's own batch through a DataLoader (ddlbench.train.data.loader), warm-up steps included, and
+    the step timer includes that read, so throughput is end to end; the wait on input is timed apart,
+    per step, as `input_wait_s`.
     """
     torch.set_num_threads(point.threads)
+    # precision, layout, compile (ddlbench.train.execution); what the device cannot do is refused here
+    execution = configure_execution(point.precision, point.channels_last, point.compile, ctx.device)
     on_cuda = ctx.device.type == "cuda"
     probe_step = point.warmup_steps - 1 if point.warmup_steps >= 2 else None
     memory = MemoryProbe(
@@ -105,16 +137,26 @@ def train_point(
         why_not="not probed: needs warmup_steps >= 2 (never the only warm-up step, never a timed one)",
     )
     memory.start()
-    model = build_model(point)
+    # a strategy that starts sharded takes the model on the meta device and materialises only its shards
+    model = build_model(point, materialise=not STRATEGIES.get(point.strategy).materialises_shards)
+    execution.prepare_model(model)  # channels_last, before the strategy wraps or cuts it
     dataset = open_point_data(point)
-    trainer = build_trainer(point.strategy, model, strategy_setup(point, ctx, dataset))
+    trainer = build_trainer(point.strategy, model, strategy_setup(point, ctx, dataset, execution=execution))
     start, stop = trainer.local_batch_range(point.global_batch_size)
-    batches = step_batches(point, start, stop, ctx.device, dataset)
+    # real data is read during the steps, through a loader (ddlbench.train.data.loader); synthetic data stays resident
+    real = reads_through_loader(point)
+    batches = [] if real else step_batches(point, start, stop, ctx.device, dataset)
+    batches = [(execution.prepare_inputs(x), y) for x, y in batches]  # NHWC once, outside the timed steps
     pool_bytes = storage_bytes(t for batch in batches for t in batch)
     memory.inputs_resident()
     fault = planned_fault(point.point_id) if ctx.rank == ctx.world_size - 1 else None
     clock_group = host_group(ctx.backend)
     clock = estimate_offset(ctx.rank, ctx.world_size, clock_group)
+    loader = (
+        open_point_loader(point, start=start, stop=stop, device=ctx.device, source=dataset, group=clock_group)
+        if real
+        else None
+    )
 
     def synchronize() -> None:
         if on_cuda:
@@ -124,8 +166,8 @@ def train_point(
     warmup_times: list[float] = []
     dist.barrier()
     for step in range(point.warmup_steps):
-        inputs, targets = batches[step % len(batches)]
         began = time.perf_counter()
+        inputs, targets = loader.next_batch() if loader else batches[step % len(batches)]
         with memory.probing() if step == probe_step else contextlib.nullcontext():
             losses.append(trainer.step(inputs, targets))
         synchronize()
@@ -138,12 +180,18 @@ def train_point(
     for step in range(point.warmup_steps, point.warmup_steps + point.steps):
         if fault and step == point.warmup_steps:
             strike(fault, model)
-        inputs, targets = batches[step % len(batches)]
-        timer.start()
+        if loader is None:
+            inputs, targets = batches[step % len(batches)]
+            timer.start()
+        else:  # the step includes reading its input, as a training loop on real data does; the wait is timed apart
+            timer.start()
+            inputs, targets = loader.next_batch()
         loss = trainer.step(inputs, targets)
         timer.end()
         losses.append(loss)
     starts, ends = timer.close_window()  # the window's one synchronisation
+    if loader:
+        loader.close()  # workers stop; the rank's threads get its whole affinity back
     drift = estimate_offset(ctx.rank, ctx.world_size, clock_group).offset_s - clock.offset_s
     values = [loss.item() for loss in losses if loss is not None]
     log.info("rank %d: %d steps, last loss %s", ctx.rank, len(starts), values[-1] if values else None)
@@ -164,7 +212,7 @@ def train_point(
         tensor_peak_bytes=figures.peak_bytes,
         tensor_resident_bytes=figures.resident_bytes,
         input_pool_bytes=figures.input_pool_bytes,
-        memory_probe=figures.method,
+        memory_probe=figures.method + (LOADER_MEMORY_NOTE if loader and figures.peak_bytes is not None else ""),
         cuda_peak_allocated_bytes=torch.cuda.max_memory_allocated(ctx.device) if on_cuda else None,
         cuda_peak_reserved_bytes=torch.cuda.max_memory_reserved(ctx.device) if on_cuda else None,
         device=ctx.device.type,
@@ -174,6 +222,12 @@ def train_point(
         threads=torch.get_num_threads(),
         facts=trainer.facts(),
         cpus=tuple(sorted(os.sched_getaffinity(0))),
+        input_source=loader.source_kind if loader else "resident",
+        loader_workers=loader.workers if loader else 0,
+        input_wait_s=tuple(loader.waits_s[point.warmup_steps :]) if loader else (),
+        loader_cpus=loader.cores.worker_cpus if loader else (),
+        loader_binding=loader.cores.binding if loader else "",
+        execution=execution.facts(model),
     )
     state = trainer.full_state_dict() if keep_state else None
     close = getattr(trainer, "close", None)

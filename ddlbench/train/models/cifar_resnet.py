@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from ddlbench.train.models.init import finish_model
+
 
 def _norm(kind: str, channels: int) -> nn.Module:
     if kind == "batch":
@@ -52,7 +54,7 @@ def build_cifar_resnet(*, blocks_per_stage: int, in_channels: int, num_classes: 
             layers.append(BasicBlock(channels, width, stride, norm))
             channels = width
     layers.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes)))
-    return nn.Sequential(*layers)
+    return finish_model(nn.Sequential(*layers))  # PyTorch's default initialisation, module by module
 
 
 def build_resnet8(*, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch") -> nn.Sequential:

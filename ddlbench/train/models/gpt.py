@@ -8,11 +8,14 @@ attention and MLP keep their projections as separate nn.Linear modules with stab
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ddlbench.train.models.init import finish_model
 
 INIT_STD = 0.02  # GPT-2's initializer_range
 
@@ -102,21 +105,25 @@ class Head(nn.Module):
         return self.lm_head(self.ln(x))
 
 
-def _init_gpt2(model: nn.Sequential, layers: int) -> None:
-    """GPT-2's initialisation: N(0, 0.02) weights and embeddings, zero biases, unit LayerNorms, and the
-    projections that write into the residual stream scaled by 1/sqrt(2·layers), so the stream's
-    variance does not grow with depth (two such writes per block)."""
-    for module in model.modules():
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
-    residual_std = INIT_STD / math.sqrt(2 * layers)
-    for block in model[1:-1]:
-        nn.init.normal_(block.attn.out.weight, mean=0.0, std=residual_std)
-        nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
+# The projections that write into the residual stream, by their name inside a block
+RESIDUAL_WRITERS = (".attn.out", ".mlp.proj")
+
+
+def init_gpt2_module(name: str, module: nn.Module, *, layers: int) -> bool:
+    """GPT-2's initialisation, one module at a time: N(0, 0.02) weights and embeddings, zero biases, and
+    the projections that write into the residual stream drawn with std 0.02/sqrt(2·layers), so the
+    stream's variance does not grow with depth (two such writes per block). LayerNorms keep PyTorch's
+    default (unit scale, zero shift)."""
+    if isinstance(module, nn.Linear):
+        std = INIT_STD / math.sqrt(2 * layers) if name.endswith(RESIDUAL_WRITERS) else INIT_STD
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+        return True
+    if isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
+        return True
+    return False
 
 
 def build_gpt(
@@ -131,5 +138,4 @@ def build_gpt(
         *(Block(d_model, heads) for _ in range(layers)),
         Head(d_model, num_outputs),
     )
-    _init_gpt2(model, layers)
-    return model
+    return finish_model(model, functools.partial(init_gpt2_module, layers=layers))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from ddlbench.train.models.init import ModelT, finish_model
+
 NORMS = ("batch", "group", "none")
 STEMS = ("auto", "imagenet", "cifar")
 # Above this many pixels a side the ImageNet stem (and, in VGG/AlexNet, the ImageNet classifier) is
@@ -43,23 +45,25 @@ def check_option(name: str, value: str, accepted: tuple[str, ...]) -> None:
         raise ValueError(f"unknown {name} {value!r}; accepted: {', '.join(accepted)}")
 
 
-def init_weights(model: nn.Module) -> nn.Module:
-    """He-normal convolutions (fan-out, as torchvision does), unit/zero norms, zero biases.
+def init_cnn_module(name: str, module: nn.Module) -> bool:
+    """He-normal convolutions (fan-out, as torchvision does) with zero biases; the InitRule of every CNN here.
 
     PyTorch's default convolution init shrinks activations layer after layer, which leaves a deep
-    network without normalisation (VGG-16, norm=none) barely trainable; linear layers keep the default.
+    network without normalisation (VGG-16, norm=none) barely trainable. Norms (unit scale, zero shift,
+    reset statistics) and linear layers keep PyTorch's default, their own reset_parameters().
     """
-    for module in model.modules():
-        if any(p.is_meta for p in module.parameters(recurse=False)):
-            continue  # a model built on the meta device (shapes only) has no values to draw
-        if isinstance(module, nn.Conv2d | nn.Conv3d):
-            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.BatchNorm2d | nn.BatchNorm3d | nn.GroupNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
-    return model
+    if not isinstance(module, nn.Conv2d | nn.Conv3d):
+        return False
+    nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+    if module.bias is not None:
+        nn.init.zeros_(module.bias)
+    return True
+
+
+def init_weights(model: ModelT) -> ModelT:
+    """Attach the CNNs' initialisation (`init_cnn_module`, module by module: ddlbench.train.models.init)
+    and draw it, unless the model is on the meta device (shapes only)."""
+    return finish_model(model, init_cnn_module)
 
 
 class BasicBlock(nn.Module):

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ddlbench.catalog import STRATEGIES, resolve_builder
+from ddlbench.train.execution import Execution
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -42,6 +43,9 @@ class StrategySetup:
     micro_batches: int = 1  # pieces each replica's batch is cut into (pipeline strategies)
     split: int = 1  # ranks that share one model replica; world_size // split data-parallel replicas
     options: Mapping[str, str] = field(default_factory=dict)  # the strategy's options, defaults filled in
+    # precision, memory format and compilation (the default: strict fp32, eager, contiguous); the step runs
+    # forward and loss under execution.autocast(), then execution.backward(loss), execution.optimizer_step()
+    execution: Execution = field(default_factory=Execution)
 
     @property
     def replicas(self) -> int:

@@ -26,15 +26,21 @@ class DataParallelTrainer:
             model, device_ids=device_ids, bucket_cap_mb=self.bucket_cap_mb, init_sync=False
         )
         self.optimizer = setup.make_optimizer(self.model.parameters())
+        self.execution = setup.execution
+        # compiled around DDP, not inside it: dynamo then splits the graph at DDP's bucket boundaries
+        # (torch._dynamo's DDPOptimizer), so buckets are still all-reduced while backward goes on
+        # (https://pytorch.org/docs/stable/notes/ddp.html, "TorchDynamo DDPOptimizer")
+        self.execution.compile_module(self.model, "ddp")
 
     def local_batch_range(self, global_batch_size: int) -> tuple[int, int]:
         return slice_of(global_batch_size, self.ctx.rank, self.ctx.world_size)
 
     def step(self, inputs: Tensor, targets: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model(inputs), targets)
-        loss.backward()  # returns after the last bucket's all-reduce has finished
-        self.optimizer.step()
+        with self.execution.autocast():
+            loss = self.loss_fn(self.model(self.execution.prepare_inputs(inputs)), targets)
+        self.execution.backward(loss)  # returns after the last bucket's all-reduce has finished
+        self.execution.optimizer_step(self.optimizer)
         return loss.detach()
 
     def full_state_dict(self) -> dict[str, Tensor] | None:

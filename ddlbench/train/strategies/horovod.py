@@ -246,6 +246,8 @@ class HorovodTrainer:
         self.optimizer = hvd.DistributedOptimizer(
             optimizer, named_parameters=self.model.named_parameters(), op=hvd.Average
         )
+        # bf16 autocast only: fp16 (its scaler) and compile are refused at plan time (catalog `refuses`)
+        self.execution = setup.execution
         self._facts = self._describe(fusion_bytes)  # read while horovod is up; facts() may come after close()
 
     def _describe(self, fusion_bytes: int) -> dict[str, Any]:
@@ -280,9 +282,11 @@ class HorovodTrainer:
 
     def step(self, inputs: Tensor, targets: Tensor) -> Tensor:
         self.optimizer.zero_grad()  # Horovod's override takes no arguments; torch's default sets None
-        loss = self.loss_fn(self.model(inputs), targets)
+        with self.execution.autocast():
+            loss = self.loss_fn(self.model(self.execution.prepare_inputs(inputs)), targets)
         loss.backward()
-        self.optimizer.step()  # synchronize(): waits for the averaged gradients, then the wrapped step
+        # Horovod's step: synchronize() waits for the averaged gradients, then the wrapped step
+        self.execution.optimizer_step(self.optimizer)
         return loss.detach()
 
     def full_state_dict(self) -> dict[str, Tensor] | None:

@@ -38,6 +38,8 @@ class ModelParallelTrainer:
         self.input_shape = probes[self.lo - 1].output_shape[1:] if not self.first else None
         self.input_dtype = probes[self.lo - 1].output_dtype if not self.first else None
         self.optimizer = setup.make_optimizer(self.stage.parameters())
+        self.execution = setup.execution
+        self.execution.compile_module(self.stage, f"stage {rank}")  # in place: the blocks keep their names
 
     def local_batch_range(self, global_batch_size: int) -> tuple[int, int]:
         # every rank gets the whole batch: the first consumes the inputs, the last the targets, and
@@ -45,29 +47,34 @@ class ModelParallelTrainer:
         return 0, global_batch_size
 
     def step(self, inputs: Tensor, targets: Tensor) -> Tensor | None:
-        rank, device = self.ctx.rank, self.ctx.device
+        rank, device, execution = self.ctx.rank, self.ctx.device, self.execution
         self.optimizer.zero_grad(set_to_none=True)
         if self.first:
-            x = inputs
+            x = execution.prepare_inputs(inputs)
         else:
-            x = torch.empty((inputs.shape[0], *self.input_shape), dtype=self.input_dtype, device=device)
+            # under autocast activations cross in the autocast dtype, whatever dtype a block ends in
+            dtype = execution.boundary_dtype(self.input_dtype)
+            x = torch.empty((inputs.shape[0], *self.input_shape), dtype=dtype, device=device)
             dist.recv(x, src=rank - 1)
             x.requires_grad_(x.is_floating_point())
-        out = self.stage(x)
+        with execution.autocast():
+            out = self.stage(x)
         loss = None
         if self.last:
-            loss = self.loss_fn(out, targets)
-            loss.backward()
+            with execution.autocast():
+                loss = self.loss_fn(out, targets)
+            execution.backward(loss)  # fp16: scaled, so every stage's gradients carry the scale
         else:
+            out = execution.to_boundary(out)  # a cast autograd undoes on the way back
             dist.send(out.detach().contiguous(), dst=rank + 1)
-            grad = torch.empty_like(out)
+            grad = torch.empty(out.shape, dtype=out.dtype, device=device)
             dist.recv(grad, src=rank + 1)
             out.backward(grad)  # continue autograd from dL/d(output), which the next stage computed
         if not self.first:
             # dL/d(input) is what the previous stage needs to run its own backward
             grad_in = x.grad if x.grad is not None else torch.zeros_like(x)
             dist.send(grad_in.contiguous(), dst=rank - 1)
-        self.optimizer.step()
+        execution.optimizer_step(self.optimizer)
         return loss.detach() if loss is not None else None
 
     def full_state_dict(self) -> dict[str, Tensor] | None:

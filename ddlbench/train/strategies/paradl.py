@@ -172,6 +172,7 @@ class ParaDLTrainer:
         if not self.split_layers:  # still a valid run, but every rank then trains the whole model alone
             log.warning("%s parallelism over %d ranks splits no layer of this model", kind, self.parts)
         self.optimizer = setup.make_optimizer(self.model.parameters())
+        self.execution = setup.execution  # precision and channels_last; compile is refused (catalog)
         # replicas (dp_filter) average their gradients as ddp does: DDP's buckets, each all-reduced over the
         # dp group as soon as backward has produced it. The same slice index on every replica holds the same
         # slice, so a plain average is right. Every rank built the same weights: no initial broadcast.
@@ -188,9 +189,11 @@ class ParaDLTrainer:
 
     def step(self, inputs: Tensor, targets: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.forward_model(inputs), targets)
-        loss.backward()  # with replicas: returns after DDP's last bucket is averaged over the dp group
-        self.optimizer.step()
+        execution = self.execution
+        with execution.autocast():  # the split layers' collectives carry activations in the autocast dtype
+            loss = self.loss_fn(self.forward_model(execution.prepare_inputs(inputs)), targets)
+        execution.backward(loss)  # with replicas: returns after DDP's last bucket is averaged over the dp group
+        execution.optimizer_step(self.optimizer)
         return loss.detach()
 
     def _sharded(self) -> list[tuple[str, nn.Parameter, int]]:

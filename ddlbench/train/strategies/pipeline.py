@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.nn.parallel import DistributedDataParallel
 
+from ddlbench.train.execution import Execution
 from ddlbench.train.strategies import StrategySetup, Trainer
 from ddlbench.train.strategies.balance import BlockProbe, StagePlan, plan_stages, probe_blocks, release_blocks
 from ddlbench.train.strategies.common import (
@@ -101,15 +102,25 @@ class ActionRecorder:
 
 
 class ContiguousStage(nn.Sequential):
-    """A stage's blocks in sequence, returning a contiguous output.
+    """A stage's blocks in sequence, run under the point's autocast, returning a contiguous output.
 
     The schedule sends outputs as they are and sizes receive buffers from the declared (contiguous)
-    layout; a block ending in a view must not break that. The names of the state stay those of a
+    layout; a block ending in a view must not break that, nor may a block whose output dtype under
+    autocast depends on its last op: under bf16/fp16 every stage outputs the autocast dtype
+    (`Execution.boundary_dtype`, which `stage_io` declares). The names of the state stay those of a
     plain nn.Sequential.
     """
 
+    def __init__(self, *blocks: nn.Module, execution: Execution | None = None) -> None:
+        super().__init__(*blocks)
+        self.execution = execution or Execution()
+
     def forward(self, x: Tensor) -> Tensor:
-        return super().forward(x).contiguous()
+        # autocast here, inside the schedule's forward, rather than around schedule.step(): the schedule
+        # runs backward too, which AMP keeps out of autocast (https://pytorch.org/docs/stable/amp.html)
+        with self.execution.autocast():
+            out = super().forward(x)
+        return self.execution.to_boundary(out).contiguous()
 
 
 def _meta(shape: tuple[int, ...], dtype: torch.dtype, *, requires_grad: bool) -> Tensor:
@@ -117,7 +128,11 @@ def _meta(shape: tuple[int, ...], dtype: torch.dtype, *, requires_grad: bool) ->
 
 
 def stage_io(
-    probes: list[BlockProbe], sample: Tensor, bounds: tuple[int, int], micro_batch: int
+    probes: list[BlockProbe],
+    sample: Tensor,
+    bounds: tuple[int, int],
+    micro_batch: int,
+    execution: Execution | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Meta tensors of one micro-batch's input and output of the stage holding blocks [lo, hi).
 
@@ -126,13 +141,14 @@ def stage_io(
     would absorb that garbage (we saw inf) and dropout would draw random numbers the reference does not.
     """
     lo, hi = bounds
+    cross = (execution or Execution()).boundary_dtype  # what a ContiguousStage outputs
     if lo == 0:
         inputs = _meta((micro_batch, *sample.shape[1:]), sample.dtype, requires_grad=False)
     else:
         before = probes[lo - 1]
-        inputs = _meta((micro_batch, *before.output_shape[1:]), before.output_dtype, requires_grad=True)
+        inputs = _meta((micro_batch, *before.output_shape[1:]), cross(before.output_dtype), requires_grad=True)
     last = probes[hi - 1]
-    return inputs, _meta((micro_batch, *last.output_shape[1:]), last.output_dtype, requires_grad=True)
+    return inputs, _meta((micro_batch, *last.output_shape[1:]), cross(last.output_dtype), requires_grad=True)
 
 
 class PipelineTrainer:
@@ -159,9 +175,12 @@ class PipelineTrainer:
         device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
         for s in self.stage_indices:
             lo, hi = self.plan.bounds[s]
-            module = ContiguousStage(*(model[i] for i in range(lo, hi))).to(self.ctx.device)
+            module = ContiguousStage(*(model[i] for i in range(lo, hi)), execution=setup.execution)
+            module = module.to(self.ctx.device)
             self.modules.append((lo, module))
-            inputs, outputs = stage_io(probes, setup.sample, (lo, hi), replica_batch // self.micro_batches)
+            inputs, outputs = stage_io(
+                probes, setup.sample, (lo, hi), replica_batch // self.micro_batches, setup.execution
+            )
             # dp × pp: replicas of a stage average gradients as ddp does, in DDP's buckets. PipelineStage
             # runs every micro-batch but the last under no_sync and lets the reducer all-reduce the buckets
             # during the last micro-batch's backward. Every rank built the same weights: no initial broadcast.
@@ -181,13 +200,17 @@ class PipelineTrainer:
                     group=layout.pp_group,
                 )
             )
+        # the schedule calls backward itself: the loss it gets is computed under autocast and, under fp16,
+        # scaled; the unscaled losses are kept for the record
+        self.execution = setup.execution
+        self.loss_fn = self.execution.schedule_loss(setup.loss_fn)
         if stages_per_rank == 1:
             self.schedule = SINGLE_STAGE_SCHEDULES[schedule](
-                self.stages[0], n_microbatches=self.micro_batches, loss_fn=setup.loss_fn
+                self.stages[0], n_microbatches=self.micro_batches, loss_fn=self.loss_fn
             )
         else:
             self.schedule = ScheduleInterleaved1F1B(
-                self.stages, n_microbatches=self.micro_batches, loss_fn=setup.loss_fn
+                self.stages, n_microbatches=self.micro_batches, loss_fn=self.loss_fn
             )
         self.has_first = any(stage.is_first for stage in self.stages)
         self.has_last = any(stage.is_last for stage in self.stages)
@@ -209,7 +232,7 @@ class PipelineTrainer:
         losses: list[Tensor] = []
         # only the first stage passes inputs and only the last passes targets; outputs are not merged
         # (return_outputs=False), as nothing reads them and merging would copy the whole batch
-        args = (inputs,) if self.has_first else ()
+        args = (self.execution.prepare_inputs(inputs),) if self.has_first else ()
         if self.has_last:
             self.schedule.step(*args, target=targets, losses=losses, return_outputs=False)
         else:
@@ -217,12 +240,13 @@ class PipelineTrainer:
         if self.recorder is not None:
             self._keep_observations(self.recorder)
             self.recorder = None
-        # replicas of a dp × pp mesh: DDP averaged the stages' gradients during the last backward
-        self.optimizer.step()
+        # replicas of a dp × pp mesh: DDP averaged the stages' gradients during the last backward; fp16: the
+        # scaler unscales this rank's gradients and skips the step on every rank if any stage overflowed
+        self.execution.optimizer_step(self.optimizer)
         if not self.has_last:
             return None
-        # the mean over equal micro-batches of their mean losses is the replica batch's mean loss
-        return torch.stack([loss.detach() for loss in losses]).mean()
+        # the mean over equal micro-batches of their mean losses is the replica batch's mean loss (unscaled)
+        return torch.stack(self.loss_fn.take()).mean()
 
     def _keep_observations(self, recorder: ActionRecorder) -> None:
         recorder.stop()

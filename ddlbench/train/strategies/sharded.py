@@ -22,8 +22,14 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import init_device_mesh
 
+from ddlbench.train.models.init import is_meta, materialise
 from ddlbench.train.strategies import StrategySetup, Trainer
 from ddlbench.train.strategies.common import count_parameters, slice_of
+
+# The flat-tensor collectives: torch 2.13 names them *_single and deprecates (FutureWarning) the
+# *_tensor names, which are the only ones torch 2.6, the floor, has. Whichever this torch has.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 # ZeRO-2's gradient buckets, in MiB of fp32 gradient; the same default as DDP's bucket_cap_mb, so that
 # ddp and zero2 issue comparable numbers of collectives. Small models fit in one bucket.
@@ -58,7 +64,13 @@ class FullyShardedTrainer:
         self.ctx, self.loss_fn = setup.ctx, setup.loss_fn
         self.reshard_after_forward = True
         self.total_parameters = sum(p.numel() for p in model.parameters())
-        model = model.to(self.ctx.device)
+        # a meta model (the kernel's, as the catalog marks fsdp materialises_shards) is sharded first and
+        # only then materialised, so no rank ever holds the whole model: FSDP2 leaves meta parameters on
+        # meta as dim-0 DTensor shards, and to_empty + initialisation fill each rank's shard (FSDP2's
+        # meta-device initialisation, https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html)
+        starts_on_meta = is_meta(model)
+        if not starts_on_meta:
+            model = model.to(self.ctx.device)
         mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,), mesh_dim_names=("dp",))
         # the blocks are the natural units: one all-gather per block keeps at most ~one block unsharded
         # at a time; the root call then owns what no block does (nothing, for our flat models) and
@@ -67,9 +79,13 @@ class FullyShardedTrainer:
         for child in children:
             fully_shard(child, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
         fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        if starts_on_meta:
+            # each module drawn whole on the CPU, one at a time, and this rank's dim-0 chunk kept
+            materialise(model, self.ctx.device)
         self.units = len(children) + 1
         self.model = model
         self.optimizer = setup.make_optimizer(model.parameters())  # DTensor shards: state is sharded too
+        self.execution = setup.execution  # precision only: channels_last and compile are refused (catalog)
 
     def local_batch_range(self, global_batch_size: int) -> tuple[int, int]:
         return slice_of(global_batch_size, self.ctx.rank, self.ctx.world_size)
@@ -78,9 +94,11 @@ class FullyShardedTrainer:
         # gradients live from one backward to the next step's start, as in ddp.py, so the memory a step
         # starts with compares like with like: full (ddp), or a shard (zero2, fsdp)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model(inputs), targets)
-        loss.backward()  # FSDP2 waits for the last reduce-scatter before backward returns
-        self.optimizer.step()
+        execution = self.execution
+        with execution.autocast():  # FSDP2 gathers fp32 parameters; autocast casts them per op
+            loss = self.loss_fn(self.model(execution.prepare_inputs(inputs)), targets)
+        execution.backward(loss)  # FSDP2 waits for the last reduce-scatter before backward returns
+        execution.optimizer_step(self.optimizer)  # fp16: the scaler unscales the DTensor gradient shards
         return loss.detach()
 
     def full_state_dict(self) -> dict[str, Tensor] | None:
@@ -205,6 +223,10 @@ class ZeroStage2Trainer:
         # nn.Parameter over a view shares its storage: the optimizer's in-place update lands in self.flat
         self.shards = [nn.Parameter(self.flat[slice(*b.shard_range(self.rank, self.world))]) for b in self.buckets]
         self.optimizer = setup.make_optimizer(self.shards)
+        self.execution = setup.execution
+        # compiled in place over the flat-buffer views; the post-accumulate hooks below still fire, once the
+        # compiled backward has produced the gradients
+        self.execution.compile_module(self.model)
         self._bucket_of = {p: b for b in self.buckets for p in b.params}
         self._ready = [0] * len(self.buckets)
         self._next = 0  # buckets are launched in index order on every rank, so the collectives match
@@ -231,9 +253,8 @@ class ZeroStage2Trainer:
                 p.grad = None  # the full gradient is freed here, not after the whole backward
         full.div_(self.world)  # a sum of gradients / world each: the average, portable to any backend
         shard = torch.empty(bucket.padded // self.world, dtype=full.dtype, device=full.device)
-        # gloo implements reduce-scatter in torch 2.13 (checked), so CPU and NCCL runs do the same; the
-        # *_single names are 2.13's for reduce_scatter_tensor and all_gather_into_tensor, now deprecated
-        work = dist.reduce_scatter_single(shard, full, async_op=True)
+        # gloo implements reduce-scatter in torch 2.13 (checked), so CPU and NCCL runs do the same
+        work = _reduce_scatter(shard, full, async_op=True)
         self.shards[bucket.index].grad = shard
         self._in_flight.append((work, full))
         # drop the bucket buffers whose reduce-scatter is done, so full gradients do not pile up
@@ -252,15 +273,17 @@ class ZeroStage2Trainer:
 
     def step(self, inputs: Tensor, targets: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)  # the shard gradients, kept since the last step as in ddp.py
-        loss = self.loss_fn(self.model(inputs), targets)
-        loss.backward()
+        execution = self.execution
+        with execution.autocast():
+            loss = self.loss_fn(self.model(execution.prepare_inputs(inputs)), targets)
+        execution.backward(loss)
         self._finish_reduction()
-        self.optimizer.step()
+        execution.optimizer_step(self.optimizer)  # over the shards; fp16 skips on every rank alike
         gathers = []
         for bucket, shard in zip(self.buckets, self.shards, strict=True):
             # the input must not alias the output; a shard-sized copy is cheap
             out = self.flat[bucket.start : bucket.start + bucket.padded]
-            gathers.append(dist.all_gather_single(out, shard.detach().clone(), async_op=True))
+            gathers.append(_all_gather(out, shard.detach().clone(), async_op=True))
         for work in gathers:
             work.wait()
         return loss.detach()

@@ -170,6 +170,7 @@ class SpatialTrainer:
             # its gradient would be part partial sums, part replicated: no one reduction is right
             raise ValueError("a parameter is used both inside and after the spatial region")
         self.optimizer = setup.make_optimizer(self.model.parameters())
+        self.execution = setup.execution  # precision and channels_last; compile is refused (catalog)
         dist.barrier(group=self.group)  # creates the group's communicator before the first point-to-point
 
     def _wrap_region(self) -> dict[str, int]:
@@ -208,14 +209,15 @@ class SpatialTrainer:
 
     def step(self, inputs: Tensor, targets: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.forward(inputs), targets)  # the same on every rank of the sp group
-        loss.backward()
+        with self.execution.autocast():  # halos and gathers travel in the autocast dtype
+            loss = self.loss_fn(self.forward(self.execution.prepare_inputs(inputs)), targets)  # same on all sp ranks
+        self.execution.backward(loss)
         # region: sum over the sp group and mean over replicas in one all-reduce over all ranks (the mesh
         # is dp × sp, so all ranks = every sp group of every replica); tail: mean over replicas only
         _reduce_gradients(self.region_params, None, 1.0 / self.replicas)
         if self.replicas > 1:
             _reduce_gradients(self.tail_params, self.dp_group, 1.0 / self.replicas)
-        self.optimizer.step()
+        self.execution.optimizer_step(self.optimizer)
         return loss.detach()
 
     def full_state_dict(self) -> dict[str, Tensor] | None:

@@ -29,6 +29,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from ddlbench.train.models.init import is_meta, materialise
 from ddlbench.train.strategies import StrategySetup, Trainer
 from ddlbench.train.strategies.common import build_mesh, count_parameters, slice_of
 
@@ -92,7 +93,14 @@ class TensorParallelTrainer:
         self.names = mesh.mesh_dim_names or ()
         self.total_parameters = sum(p.numel() for p in model.parameters())
         self.blocks = _block_indices(model)
-        model = model.to(self.ctx.device)
+        # a meta model (the kernel's: the catalog marks tensor and dp_tp materialises_shards) is sharded
+        # on the meta device, by tp and then by FSDP over dp, and only then materialised: each rank
+        # allocates its DTensor shards and the replicated layers, never the whole model (DTensor and
+        # FSDP2 leave meta tensors unallocated; torchtitan initialises the same way,
+        # https://pytorch.org/docs/stable/distributed.tensor.parallel.html)
+        starts_on_meta = is_meta(model)
+        if not starts_on_meta:
+            model = model.to(self.ctx.device)
         self.model = parallelize_module(model, mesh["tp"], tensor_parallel_plan(model))
         # measured on the tp shard itself, before FSDP shards it again over dp
         attn = self.model[self.blocks[0]].attn
@@ -104,7 +112,11 @@ class TensorParallelTrainer:
             for i in self.blocks:
                 fully_shard(self.model[i], mesh=mesh["dp"])
             fully_shard(self.model, mesh=mesh["dp"])
+        if starts_on_meta:
+            # each module drawn whole on the CPU, one at a time, and this rank's piece of it kept
+            materialise(self.model, self.ctx.device)
         self.optimizer = setup.make_optimizer(_parameter_groups(self.model))
+        self.execution = setup.execution  # precision only: compile is refused (catalog)
 
     def _coords(self) -> dict[str, int]:
         coordinate = self.mesh.get_coordinate() or []
@@ -117,9 +129,10 @@ class TensorParallelTrainer:
 
     def step(self, inputs: Tensor, targets: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model(inputs), targets)
-        loss.backward()
-        self.optimizer.step()
+        with self.execution.autocast():
+            loss = self.loss_fn(self.model(inputs), targets)
+        self.execution.backward(loss)
+        self.execution.optimizer_step(self.optimizer)  # fp16: the scaler unscales the DTensor gradients
         return loss.detach()  # tp peers hold the same value; dp replicas their slice's
 
     def full_state_dict(self) -> dict[str, Tensor] | None:

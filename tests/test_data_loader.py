@@ -1,0 +1,292 @@
+"""Real data read while training (ddlbench.train.data.loader): every step reads its own samples through
+a DataLoader, the wait on input is a figure, workers run on the rank's loader cores, and synthetic data
+stays resident."""
+
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from ddlbench.catalog import DATASETS
+from ddlbench.launch.runner import run_point
+from ddlbench.metrics import summarize_ranks
+from ddlbench.records import PointRecord, RankResult
+from ddlbench.train.data import open_dataset
+from ddlbench.train.data.loader import InputLoader, StepSlices, reads_through_loader, split_cores
+from ddlbench.train.kernel import build_model
+from tests.conftest import make_point
+from tests.equivalence import check_against_reference, layout_point, parameter_names, rounding_bound, rounding_ratios
+from tests.reference import train_reference
+from tests.test_data import write_cifar
+
+# samples of the tiny CIFAR-10 fixture: more than any test reads, so no sample repeats within a run
+SAMPLES = 200
+# seconds a slow source sleeps per batch; every bound on a wait below follows from it
+DELAY = 0.2
+
+
+@pytest.fixture
+def cifar(tmp_path):
+    """A CIFAR-10 binary batch of SAMPLES random images, every one distinct. Seed 1: on these images the
+    2-rank run below trains smoothly in float32 (with seeds 0 and 3 a ReLU sits within a rounding of its
+    gate, and two correct groupings of a sum end 18-26 bounds apart; the test checks this first)."""
+    rng = np.random.default_rng(1)
+    folder = tmp_path / "cifar"
+    folder.mkdir()
+    pixels = rng.integers(0, 256, (SAMPLES, 3, 32, 32), dtype=np.uint8)
+    write_cifar(folder / "data_batch_1.bin", rng.integers(0, 10, SAMPLES, dtype=np.uint8), pixels)
+    return folder
+
+
+def opener(path, seed: int = 0):
+    return functools.partial(open_dataset, DATASETS.get("cifar10"), seed=seed, path=str(path))
+
+
+class SlowSource:
+    """The CIFAR fixture, with every batch taking DELAY seconds more to read (picklable for workers)."""
+
+    def __init__(self, path) -> None:
+        self.source = opener(path)()
+
+    def batch(self, start: int, size: int):
+        time.sleep(DELAY)
+        return self.source.batch(start, size)
+
+
+class AffinityReport:
+    """A source whose 'inputs' name the process that read them and 'targets' its CPU affinity."""
+
+    def batch(self, start: int, size: int):
+        cpus = sorted(os.sched_getaffinity(0))
+        return torch.tensor([os.getpid()]), torch.tensor(cpus)
+
+
+def unsplit() -> object:
+    return split_cores(os.sched_getaffinity(0), threads=1, workers=0, shared=False)
+
+
+def loader_over(open_source, *, workers: int, steps: int, start: int = 0, stop: int = 4, global_batch: int = 8):
+    cores = split_cores(os.sched_getaffinity(0), threads=1, workers=workers, shared=True)  # nothing pinned
+    return InputLoader(
+        open_source,
+        global_batch=global_batch,
+        start=start,
+        stop=stop,
+        steps=steps,
+        workers=workers,
+        device=torch.device("cpu"),
+        cores=cores,
+    )
+
+
+def read_all(loader: InputLoader, steps: int, *, compute_s: float = 0.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    batches = []
+    try:
+        for _ in range(steps):
+            batches.append(loader.next_batch())
+            time.sleep(compute_s)  # the step's work, while workers read ahead
+    finally:
+        loader.close()
+    return batches
+
+
+# --- addressing ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_each_step_reads_this_ranks_slice_of_its_own_global_batch(cifar, workers):
+    """Step s of rank slice [start, stop) is BatchSource.batch(s·G + start, stop − start): distinct samples
+    every step, and the ranks' slices put together are what one process reads."""
+    source, steps, global_batch = opener(cifar)(), 5, 12
+    slices = [(0, 5), (5, 12)]  # uneven, as a pipeline's or a hybrid's may be
+    got = {
+        piece: read_all(
+            loader_over(opener(cifar), workers=workers, steps=steps, start=piece[0], stop=piece[1], global_batch=12),
+            steps,
+        )
+        for piece in slices
+    }
+    seen = set()
+    for step in range(steps):
+        whole_inputs, whole_targets = source.batch(step * global_batch, global_batch)
+        for start, stop in slices:
+            inputs, targets = got[(start, stop)][step]
+            want_inputs, want_targets = source.batch(step * global_batch + start, stop - start)
+            assert torch.equal(inputs, want_inputs) and torch.equal(targets, want_targets)
+        joined = [torch.cat([got[piece][step][part] for piece in slices]) for part in (0, 1)]
+        assert torch.equal(joined[0], whole_inputs) and torch.equal(joined[1], whole_targets)
+        seen |= {image.numpy().tobytes() for image in whole_inputs}
+    assert len(seen) == steps * global_batch  # no sample read twice over the run
+
+
+def test_step_slices_refuse_a_slice_outside_the_batch_and_a_step_past_the_run(cifar):
+    with pytest.raises(ValueError, match=r"slice \[4, 9\) is not within a global batch of 8"):
+        StepSlices(opener(cifar), global_batch=8, start=4, stop=9, steps=2)
+    with pytest.raises(IndexError, match="step 2 of a run of 2"):
+        StepSlices(opener(cifar), global_batch=8, start=0, stop=8, steps=2)[2]
+
+
+def test_a_synthetic_point_reads_no_loader_and_refuses_loader_workers(cifar):
+    assert not reads_through_loader(make_point())
+    assert reads_through_loader(make_point(data_path=str(cifar), loader_workers=2))
+    with pytest.raises(ValueError, match=r"loader_workers=2: cifar10 is synthetic here .* must be 0 without `data:`"):
+        reads_through_loader(make_point(loader_workers=2))
+
+
+# --- the wait on input -------------------------------------------------------------------------------
+
+
+def test_the_wait_grows_by_the_time_reading_takes_when_the_rank_reads_itself(cifar):
+    """0 workers: the rank reads each batch inside next(), so each wait is at least the DELAY injected,
+    while the plain source's reads of 4 images in memory stay far below it."""
+    steps = 4
+    fast = loader_over(opener(cifar), workers=0, steps=steps)
+    read_all(fast, steps)
+    slow = loader_over(functools.partial(SlowSource, cifar), workers=0, steps=steps)
+    read_all(slow, steps)
+    assert len(slow.waits_s) == len(fast.waits_s) == steps
+    assert min(slow.waits_s) >= DELAY
+    assert statistics.median(fast.waits_s) + DELAY / 2 < statistics.median(slow.waits_s)
+
+
+@pytest.mark.slow
+def test_a_worker_reads_ahead_while_the_step_computes(cifar):
+    """1 worker, steps that compute for 3·DELAY: after the first, each batch was read during the previous
+    step, so the median wait is below DELAY/2, where reading in the rank waits DELAY or more."""
+    steps = 6
+    ahead = loader_over(functools.partial(SlowSource, cifar), workers=1, steps=steps)
+    read_all(ahead, steps, compute_s=3 * DELAY)
+    inline = loader_over(functools.partial(SlowSource, cifar), workers=0, steps=steps)
+    read_all(inline, steps, compute_s=3 * DELAY)
+    assert min(inline.waits_s) >= DELAY
+    assert statistics.median(ahead.waits_s[1:]) < DELAY / 2
+
+
+def test_point_figures_take_the_slowest_rank_per_kept_step_and_its_share_of_the_step():
+    point = make_point(nodes=2, steps=4)
+    starts = (0.0, 1.0, 2.0, 3.0)
+
+    def rank(r: int, waits: tuple[float, ...], source: str = "loader") -> RankResult:
+        return RankResult(
+            rank=r,
+            hostname="h",
+            step_times_s=(0.5,) * 4,
+            step_starts_s=starts,
+            step_ends_s=tuple(s + 0.5 for s in starts),
+            losses=(1.0,) * 5,
+            peak_rss_bytes=1,
+            input_source=source,
+            input_wait_s=waits,
+        )
+
+    metrics = summarize_ranks(point, [rank(0, (0.1, 0.2, 0.05, 0.1)), rank(1, (0.2, 0.1, 0.05, 0.3))])
+    assert metrics.input_wait_s.n == 4 and metrics.input_wait_s.median == pytest.approx(0.2)
+    assert metrics.input_wait_s.max == pytest.approx(0.3)
+    assert metrics.input_wait_share.median == pytest.approx(0.4)  # 0.2 s of each 0.5 s step
+    resident = summarize_ranks(point, [rank(0, (), "resident"), rank(1, (), "resident")])
+    assert resident.input_wait_s is None and resident.input_wait_share is None
+    with pytest.raises(ValueError, match="did not time its wait on input at every measured step"):
+        summarize_ranks(point, [rank(0, (0.1,)), rank(1, (0.1,) * 4)])
+
+
+# --- cores -------------------------------------------------------------------------------------------
+
+
+def test_cores_split_into_the_ranks_threads_then_one_per_worker_or_not_at_all():
+    cores = split_cores({7, 3, 5, 9}, threads=2, workers=2, shared=False)
+    assert (cores.rank_cpus, cores.worker_cpus) == ((3, 5), (7, 9))
+    assert cores.binding == "threads on 3,5, workers on 7,9"
+    shared = split_cores({0, 1, 2}, threads=1, workers=2, shared=True)
+    assert (shared.rank_cpus, shared.worker_cpus) == ((0, 1, 2), ()) and "shared with other ranks" in shared.binding
+    few = split_cores({0, 1}, threads=2, workers=1, shared=False)
+    assert few.worker_cpus == () and "has 2 CPUs, fewer than 2 threads + 1 workers" in few.binding
+    assert split_cores({0, 1}, threads=1, workers=0, shared=False).worker_cpus == ()
+
+
+@pytest.mark.slow
+def test_workers_run_on_their_own_cores_and_the_ranks_threads_on_the_rest():
+    """Read back in the worker itself: its affinity is its one loader core; the rank's threads keep the
+    first `threads` CPUs while the loader runs, and get their whole affinity back when it closes."""
+    affinity = sorted(os.sched_getaffinity(0))
+    if len(affinity) < 2:
+        pytest.skip("needs 2 CPUs in the affinity")
+    cores = split_cores(affinity[:2], threads=1, workers=1, shared=False)
+    loader = InputLoader(
+        AffinityReport,
+        global_batch=1,
+        start=0,
+        stop=1,
+        steps=2,
+        workers=1,
+        device=torch.device("cpu"),
+        cores=cores,
+    )
+    try:
+        during = os.sched_getaffinity(0)
+        pid, worker_cpus = loader.next_batch()
+    finally:
+        loader.close()
+    assert int(pid) != os.getpid()  # read in the worker
+    assert worker_cpus.tolist() == [affinity[1]]
+    assert during == {affinity[0]}
+    assert sorted(os.sched_getaffinity(0)) == affinity
+
+
+# --- whole points ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_two_ranks_reading_real_data_match_one_process_and_record_their_wait(tmp_path, cifar):
+    """2 ranks with a worker each, 10 steps (more than the synthetic pool of 8): every step a new global
+    batch, and the run ends where one process training on the same batches does."""
+    fields = dict(nodes=2, batch_size=8, warmup_steps=2, steps=8, model_options=(("norm", "group"),))
+    # first, the fixture is not chaotic: the reference regrouped into the ranks' halves (the same arithmetic
+    # under GroupNorm) stays within rounding of itself, so a failure below is the run's, not the data's
+    point = layout_point(**fields, data_path=str(cifar), loader_workers=1)
+    model = build_model(point)
+    whole, halves = train_reference(point)[0], train_reference(point, shards=2)[0]
+    want = {name: whole[name] for name in parameter_names(model)}
+    ratios = rounding_ratios(halves, want, model.state_dict(), rounding_bound(point, model))
+    assert max(ratios.values()) <= 1, "float32 training on this fixture is chaotic; pick another fixture seed"
+    record = check_against_reference(tmp_path, **fields, data_path=str(cifar), loader_workers=1)
+    metrics = record.metrics
+    for rank in record.ranks:
+        assert rank.input_source == "loader" and rank.loader_workers == 1
+        assert len(rank.input_wait_s) == 8 and all(wait >= 0 for wait in rank.input_wait_s)
+        # unpinned ranks of one host share their CPUs: nothing is split, and the record says so
+        assert rank.loader_cpus == () and "shared with other ranks" in rank.loader_binding
+    assert metrics.input_pool_bytes == 0
+    assert metrics.input_wait_s.n == 8 - metrics.warmup_dropped_steps
+    assert 0 <= metrics.input_wait_share.median < 1 and "loader workers" in metrics.cores_note
+    again = PointRecord.from_dict(record.to_dict())
+    assert again.metrics.input_wait_s == metrics.input_wait_s
+    assert again.ranks[0].input_wait_s == record.ranks[0].input_wait_s
+
+
+@pytest.mark.slow
+def test_a_pinned_rank_splits_its_cores_and_synthetic_data_stays_resident(tmp_path, cifar, monkeypatch):
+    """One rank of 1 thread + 1 worker on 2 cores of its own (claimed, not oversubscribed): the worker
+    gets the second. The same point on synthetic data cycles its resident pool and records no loader."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs in the affinity")
+    monkeypatch.setenv("DDLBENCH_CPU_LOCK_DIR", str(tmp_path / "locks"))  # no claim by other runs stands in the way
+    real = make_point(data_path=str(cifar), loader_workers=1, steps=2, oversubscribe=False)
+    record = run_point(real, out=tmp_path / "real" / "record.json", launcher="local")
+    assert record.status == "ok", record.reason
+    (rank,) = record.ranks
+    claimed = sorted(rank.cpus)
+    assert len(claimed) == 2 and rank.loader_cpus == (claimed[1],)
+    assert rank.loader_binding == f"threads on {claimed[0]}, workers on {claimed[1]}"
+
+    synthetic = make_point(steps=2)
+    record = run_point(synthetic, out=tmp_path / "synthetic" / "record.json", launcher="local")
+    assert record.status == "ok", record.reason
+    (rank,) = record.ranks
+    assert rank.input_source == "resident" and rank.input_wait_s == () and rank.loader_binding == ""
+    assert record.metrics.input_wait_s is None and record.metrics.input_pool_bytes > 0
