@@ -8,22 +8,28 @@ import functools
 import os
 import statistics
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
+from ddlbench.analysis.aggregate import build_table
 from ddlbench.catalog import DATASETS
 from ddlbench.launch.runner import run_point
 from ddlbench.metrics import summarize_ranks
-from ddlbench.records import PointRecord, RankResult
+from ddlbench.records import PointRecord, RankResult, Stats
+from ddlbench.report.render import render_report
 from ddlbench.train.data import open_dataset
 from ddlbench.train.data.loader import InputLoader, StepSlices, reads_through_loader, split_cores
 from ddlbench.train.kernel import build_model
 from tests.conftest import make_point
 from tests.equivalence import check_against_reference, layout_point, parameter_names, rounding_bound, rounding_ratios
 from tests.reference import train_reference
+from tests.test_aggregate import record_for, write
 from tests.test_data import write_cifar
+from tests.test_records import sample_record
+from tests.test_report import sweep as report_sweep
 
 # samples of the tiny CIFAR-10 fixture: more than any test reads, so no sample repeats within a run
 SAMPLES = 200
@@ -65,10 +71,6 @@ class AffinityReport:
     def batch(self, start: int, size: int):
         cpus = sorted(os.sched_getaffinity(0))
         return torch.tensor([os.getpid()]), torch.tensor(cpus)
-
-
-def unsplit() -> object:
-    return split_cores(os.sched_getaffinity(0), threads=1, workers=0, shared=False)
 
 
 def loader_over(open_source, *, workers: int, steps: int, start: int = 0, stop: int = 4, global_batch: int = 8):
@@ -159,7 +161,7 @@ def test_the_wait_grows_by_the_time_reading_takes_when_the_rank_reads_itself(cif
 def test_a_worker_reads_ahead_while_the_step_computes(cifar):
     """1 worker, steps that compute for 3·DELAY: after the first, each batch was read during the previous
     step, so the median wait is below DELAY/2, where reading in the rank waits DELAY or more."""
-    steps = 6
+    steps = 4
     ahead = loader_over(functools.partial(SlowSource, cifar), workers=1, steps=steps)
     read_all(ahead, steps, compute_s=3 * DELAY)
     inline = loader_over(functools.partial(SlowSource, cifar), workers=0, steps=steps)
@@ -290,3 +292,36 @@ def test_a_pinned_rank_splits_its_cores_and_synthetic_data_stays_resident(tmp_pa
     (rank,) = record.ranks
     assert rank.input_source == "resident" and rank.input_wait_s == () and rank.loader_binding == ""
     assert record.metrics.input_wait_s is None and record.metrics.input_pool_bytes > 0
+
+
+# --- records and report ------------------------------------------------------------------------------
+
+
+def test_records_written_before_the_loader_read_as_resident_input():
+    old = {"rank": 0, "hostname": "h", "step_times_s": [0.1], "losses": [1.0], "peak_rss_bytes": 1}
+    rank = RankResult.from_dict(old)
+    assert rank.input_source == "resident" and rank.input_wait_s == () and rank.loader_workers == 0
+    record = sample_record()
+    data = record.to_dict()
+    for name in ("input_wait_s", "input_wait_share"):
+        del data["metrics"][name]
+    assert PointRecord.from_dict(data).metrics.input_wait_s is None
+
+
+def test_the_report_shows_the_input_wait_only_where_a_point_read_through_a_loader(tmp_path):
+    plan = report_sweep(tmp_path)
+    reading, resident = plan.points[0], plan.points[1]
+    loaded = record_for(reading)
+    waits = (0.01, 0.02, 0.03, 0.02, 0.02, 0.01)
+    metrics = replace(loaded.metrics, input_wait_s=Stats.of(waits), input_wait_share=Stats.of([w / 0.2 for w in waits]))
+    ranks = tuple(replace(rank, input_source="loader", input_wait_s=waits) for rank in loaded.ranks)
+    write(plan, [replace(loaded, metrics=metrics, ranks=ranks), record_for(resident)])
+    table = build_table(plan)
+    assert list(table["input_source"]) == ["loader", "resident", None] or table["input_source"].iloc[1] == "resident"
+    html = render_report(plan.config, table)
+    points = html[html.index("<h2>All points</h2>") :]
+    assert "<th>input_wait_s</th>" in points and "<th>input_wait_share</th>" in points
+    assert "0.02 [0.01, 0.03] n=6 steps" in points
+    assert "longest host time any rank spent waiting for its batch" in html
+    write(plan, [record_for(reading), record_for(resident)])
+    assert "input_wait_s" not in render_report(plan.config, build_table(plan))
