@@ -13,6 +13,25 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from ddlbench.train.strategies import RankContext
 
 
+def ddp_options() -> dict[str, Any]:
+    """Keywords for DistributedDataParallel that this torch accepts: init_sync=False (no broadcast of
+    the weights, which every rank already draws alike) exists from torch 2.7; 2.6 broadcasts."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    accepted = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"init_sync": False} if "init_sync" in accepted else {}
+
+
+def schedule_step_options(schedule: Any) -> dict[str, Any]:
+    """return_outputs=False where the pipeline schedule's step takes it (later than torch 2.6, which
+    passes unknown keywords on to the model's forward)."""
+    import inspect
+
+    return {"return_outputs": False} if "return_outputs" in inspect.signature(schedule.step).parameters else {}
+
+
 def slice_of(total: int, index: int, parts: int) -> tuple[int, int]:
     """[start, stop) of the index-th of `parts` equal contiguous slices of `total` items."""
     if total % parts:

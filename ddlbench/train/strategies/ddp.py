@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddlbench.train.strategies import StrategySetup, Trainer
-from ddlbench.train.strategies.common import count_parameters, cpu_state, slice_of
+from ddlbench.train.strategies.common import count_parameters, cpu_state, ddp_options, slice_of
 
 
 class DataParallelTrainer:
@@ -23,7 +23,7 @@ class DataParallelTrainer:
         # them onto themselves; skipping it also spares the memory probe a buffer that gloo's worker
         # thread frees where the probe cannot see (ddlbench.train.memory)
         self.model = DistributedDataParallel(
-            model, device_ids=device_ids, bucket_cap_mb=self.bucket_cap_mb, init_sync=False
+            model, device_ids=device_ids, bucket_cap_mb=self.bucket_cap_mb, **ddp_options()
         )
         self.optimizer = setup.make_optimizer(self.model.parameters())
         self.execution = setup.execution

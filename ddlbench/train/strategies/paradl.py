@@ -28,7 +28,13 @@ from ddlbench.catalog import split_rules
 from ddlbench.catalog.split_rules import Kind, LayerFacts
 from ddlbench.train.strategies import StrategySetup, Trainer
 from ddlbench.train.strategies import collectives as C
-from ddlbench.train.strategies.common import build_mesh, count_parameters, cpu_state, slice_of
+from ddlbench.train.strategies.common import (
+    build_mesh,
+    count_parameters,
+    cpu_state,
+    ddp_options,
+    slice_of,
+)
 from ddlbench.train.strategies.flops import count_model_flops
 
 log = logging.getLogger(__name__)
@@ -180,7 +186,7 @@ class ParaDLTrainer:
         if layout.dp_size > 1:
             device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
             self.forward_model = DistributedDataParallel(
-                self.model, device_ids=device_ids, process_group=layout.dp_group, init_sync=False
+                self.model, device_ids=device_ids, process_group=layout.dp_group, **ddp_options()
             )
 
     def local_batch_range(self, global_batch_size: int) -> tuple[int, int]:

@@ -31,7 +31,9 @@ from ddlbench.train.strategies.common import (
     build_mesh,
     count_parameters,
     cpu_state,
+    ddp_options,
     gather_state_on_rank0,
+    schedule_step_options,
     slice_of,
 )
 
@@ -187,7 +189,7 @@ class PipelineTrainer:
             submodule: nn.Module = module
             if layout.dp_size > 1:
                 submodule = DistributedDataParallel(
-                    module, device_ids=device_ids, process_group=layout.dp_group, init_sync=False
+                    module, device_ids=device_ids, process_group=layout.dp_group, **ddp_options()
                 )
             self.stages.append(
                 PipelineStage(
@@ -234,9 +236,9 @@ class PipelineTrainer:
         # (return_outputs=False), as nothing reads them and merging would copy the whole batch
         args = (self.execution.prepare_inputs(inputs),) if self.has_first else ()
         if self.has_last:
-            self.schedule.step(*args, target=targets, losses=losses, return_outputs=False)
+            self.schedule.step(*args, target=targets, losses=losses, **schedule_step_options(self.schedule))
         else:
-            self.schedule.step(*args, return_outputs=False)
+            self.schedule.step(*args, **schedule_step_options(self.schedule))
         if self.recorder is not None:
             self._keep_observations(self.recorder)
             self.recorder = None
