@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from ddlbench.launch.runner import run_point
 from ddlbench.train.memory import MemoryProbe, storage_bytes
+from ddlbench.train.strategies.common import wait_and_release
 from tests.conftest import make_point
 
 MIB = 2**20
@@ -75,6 +84,64 @@ def test_finishing_an_unprobed_run_still_stops_the_profiler():
     assert figures.peak_bytes is None
 
 
+# Gloo's reduce-scatter clones its input on the rank's thread, and the clone dies with the work, which
+# gloo's worker thread drops last in about one call of ten here: the probe must not count those clones
+# as live. Many calls make the race certain to show on any machine (the old probe counted 2 to 7 of 300).
+COLLECTIVE_CALLS = 300
+COLLECTIVE_ELEMENTS = 2**14  # input elements per call: a 64 KiB block, well above gloo's small tensors
+
+
+def _collective_rank(rank: int, folder: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    try:
+        probe = MemoryProbe(torch.device("cpu"), enabled=True)
+        probe.start()
+        for _ in range(COLLECTIVE_CALLS):
+            full, shard = torch.ones(COLLECTIVE_ELEMENTS), torch.empty(COLLECTIVE_ELEMENTS // 2)
+            dist.reduce_scatter_tensor(shard, full, async_op=True).wait()
+            del full, shard
+        kept = torch.ones(COLLECTIVE_ELEMENTS // 2)  # live across the probed step: resident
+        with probe.probing():
+            full, shard = torch.ones(COLLECTIVE_ELEMENTS), torch.empty(COLLECTIVE_ELEMENTS // 2)
+            dist.reduce_scatter_tensor(shard, full, async_op=True).wait()
+            del full, shard
+        figures = probe.finish(0)
+        (Path(folder) / f"rank{rank}.json").write_text(
+            json.dumps({"resident": figures.resident_bytes, "peak": figures.peak_bytes, "kept": kept.nbytes})
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_collective_buffers_freed_on_gloos_thread_are_not_counted_live(tmp_path):
+    mp.spawn(_collective_rank, args=(str(tmp_path),), nprocs=2, join=True)
+    block = 4 * COLLECTIVE_ELEMENTS
+    for rank in range(2):
+        figures = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        # before the probed step only `kept` is alive: none of the 300 clones, whichever thread freed them
+        assert figures["resident"] == figures["kept"]
+        # during it: the input, the output and gloo's clone of the input, all live at once
+        assert figures["peak"] == figures["resident"] + block + block // 2 + block
+
+
+def test_wait_and_release_frees_a_buffer_only_once_the_backend_lets_go():
+    """A stand-in for gloo's worker thread, which holds its own tensor over the buffer a moment after
+    wait() returns; the real race is what the zero2 resident figure below depends on."""
+
+    class Done:
+        def wait(self) -> bool:
+            return True
+
+    buffer = torch.ones(1024)
+    backend = [buffer.view(-1)]  # the backend's own tensor over the same storage
+    threading.Timer(0.02, backend.clear).start()
+    started = time.monotonic()
+    wait_and_release(deque([(Done(), buffer)]))
+    assert backend == [] and time.monotonic() - started >= 0.015
+
+
 GPT = dict(model="gpt_tiny", dataset="tokens_small", model_options=(), batch_size=1, warmup_steps=2, steps=2)
 
 
@@ -113,7 +180,7 @@ def test_sharding_saves_what_it_predicts(tmp_path):
     assert ddp.tensor_resident_bytes == pytest.approx(4 * params, rel=0.05)
     assert zero2.tensor_resident_bytes == pytest.approx(2 * params, rel=0.05)
     assert zero2.tensor_resident_bytes < ddp.tensor_resident_bytes
-    # FSDP2's gather and reduce buffers are sometimes freed by gloo's worker thread, which the CPU probe
-    # does not see (ddlbench.train.memory; a race, 1.5P to 2.1P seen over runs): never below the
-    # prediction, always well below ddp; on CUDA the allocator's own counter has no such blind spot
-    assert 1.5 * params * 0.98 <= fsdp.tensor_resident_bytes <= 2.5 * params
+    # gloo's clones inside reduce-scatter and all-gather, often freed by its worker thread where the CPU
+    # probe cannot see, are not counted live (ddlbench.train.memory): 1.5P on every run, where the
+    # probe that counted them read 1.5P to 2.1P (fsdp) and 3P (zero2, in CI)
+    assert fsdp.tensor_resident_bytes == pytest.approx(1.5 * params, rel=0.05)

@@ -234,8 +234,8 @@ def run_ranks(tmp_path, world: int, *, measure: bool, **fields) -> list[dict]:
     ],
 )
 def test_sharded_materialisation_gathers_to_the_plain_build(tmp_path, strategy, world, model, dataset, options, split):
-    """Setup alone, gathered back: no training step, so it runs on torch 2.6 too, whose FSDP2 cannot
-    run a step on CPU (its all-gather asks a CPU stream for record_event)."""
+    """Setup alone, gathered back: the weights a rank starts from, apart from training (which the
+    strategies' tests match against a single process)."""
     fields = dict(strategy=strategy, model=model, dataset=dataset, model_options=options, split=split, seed=7)
     results = run_ranks(tmp_path, world, measure=False, **fields)
     assert results[0]["names"] and results[0]["differ"] == []

@@ -54,7 +54,9 @@ def build_model(point: Point, *, materialise: bool = True) -> nn.Module:
         )
     torch.manual_seed(point.seed)  # the builder's InitPlan takes its seed from here (finish_model)
     builder = resolve_builder(model_spec.builder)
-    device = torch.get_default_device()
+    # the device a `torch.device` context (or set_default_device) names; get_default_device() ignores the
+    # context in torch releases before 2.8
+    device = torch.empty(0).device
     with torch.device("meta"):
         model = builder(
             sample_shape=dataset_spec.sample_shape,

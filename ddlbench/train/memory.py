@@ -14,7 +14,17 @@ FSDP's gather buffers). The running sum of those sizes, from a profiler started 
 built, is the allocator's live total. Its limit: the profiler sees the thread that started it, and
 torch runs a CPU step's forward, backward and optimizer on that thread; allocations made on other
 threads (gloo's worker threads) are not counted. Blocks allocated before the profiler started are
-not counted either, nor their frees.
+not counted either, nor their frees. A free made on another thread is unseen: gloo's reduce-scatter
+and all-gather clone their input inside the collective's call on the rank's thread
+(`aten::clone < c10d::_reduce_scatter_base_` in the event tree), and the clone dies with the work,
+which gloo's worker thread often drops last (in about one call of ten on this project's 2-core
+machine). Such a block, made inside a `c10d::` call and never seen freed, belongs to a collective
+that the strategy waited for within its step: it is taken as freed before the probed step if it was
+made earlier, and as live to the probed step's end if made during it (an upper bound; the bytes so
+bounded are named in the method). Other blocks whose free is unseen stay counted until their address
+is handed out again: a strategy's own buffers handed to an asynchronous collective are therefore
+dropped through `wait_and_release` (ddlbench.train.strategies.common), which waits for gloo's thread
+to let go of them so that the rank's thread frees them.
 
 **CUDA.** The caching allocator's own counters: `max_memory_allocated`, reset once the inputs are
 resident, read when the probed step has been enqueued (its allocations happen on the host, so no
@@ -107,22 +117,41 @@ class MemoryProbe:
             return MemoryFigures(
                 peak_bytes=None, resident_bytes=None, input_pool_bytes=input_pool_bytes, method="not probed"
             )
-        resident, peak = allocator_peak(profiler)
+        live = allocator_peak(profiler)
+        bounded = (
+            f"; {live.bounded_collective_bytes} bytes of collective buffers freed unseen, counted to the "
+            "probed step's end"
+            if live.bounded_collective_bytes
+            else ""
+        )
         return MemoryFigures(
-            peak_bytes=peak - input_pool_bytes,
-            resident_bytes=resident - input_pool_bytes,
+            peak_bytes=live.peak_bytes - input_pool_bytes,
+            resident_bytes=live.resident_bytes - input_pool_bytes,
             input_pool_bytes=input_pool_bytes,
-            method="cpu allocator events (torch.profiler profile_memory, main thread) from model construction",
+            method="cpu allocator events (torch.profiler profile_memory, main thread) from model construction"
+            + bounded,
         )
 
 
-def allocator_peak(profiler: torch.profiler.profile) -> tuple[int, int]:
-    """(live bytes at the probed step's start, highest live bytes during it) from the allocator's events.
+COLLECTIVE_PREFIX = "c10d::"  # the dispatcher's name of every torch.distributed collective call
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveBytes:
+    resident_bytes: int  # live at the probed step's start
+    peak_bytes: int  # highest live during it (at least resident_bytes)
+    bounded_collective_bytes: int  # blocks made by a collective during it, freed unseen, counted to its end
+
+
+def allocator_peak(profiler: torch.profiler.profile) -> LiveBytes:
+    """The live bytes at the probed step's start and their peak during it, from the allocator's events.
 
     The live total follows the allocations and frees the profiler saw, in time order, block by block
     (by address). A free the profiler could not see (made on another thread) shows when the same
-    address is handed out again: the old block is then dropped before the new one counts. Frees of
-    blocks allocated before the profiler started are ignored, like those blocks.
+    address is handed out again: the old block is then dropped before the new one counts. A block made
+    inside a collective's call and never seen freed gets a free: just before the probed step when it
+    was made earlier, at the probed step's end when made during it (see the module's docstring). Frees
+    of blocks allocated before the profiler started are ignored, like those blocks.
     """
     nodes = list(_walk(profiler.profiler.kineto_results.experimental_event_tree()))
     marks = [node for node in nodes if node.name == PROBE_MARK]
@@ -130,14 +159,15 @@ def allocator_peak(profiler: torch.profiler.profile) -> tuple[int, int]:
         raise RuntimeError(f"expected one {PROBE_MARK!r} range in the profile, found {len(marks)}")
     begin, end = marks[0].start_time_ns, marks[0].end_time_ns
     changes = sorted(
-        (node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size)
+        (node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size, _inside_collective(node))
         for node in nodes
         if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu"
     )
+    changes, bounded = _free_collective_buffers(changes, begin, end)
     blocks: dict[int, int] = {}
     live = resident = 0
     peak = None
-    for when, pointer, size in changes:
+    for when, pointer, size, _ in changes:
         if when > end:
             break
         if size > 0:
@@ -149,7 +179,53 @@ def allocator_peak(profiler: torch.profiler.profile) -> tuple[int, int]:
             resident = live
         else:
             peak = live if peak is None else max(peak, live)
-    return resident, max(resident, peak if peak is not None else resident)
+    return LiveBytes(
+        resident_bytes=resident,
+        peak_bytes=max(resident, peak if peak is not None else resident),
+        bounded_collective_bytes=bounded,
+    )
+
+
+Change = tuple[int, int, int, bool]  # (time ns, address, bytes: > 0 allocated, < 0 freed, made by a collective)
+
+
+def _free_collective_buffers(changes: list[Change], begin: int, end: int) -> tuple[list[Change], int]:
+    """`changes` with a free added for every block made inside a collective's call whose free is unseen
+    (its address is handed out again, or the profile ends, with no free seen), and the bytes of those
+    made during [begin, end]. A block whose address is handed out again is dropped then anyway; a free
+    is added only where that comes too late (after the probed step's start or end)."""
+    unseen: list[tuple[Change, int | None]] = []  # (the block, when its address was handed out again)
+    open_blocks: dict[int, Change] = {}  # the block made last at each address, until seen freed
+    for change in changes:
+        when, pointer, size = change[0], change[1], change[2]
+        if size > 0:
+            previous = open_blocks.get(pointer)
+            if previous is not None and previous[3]:
+                unseen.append((previous, when))
+            open_blocks[pointer] = change
+        else:
+            open_blocks.pop(pointer, None)
+    unseen += [(change, None) for change in open_blocks.values() if change[3]]
+    added: list[Change] = []
+    bounded = 0
+    for (when, pointer, size, _), reused in unseen:
+        if when < begin:
+            if reused is None or reused >= begin:
+                added.append((begin - 1, pointer, -size, True))
+        elif when <= end:
+            bounded += size
+            if reused is None or reused > end:
+                added.append((end, pointer, -size, True))
+    return sorted(changes + added), bounded
+
+
+def _inside_collective(node) -> bool:
+    parent = node.parent
+    while parent is not None:
+        if parent.name.startswith(COLLECTIVE_PREFIX):
+            return True
+        parent = parent.parent
+    return False
 
 
 def _walk(nodes):

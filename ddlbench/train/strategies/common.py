@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import time
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,24 +16,60 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ddlbench.train.strategies import RankContext
 
+log = logging.getLogger(__name__)
+
+# How long wait_and_release waits for a backend's thread to let go of a buffer (it takes microseconds)
+RELEASE_WAIT_S = 0.05
+
 
 def ddp_options() -> dict[str, Any]:
-    """Keywords for DistributedDataParallel that this torch accepts: init_sync=False (no broadcast of
-    the weights, which every rank already draws alike) exists from torch 2.7; 2.6 broadcasts."""
-    import inspect
-
-    from torch.nn.parallel import DistributedDataParallel
-
-    accepted = inspect.signature(DistributedDataParallel.__init__).parameters
-    return {"init_sync": False} if "init_sync" in accepted else {}
+    """Keywords every DistributedDataParallel of ddlbench takes: init_sync=False, no broadcast of the
+    weights, which every rank already draws alike (ddlbench.train.models.init)."""
+    return {"init_sync": False}
 
 
 def schedule_step_options(schedule: Any) -> dict[str, Any]:
-    """return_outputs=False where the pipeline schedule's step takes it (later than torch 2.6, which
-    passes unknown keywords on to the model's forward)."""
+    """return_outputs=False where the pipeline schedule's step takes it (later than torch 2.9, the floor,
+    whose step passes unknown keywords on to the model's forward)."""
     import inspect
 
     return {"return_outputs": False} if "return_outputs" in inspect.signature(schedule.step).parameters else {}
+
+
+def wait_and_release(pending: deque[tuple[dist.Work, Tensor]]) -> None:
+    """Wait for the oldest of `pending` asynchronous collectives, then hold its buffer until no other
+    tensor shares its storage, so that dropping it frees the storage on this thread.
+
+    Gloo's worker thread lets go of a finished work, and of the buffers it holds, a moment after wait()
+    returns. A CPU storage freed on that thread is invisible to the memory probe (ddlbench.train.memory
+    sees the allocator's events of the rank's own thread) and would count as live until its address is
+    reused: zero2's all-gather inputs read as an extra P/2 that way in one run of six. The wait is for
+    CPU buffers only: the CUDA allocator's counters see frees on every thread, and NCCL's watchdog may
+    hold a work for seconds. The work is taken out of `pending` here, so no reference to it outlives
+    its wait.
+    """
+    work, buffer = pending.popleft()
+    work.wait()
+    del work
+    if buffer.device.type != "cpu":
+        return
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    while _shared(buffer):
+        if time.monotonic() > deadline:
+            log.warning(
+                "a %d-byte buffer of a finished collective is still held elsewhere after %.0f ms; if another "
+                "thread frees it, the CPU memory figures count it as live",
+                buffer.untyped_storage().nbytes(),
+                RELEASE_WAIT_S * 1e3,
+            )
+            return
+        os.sched_yield()
+
+
+def _shared(tensor: Tensor) -> bool:
+    """Whether anything besides this one Python tensor holds its storage (a backend's own tensor over it)."""
+    storage = tensor.untyped_storage()  # a reference of its own: hence the 2 below
+    return tensor._use_count() > 1 or torch._C._storage_Use_Count(storage._cdata) > 2
 
 
 def slice_of(total: int, index: int, parts: int) -> tuple[int, int]:

@@ -24,10 +24,10 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from ddlbench.train.models.init import is_meta, materialise
 from ddlbench.train.strategies import StrategySetup, Trainer
-from ddlbench.train.strategies.common import count_parameters, slice_of
+from ddlbench.train.strategies.common import count_parameters, slice_of, wait_and_release
 
 # The flat-tensor collectives: torch 2.13 names them *_single and deprecates (FutureWarning) the
-# *_tensor names, which are the only ones torch 2.6, the floor, has. Whichever this torch has.
+# *_tensor names, which are the only ones torch 2.9, the floor, has. Whichever this torch has.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -259,7 +259,7 @@ class ZeroStage2Trainer:
         self._in_flight.append((work, full))
         # drop the bucket buffers whose reduce-scatter is done, so full gradients do not pile up
         while self._in_flight and self._in_flight[0][0].is_completed():
-            self._in_flight.popleft()[0].wait()
+            wait_and_release(self._in_flight)  # freed on this thread, where the memory probe sees it
 
     def _finish_reduction(self) -> None:
         # buckets that never filled (parameters without gradients this step) still take part
@@ -267,7 +267,7 @@ class ZeroStage2Trainer:
             self._launch(self.buckets[self._next])
             self._next += 1
         while self._in_flight:
-            self._in_flight.popleft()[0].wait()
+            wait_and_release(self._in_flight)
         self._ready = [0] * len(self.buckets)
         self._next = 0
 
@@ -279,13 +279,15 @@ class ZeroStage2Trainer:
         execution.backward(loss)
         self._finish_reduction()
         execution.optimizer_step(self.optimizer)  # over the shards; fp16 skips on every rank alike
-        gathers = []
+        gathers: deque[tuple[dist.Work, Tensor]] = deque()
         for bucket, shard in zip(self.buckets, self.shards, strict=True):
             # the input must not alias the output; a shard-sized copy is cheap
             out = self.flat[bucket.start : bucket.start + bucket.padded]
-            gathers.append(_all_gather(out, shard.detach().clone(), async_op=True))
-        for work in gathers:
-            work.wait()
+            source = shard.detach().clone()
+            gathers.append((_all_gather(out, source, async_op=True), source))
+        del source
+        while gathers:
+            wait_and_release(gathers)
         return loss.detach()
 
     def full_state_dict(self) -> dict[str, Tensor] | None:
