@@ -81,6 +81,9 @@ def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None, b
     from ddlbench.launch.devices import gpu_identity, rank_device
     from ddlbench.train.kernel import train_point
     from ddlbench.train.strategies import RankContext
+    from ddlbench.train.torch_floor import check_torch_floor
+
+    check_torch_floor(torch.__version__)  # before any figure: every rank fails alike, and says why
 
     # local launches run every rank on this host (LOCAL_WORLD_SIZE); under srun a node has ranks_per_node
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", point.ranks_per_node))
