@@ -35,15 +35,16 @@ test: venv
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The lowest torch the code works with, read from pyproject.toml's "torch>=X" (one source of truth).
-# The unit tests (not slow, not SLURM, not GPU) and FLOOR_SLOW_TESTS (fsdp, zero2 and dp_tp against
-# the single-process reference on real ranks: FSDP2 is what older releases get wrong) run against it
+# The unit tests (not slow, not SLURM, not GPU) and FLOOR_SLOW_TESTS (fsdp, zero2, dp_tp and pipelines
+# against the single-process reference on real ranks: what older releases get wrong) run against it
 # in a venv of its own. PyPI's x86-64 wheels of older torch releases are CUDA builds (5.6 GB
 # installed): uv installs them in about 30 s, where pip takes 4 min.
 TORCH_FLOOR := $(shell sed -n 's/^ *"torch>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 FLOOR_VENV  ?= .venv-floor
 FLOOR_SLOW_TESTS ?= tests/test_strategy_sharded.py::test_two_ranks_match_single_process \
                     tests/test_strategy_sharded.py::test_fsdp_on_gpt_tiny \
-                    tests/test_strategy_tensor.py::test_dp_tp_on_two_by_two_ranks_matches_single_process
+                    tests/test_strategy_tensor.py::test_dp_tp_on_two_by_two_ranks_matches_single_process \
+                    tests/test_strategy_pipeline.py::test_two_stage_pipeline_matches_single_process
 
 $(FLOOR_VENV)/.installed: pyproject.toml | venv
 	$(BIN)/pip install --quiet 'uv>=0.5'

@@ -258,7 +258,7 @@ def _world_grad_scaler_class() -> type[torch.amp.GradScaler]:
     `_amp_foreach_non_finite_check_and_unscale_`, which refuses mixed DTensor and Tensor arguments. So
     each kind is unscaled in its own call, into the same found-inf flag; the per-device flags of the two
     calls are summed (the scaler only asks whether their sum is nonzero). `_unscale_grads_` is private,
-    with the same signature from torch 2.6 to 2.13 (checked; the floor is 2.9)."""
+    with the same signature from torch 2.6 to 2.13 (checked; the floor is 2.10)."""
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
     from torch.distributed.tensor import DTensor
 

@@ -15,7 +15,9 @@ from ddlbench.errors import DdlbenchError
 # 2.6: FSDP2 cannot run a step on CPU (its all-gather asks a CPU stream for record_event).
 # 2.7, 2.8: FSDP2 over gloo sums gradients instead of averaging them: a 2-rank fully_shard Linear's
 # gradient is exactly 2.0x the single-process one, so fsdp and dp_tp miss the reference.
-TORCH_FLOOR = "2.9.0"
+# 2.9: a pipeline's first step sends an int64 scalar into its neighbour's float32 buffer to set up
+# the stages' links (PipelineStage._get_init_p2p_neighbors_ops); gloo aborts ("8 vs 4").
+TORCH_FLOOR = "2.10.0"
 
 
 def release(version: str) -> tuple[int, int, int]:
@@ -31,6 +33,6 @@ def check_torch_floor(version: str) -> None:
     if release(version) < release(TORCH_FLOOR):
         raise DdlbenchError(
             f"torch {version} is below ddlbench's floor {TORCH_FLOOR} (pyproject.toml: torch>={TORCH_FLOOR}): "
-            "older releases train FSDP2 wrongly on CPU (2.7 and 2.8 sum its gradients over gloo, 2.6 cannot "
-            f"step); install torch>={TORCH_FLOOR} for this device"
+            "older releases train wrongly or abort on CPU (pipelines on 2.9, FSDP2 on 2.6 to 2.8); "
+            f"install torch>={TORCH_FLOOR} for this device"
         )

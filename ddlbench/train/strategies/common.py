@@ -28,14 +28,6 @@ def ddp_options() -> dict[str, Any]:
     return {"init_sync": False}
 
 
-def schedule_step_options(schedule: Any) -> dict[str, Any]:
-    """return_outputs=False where the pipeline schedule's step takes it (later than torch 2.9, the floor,
-    whose step passes unknown keywords on to the model's forward)."""
-    import inspect
-
-    return {"return_outputs": False} if "return_outputs" in inspect.signature(schedule.step).parameters else {}
-
-
 def wait_and_release(pending: deque[tuple[dist.Work, Tensor]]) -> None:
     """Wait for the oldest of `pending` asynchronous collectives, then hold its buffer until no other
     tensor shares its storage, so that dropping it frees the storage on this thread.

@@ -33,7 +33,6 @@ from ddlbench.train.strategies.common import (
     cpu_state,
     ddp_options,
     gather_state_on_rank0,
-    schedule_step_options,
     slice_of,
 )
 
@@ -236,9 +235,9 @@ class PipelineTrainer:
         # (return_outputs=False), as nothing reads them and merging would copy the whole batch
         args = (self.execution.prepare_inputs(inputs),) if self.has_first else ()
         if self.has_last:
-            self.schedule.step(*args, target=targets, losses=losses, **schedule_step_options(self.schedule))
+            self.schedule.step(*args, target=targets, losses=losses, return_outputs=False)
         else:
-            self.schedule.step(*args, **schedule_step_options(self.schedule))
+            self.schedule.step(*args, return_outputs=False)
         if self.recorder is not None:
             self._keep_observations(self.recorder)
             self.recorder = None

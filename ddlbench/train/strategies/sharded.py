@@ -27,7 +27,7 @@ from ddlbench.train.strategies import StrategySetup, Trainer
 from ddlbench.train.strategies.common import count_parameters, slice_of, wait_and_release
 
 # The flat-tensor collectives: torch 2.13 names them *_single and deprecates (FutureWarning) the
-# *_tensor names, which are the only ones torch 2.9, the floor, has. Whichever this torch has.
+# *_tensor names, which are the only ones torch 2.10, the floor, has. Whichever this torch has.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
