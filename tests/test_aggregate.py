@@ -185,7 +185,8 @@ def test_repetitions_give_a_median_and_a_ci_from_six_on(tmp_path):
 def test_records_of_another_measurement_version_are_flagged_and_left_out_unless_asked(tmp_path):
     plan = plan_of(tmp_path, strategies=["ddp"], nodes=[1, 2], repetitions=2)
     old = {p.point_id for p in plan.points if p.repetition == 1}
-    write(plan, [record_for(p, 100.0 if p.point_id not in old else 900.0, version=1 if p.point_id in old else 2)
+    now, before = MEASUREMENT_VERSION, MEASUREMENT_VERSION - 1
+    write(plan, [record_for(p, 100.0 if p.point_id not in old else 900.0, version=before if p.point_id in old else now)
                  for p in plan.points])  # fmt: skip
     table = build_table(plan)
     flagged = table.set_index("point_id")["other_measurement_version"]
