@@ -20,9 +20,10 @@ STATUSES: tuple[Status, ...] = ("ok", "failed", "oom", "timeout")
 # only adds a field): reports and plans flag records of another version and leave them out of
 # comparisons. 1: per-rank step clocks, dispatch-mode memory probe (ddlbench ≤ stop 7). 2: steps on one
 # clock, window throughput, allocator-event memory peaks without the input pool, warm-up detection.
-# 3: the CPU memory probe takes gloo's collective clones freed unseen on its worker thread as freed
-# (zero2 read 3P for 2P, fsdp up to 2.1P for 1.5P); fsdp, tensor and dp_tp start sharded on the meta
-# device, so their peaks no longer include the whole model built at setup.
+# 3: the CPU memory probe counts the blocks of every thread of the rank (c10's process-wide accounting):
+# gloo's clones freed on its worker thread no longer stay live (zero2 read 3P for 2P, fsdp up to 2.1P
+# for 1.5P) and Horovod's fusion buffer counts; fsdp, tensor and dp_tp start sharded on the meta device,
+# so their peaks no longer include the whole model built at setup.
 MEASUREMENT_VERSION = 3
 
 

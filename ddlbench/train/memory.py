@@ -1,30 +1,28 @@
 """Tensor memory of one rank, with one definition on the CPU and on CUDA.
 
 **Definition.** `tensor_peak_bytes` is the highest number of bytes of tensor storages that the rank's
-device allocator held at any moment from the model's construction to the end of the probed step,
-minus the input pool (the batches made resident before timing, a benchmark artefact reported apart
-as `input_pool_bytes`). `tensor_resident_bytes` is the same count at the probed step's start:
-parameters, gradients, optimizer state, communication buckets, whatever a strategy keeps. The probed
-step is the last warm-up step, and only when there are two or more: never a timed step, never the
-first step (which builds buffers, buckets and caches).
+device allocator held, over all of the rank's threads, at any moment from the model's construction to
+the end of the probed step, minus the input pool (the batches made resident before timing, a
+benchmark artefact reported apart as `input_pool_bytes`). `tensor_resident_bytes` is the same count at
+the probed step's start: parameters, gradients, optimizer state, communication buffers, whatever a
+strategy keeps. The probed step is the last warm-up step, and only when there are two or more: never a
+timed step, never the first step (which builds buffers, buckets and caches).
 
-**CPU.** torch.profiler with `profile_memory=True` reports every allocation and free of the CPU
-allocator (c10's DefaultCPUAllocator) with its size, C++-held storages included (DDP's buckets,
-FSDP's gather buffers). The running sum of those sizes, from a profiler started before the model is
-built, is the allocator's live total. Its limit: the profiler sees the thread that started it, and
-torch runs a CPU step's forward, backward and optimizer on that thread; allocations made on other
-threads (gloo's worker threads) are not counted. Blocks allocated before the profiler started are
-not counted either, nor their frees. A free made on another thread is unseen: gloo's reduce-scatter
-and all-gather clone their input inside the collective's call on the rank's thread
-(`aten::clone < c10d::_reduce_scatter_base_` in the event tree), and the clone dies with the work,
-which gloo's worker thread often drops last (in about one call of ten on this project's 2-core
-machine). Such a block, made inside a `c10d::` call and never seen freed, belongs to a collective
-that the strategy waited for within its step: it is taken as freed before the probed step if it was
-made earlier, and as live to the probed step's end if made during it (an upper bound; the bytes so
-bounded are named in the method). Other blocks whose free is unseen stay counted until their address
-is handed out again: a strategy's own buffers handed to an asynchronous collective are therefore
-dropped through `wait_and_release` (ddlbench.train.strategies.common), which waits for gloo's thread
-to let go of them so that the rank's thread frees them.
+**CPU.** c10's CPU allocator keeps a process-wide table of its live blocks and their total when its
+flag `caffe2_report_cpu_memory_usage` is set; without it, only the thread running torch.profiler
+updates the table. The probe sets the flag (an exported symbol of libc10) for its duration and runs
+torch.profiler with `profile_memory=True` on the rank's thread, where torch runs a CPU step's forward,
+backward and optimizer. Every allocation and free that thread makes is an event carrying the
+allocator's total over all threads at that instant (`total_allocated`), so blocks that gloo's or
+Horovod's threads allocate or free (gloo's clones inside a reduce-scatter, a finished work's buffers,
+Horovod's fusion buffer) count exactly, where they happened, as soon as the rank's thread next
+allocates or frees. The probe allocates and frees one byte at the probed step's start and end, so the
+total is read at those instants too; before the start, it waits `SETTLE_S` for other threads to let go
+of finished work (gloo's worker thread holds a finished work's buffers for microseconds after wait()
+returns), so that the resident figure is the state between steps, not a backend's lag. Blocks allocated
+before the probe started are not counted, nor their frees. Between two events of the rank's thread, a
+block that another thread allocates and frees again is not seen: the peak is low by such blocks. Where
+the flag cannot be set (no such symbol in this torch), nothing is reported.
 
 **CUDA.** The caching allocator's own counters: `max_memory_allocated`, reset once the inputs are
 resident, read when the probed step has been enqueued (its allocations happen on the host, so no
@@ -34,9 +32,12 @@ synchronisation is needed); `memory_allocated` at the step's start.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch._C._profiler import _EventType
@@ -44,6 +45,12 @@ from torch._C._profiler import _EventType
 log = logging.getLogger(__name__)
 
 PROBE_MARK = "ddlbench::memory_probe"
+READING_MARK = "ddlbench::memory_reading"  # the one-byte allocation whose events read the total
+ACCOUNTING_FLAG = "FLAGS_caffe2_report_cpu_memory_usage"
+# Before the resident reading, the time given to other threads to let go of the blocks of finished work:
+# gloo's worker thread drops a finished work, and the clone it holds, microseconds after wait() returns
+# (a 64 KiB clone still held at the first reading in 1 of 12 runs here, gone 1 ms later in all 12)
+SETTLE_S = 0.02
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +70,18 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
+def process_wide_accounting() -> ctypes.c_bool | None:
+    """c10's flag that makes its CPU allocator account for the blocks of every thread, or None where
+    this torch's libc10 does not export it."""
+    libraries = sorted((Path(torch.__file__).parent / "lib").glob("libc10.*"))
+    for library in libraries:
+        try:
+            return ctypes.c_bool.in_dll(ctypes.CDLL(str(library)), ACCOUNTING_FLAG)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 class MemoryProbe:
     """Measures a rank's tensor memory: `start()` before the model is built, `inputs_resident()` once
     the input pool exists, `probing()` around the probed step, `finish()` right after it."""
@@ -72,16 +91,25 @@ class MemoryProbe:
         self.enabled = enabled
         self.why_not = why_not
         self._profiler: torch.profiler.profile | None = None
+        self._flag: ctypes.c_bool | None = None
+        self._flag_was = False
         self._cuda_resident: int | None = None
         self._probed = False
 
     def start(self) -> None:
         if not self.enabled or self.device.type != "cpu":
             return
+        self._flag = process_wide_accounting()
+        if self._flag is None:
+            self.enabled = False
+            self.why_not = f"not probed: this torch's libc10 has no {ACCOUNTING_FLAG} to count every thread's blocks"
+            return
+        self._flag_was, self._flag.value = self._flag.value, True  # before any block the probe counts
         self._profiler = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, record_shapes=False
         )
         self._profiler.__enter__()
+        _read_total()  # the total before the model exists: what the figures are counted from
 
     def inputs_resident(self) -> None:
         if self.enabled and self.device.type == "cuda":
@@ -94,8 +122,11 @@ class MemoryProbe:
             self._cuda_resident = torch.cuda.memory_allocated(self.device)
             yield
             return
+        time.sleep(SETTLE_S)  # a warm-up step: never timed
         with torch.profiler.record_function(PROBE_MARK):
+            _read_total()
             yield
+            _read_total()
 
     def finish(self, input_pool_bytes: int) -> MemoryFigures:
         if not self.enabled:
@@ -113,116 +144,67 @@ class MemoryProbe:
         profiler, self._profiler = self._profiler, None
         if profiler is not None:
             profiler.__exit__(None, None, None)  # whatever happened, never into the timed window
+        if self._flag is not None:
+            self._flag.value = self._flag_was  # its mutex stays out of the timed steps
         if profiler is None or not self._probed:
             return MemoryFigures(
                 peak_bytes=None, resident_bytes=None, input_pool_bytes=input_pool_bytes, method="not probed"
             )
         live = allocator_peak(profiler)
-        bounded = (
-            f"; {live.bounded_collective_bytes} bytes of collective buffers freed unseen, counted to the "
-            "probed step's end"
-            if live.bounded_collective_bytes
-            else ""
-        )
         return MemoryFigures(
             peak_bytes=live.peak_bytes - input_pool_bytes,
             resident_bytes=live.resident_bytes - input_pool_bytes,
             input_pool_bytes=input_pool_bytes,
-            method="cpu allocator events (torch.profiler profile_memory, main thread) from model construction"
-            + bounded,
+            method="cpu allocator events of the rank's thread, carrying the total of all its threads (torch.profiler "
+            "profile_memory, c10 caffe2_report_cpu_memory_usage), from model construction",
         )
 
 
-COLLECTIVE_PREFIX = "c10d::"  # the dispatcher's name of every torch.distributed collective call
+def _read_total() -> None:
+    """One allocation and its free, whose profiler events carry the allocator's total at this instant."""
+    with torch.profiler.record_function(READING_MARK):
+        torch.empty(1, dtype=torch.uint8)
 
 
 @dataclass(frozen=True, kw_only=True)
 class LiveBytes:
     resident_bytes: int  # live at the probed step's start
     peak_bytes: int  # highest live during it (at least resident_bytes)
-    bounded_collective_bytes: int  # blocks made by a collective during it, freed unseen, counted to its end
 
 
 def allocator_peak(profiler: torch.profiler.profile) -> LiveBytes:
-    """The live bytes at the probed step's start and their peak during it, from the allocator's events.
+    """The live bytes at the probed step's start and their peak during it, counted from the first
+    reading (the probe's start), from the allocator totals that the rank thread's events carry.
 
-    The live total follows the allocations and frees the profiler saw, in time order, block by block
-    (by address). A free the profiler could not see (made on another thread) shows when the same
-    address is handed out again: the old block is then dropped before the new one counts. A block made
-    inside a collective's call and never seen freed gets a free: just before the probed step when it
-    was made earlier, at the probed step's end when made during it (see the module's docstring). Frees
-    of blocks allocated before the profiler started are ignored, like those blocks.
+    A reading's free event carries the total without the reading's own byte; its allocation event
+    (one byte over) is left out of the peak.
     """
     nodes = list(_walk(profiler.profiler.kineto_results.experimental_event_tree()))
     marks = [node for node in nodes if node.name == PROBE_MARK]
     if len(marks) != 1:
         raise RuntimeError(f"expected one {PROBE_MARK!r} range in the profile, found {len(marks)}")
     begin, end = marks[0].start_time_ns, marks[0].end_time_ns
-    changes = sorted(
-        (node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size, _inside_collective(node))
+    events = sorted(
+        (node.start_time_ns, node.extra_fields.alloc_size, node.extra_fields.total_allocated, _is_reading(node))
         for node in nodes
         if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu"
     )
-    changes, bounded = _free_collective_buffers(changes, begin, end)
-    blocks: dict[int, int] = {}
-    live = resident = 0
-    peak = None
-    for when, pointer, size, _ in changes:
-        if when > end:
-            break
-        if size > 0:
-            live += size - blocks.get(pointer, 0)
-            blocks[pointer] = size
-        else:
-            live -= blocks.pop(pointer, 0)
-        if when < begin:
-            resident = live
-        else:
-            peak = live if peak is None else max(peak, live)
-    return LiveBytes(
-        resident_bytes=resident,
-        peak_bytes=max(resident, peak if peak is not None else resident),
-        bounded_collective_bytes=bounded,
-    )
+    readings = [(when, total) for when, size, total, reading in events if reading and size < 0]
+    inside = [(when, total) for when, total in readings if begin <= when <= end]
+    if len(readings) < 3 or len(inside) != 2:
+        raise RuntimeError(
+            f"expected the probe's three allocator readings, found {len(readings)} ({len(inside)} in the step)"
+        )
+    baseline = readings[0][1]
+    resident = inside[0][1] - baseline
+    totals = [total for when, size, total, reading in events if begin <= when <= end and not (reading and size > 0)]
+    return LiveBytes(resident_bytes=resident, peak_bytes=max(totals) - baseline)
 
 
-Change = tuple[int, int, int, bool]  # (time ns, address, bytes: > 0 allocated, < 0 freed, made by a collective)
-
-
-def _free_collective_buffers(changes: list[Change], begin: int, end: int) -> tuple[list[Change], int]:
-    """`changes` with a free added for every block made inside a collective's call whose free is unseen
-    (its address is handed out again, or the profile ends, with no free seen), and the bytes of those
-    made during [begin, end]. A block whose address is handed out again is dropped then anyway; a free
-    is added only where that comes too late (after the probed step's start or end)."""
-    unseen: list[tuple[Change, int | None]] = []  # (the block, when its address was handed out again)
-    open_blocks: dict[int, Change] = {}  # the block made last at each address, until seen freed
-    for change in changes:
-        when, pointer, size = change[0], change[1], change[2]
-        if size > 0:
-            previous = open_blocks.get(pointer)
-            if previous is not None and previous[3]:
-                unseen.append((previous, when))
-            open_blocks[pointer] = change
-        else:
-            open_blocks.pop(pointer, None)
-    unseen += [(change, None) for change in open_blocks.values() if change[3]]
-    added: list[Change] = []
-    bounded = 0
-    for (when, pointer, size, _), reused in unseen:
-        if when < begin:
-            if reused is None or reused >= begin:
-                added.append((begin - 1, pointer, -size, True))
-        elif when <= end:
-            bounded += size
-            if reused is None or reused > end:
-                added.append((end, pointer, -size, True))
-    return sorted(changes + added), bounded
-
-
-def _inside_collective(node) -> bool:
+def _is_reading(node) -> bool:
     parent = node.parent
     while parent is not None:
-        if parent.name.startswith(COLLECTIVE_PREFIX):
+        if parent.name == READING_MARK:
             return True
         parent = parent.parent
     return False

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import time
-from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,44 +15,11 @@ from ddlbench.train.strategies import RankContext
 
 log = logging.getLogger(__name__)
 
-# How long wait_and_release waits for a backend's thread to let go of a buffer (it takes microseconds)
-RELEASE_WAIT_S = 0.05
-
 
 def ddp_options() -> dict[str, Any]:
     """Keywords every DistributedDataParallel of ddlbench takes: init_sync=False, no broadcast of the
     weights, which every rank already draws alike (ddlbench.train.models.init)."""
     return {"init_sync": False}
-
-
-def wait_and_release(pending: deque[tuple[dist.Work, Tensor]]) -> None:
-    """Wait for the oldest of `pending` asynchronous collectives, then hold its buffer until no other
-    tensor shares its storage, so that dropping it frees the storage on this thread.
-
-    Gloo's worker thread lets go of a finished work, and of the buffers it holds, a moment after wait()
-    returns. A CPU storage freed on that thread is invisible to the memory probe (ddlbench.train.memory
-    sees the allocator's events of the rank's own thread) and would count as live until its address is
-    reused: zero2's all-gather inputs read as an extra P/2 that way in one run of six. The wait is for
-    CPU buffers only: the CUDA allocator's counters see frees on every thread, and NCCL's watchdog may
-    hold a work for seconds. The work is taken out of `pending` here, so no reference to it outlives
-    its wait.
-    """
-    work, buffer = pending.popleft()
-    work.wait()
-    del work
-    if buffer.device.type != "cpu":
-        return
-    deadline = time.monotonic() + RELEASE_WAIT_S
-    while _shared(buffer):
-        if time.monotonic() > deadline:
-            log.warning(
-                "a %d-byte buffer of a finished collective is still held elsewhere after %.0f ms; if another "
-                "thread frees it, the CPU memory figures count it as live",
-                buffer.untyped_storage().nbytes(),
-                RELEASE_WAIT_S * 1e3,
-            )
-            return
-        os.sched_yield()
 
 
 def _shared(tensor: Tensor) -> bool:

@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from ddlbench.train.models.init import is_meta, materialise
 from ddlbench.train.strategies import StrategySetup, Trainer
-from ddlbench.train.strategies.common import count_parameters, slice_of, wait_and_release
+from ddlbench.train.strategies.common import count_parameters, slice_of
 
 # The flat-tensor collectives: torch 2.13 names them *_single and deprecates (FutureWarning) the
 # *_tensor names, which are the only ones torch 2.10, the floor, has. Whichever this torch has.
@@ -230,7 +230,7 @@ class ZeroStage2Trainer:
         self._bucket_of = {p: b for b in self.buckets for p in b.params}
         self._ready = [0] * len(self.buckets)
         self._next = 0  # buckets are launched in index order on every rank, so the collectives match
-        self._in_flight: deque[tuple[dist.Work, Tensor]] = deque()
+        self._in_flight: deque[dist.Work] = deque()
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_gradient)
 
@@ -256,10 +256,10 @@ class ZeroStage2Trainer:
         # gloo implements reduce-scatter in torch 2.13 (checked), so CPU and NCCL runs do the same
         work = _reduce_scatter(shard, full, async_op=True)
         self.shards[bucket.index].grad = shard
-        self._in_flight.append((work, full))
+        self._in_flight.append(work)
         # drop the bucket buffers whose reduce-scatter is done, so full gradients do not pile up
-        while self._in_flight and self._in_flight[0][0].is_completed():
-            wait_and_release(self._in_flight)  # freed on this thread, where the memory probe sees it
+        while self._in_flight and self._in_flight[0].is_completed():
+            self._in_flight.popleft().wait()
 
     def _finish_reduction(self) -> None:
         # buckets that never filled (parameters without gradients this step) still take part
@@ -267,7 +267,7 @@ class ZeroStage2Trainer:
             self._launch(self.buckets[self._next])
             self._next += 1
         while self._in_flight:
-            wait_and_release(self._in_flight)
+            self._in_flight.popleft().wait()
         self._ready = [0] * len(self.buckets)
         self._next = 0
 
@@ -279,15 +279,13 @@ class ZeroStage2Trainer:
         execution.backward(loss)
         self._finish_reduction()
         execution.optimizer_step(self.optimizer)  # over the shards; fp16 skips on every rank alike
-        gathers: deque[tuple[dist.Work, Tensor]] = deque()
+        gathers: list[dist.Work] = []
         for bucket, shard in zip(self.buckets, self.shards, strict=True):
             # the input must not alias the output; a shard-sized copy is cheap
             out = self.flat[bucket.start : bucket.start + bucket.padded]
-            source = shard.detach().clone()
-            gathers.append((_all_gather(out, source, async_op=True), source))
-        del source
-        while gathers:
-            wait_and_release(gathers)
+            gathers.append(_all_gather(out, shard.detach().clone(), async_op=True))
+        for work in gathers:
+            work.wait()
         return loss.detach()
 
     def full_state_dict(self) -> dict[str, Tensor] | None:
