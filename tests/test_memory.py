@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ddlbench.launch.runner import run_point
-from ddlbench.train.memory import MemoryProbe, storage_bytes
+from ddlbench.train.memory import MemoryProbe, process_wide_accounting, storage_bytes
 from tests.conftest import make_point
 
 MIB = 2**20
@@ -75,10 +75,29 @@ def test_a_disabled_probe_starts_no_profiler():
 def test_finishing_an_unprobed_run_still_stops_the_profiler():
     probe = MemoryProbe(torch.device("cpu"), enabled=True)
     probe.start()
-    assert torch.autograd._profiler_enabled()
+    assert torch.autograd._profiler_enabled() and process_wide_accounting().value
     figures = probe.finish(0)  # the probed step never ran (a rank failing in warm-up, say)
     assert not torch.autograd._profiler_enabled()  # the timed window must never run under it
+    assert not process_wide_accounting().value  # nor under the allocator's lock on every block
     assert figures.peak_bytes is None
+
+
+def _report_the_flag(queue) -> None:
+    queue.put(process_wide_accounting().value)
+
+
+def test_a_forked_loader_worker_starts_without_the_accounting():
+    probe = MemoryProbe(torch.device("cpu"), enabled=True)
+    probe.start()
+    try:
+        fork = mp.get_context("fork")
+        queue = fork.SimpleQueue()
+        child = fork.Process(target=_report_the_flag, args=(queue,))
+        child.start()
+        child.join(timeout=60)
+        assert queue.get() is False and process_wide_accounting().value
+    finally:
+        probe.finish(0)
 
 
 # Gloo's reduce-scatter clones its input on the rank's thread, and the clone dies with the work, which

@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
+import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -70,15 +72,20 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
+@functools.cache
 def process_wide_accounting() -> ctypes.c_bool | None:
     """c10's flag that makes its CPU allocator account for the blocks of every thread, or None where
-    this torch's libc10 does not export it."""
+    this torch's libc10 does not export it. A forked child (a DataLoader worker) starts with it off:
+    it is not probed, and the allocator's lock, which another thread may hold at the fork, stays
+    untouched there."""
     libraries = sorted((Path(torch.__file__).parent / "lib").glob("libc10.*"))
     for library in libraries:
         try:
-            return ctypes.c_bool.in_dll(ctypes.CDLL(str(library)), ACCOUNTING_FLAG)
+            flag = ctypes.c_bool.in_dll(ctypes.CDLL(str(library)), ACCOUNTING_FLAG)
         except (OSError, ValueError):
             continue
+        os.register_at_fork(after_in_child=functools.partial(setattr, flag, "value", False))
+        return flag
     return None
 
 
