@@ -275,7 +275,7 @@ def tp_share_bytes(model: nn.Module, world: int) -> int:
 def test_a_ranks_setup_peak_is_its_share_not_the_whole_model(tmp_path, strategy):
     """gpt_small (12 blocks of ~7M parameters, each module at most 3% of the model) on 2 ranks: from
     before the model's construction to the sharded, materialised model, a rank's peak tensor memory
-    (the kernel's CPU probe: allocator events of the main thread) is at most its share plus one module
+    (the kernel's CPU probe: the allocator total of all threads) is at most its share plus one module
     drawn whole plus a fixed slack, clearly below the whole model; building the model whole first
     (the old way, and the sensitivity check) peaks at the whole model or more."""
     world = 2
