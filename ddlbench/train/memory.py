@@ -22,7 +22,9 @@ of finished work (gloo's worker thread holds a finished work's buffers for micro
 returns), so that the resident figure is the state between steps, not a backend's lag. Blocks allocated
 before the probe started are not counted, nor their frees. Between two events of the rank's thread, a
 block that another thread allocates and frees again is not seen: the peak is low by such blocks. Where
-the flag cannot be set (no such symbol in this torch), nothing is reported.
+the flag cannot be set (no such symbol in this torch), nothing is reported. One probe per process (a
+rank's): the allocator's table keeps the blocks a finished probe counted and that were freed after it,
+and a later probe in the same process could take one of those for a block freed at the same address.
 
 **CUDA.** The caching allocator's own counters: `max_memory_allocated`, reset once the inputs are
 resident, read when the probed step has been enqueued (its allocations happen on the host, so no
