@@ -263,11 +263,13 @@ def test_what_is_left_of_mpiruns_session_is_killed():
 
 
 @pytest.mark.slow
-def test_ranks_learn_who_they_are_and_where_to_meet_from_mpi(mpirun):
+def test_ranks_learn_who_they_are_and_where_to_meet_from_mpi(mpirun, tmp_path):
     point = make_point(ranks_per_node=2)
+    # a file per rank: mpirun forwards the ranks' stdout in chunks that may run two lines together
     probe = (
         "import json, os; from ddlbench.launch.rendezvous import rank_env; "
-        "print(json.dumps(rank_env(os.environ).__dict__), flush=True); os._exit(0)"
+        f"open(os.path.join({str(tmp_path)!r}, f'{{os.getpid()}}.json'), 'w').write("
+        "json.dumps(rank_env(os.environ).__dict__)); os._exit(0)"
     )
     launcher = MpirunLauncher()
     plan = launcher.plan(point)
@@ -279,7 +281,7 @@ def test_ranks_learn_who_they_are_and_where_to_meet_from_mpi(mpirun):
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     # exit 0 after os._exit: MPI was finalised in rank_env, else Open MPI calls the exit improper
     assert result.returncode == 0, result.stderr
-    ranks = sorted((json.loads(line) for line in result.stdout.splitlines()), key=lambda r: r["rank"])
+    ranks = sorted((json.loads(path.read_text()) for path in tmp_path.glob("*.json")), key=lambda r: r["rank"])
     assert [(r["rank"], r["world_size"], r["local_rank"], r["node_rank"]) for r in ranks] == [
         (0, 2, 0, 0),
         (1, 2, 1, 0),
