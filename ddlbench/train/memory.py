@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import logging
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -45,8 +44,6 @@ from pathlib import Path
 
 import torch
 from torch._C._profiler import _EventType
-
-log = logging.getLogger(__name__)
 
 PROBE_MARK = "ddlbench::memory_probe"
 READING_MARK = "ddlbench::memory_reading"  # the one-byte allocation whose events read the total

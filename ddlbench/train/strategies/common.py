@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -13,19 +12,11 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ddlbench.train.strategies import RankContext
 
-log = logging.getLogger(__name__)
-
 
 def ddp_options() -> dict[str, Any]:
     """Keywords every DistributedDataParallel of ddlbench takes: init_sync=False, no broadcast of the
     weights, which every rank already draws alike (ddlbench.train.models.init)."""
     return {"init_sync": False}
-
-
-def _shared(tensor: Tensor) -> bool:
-    """Whether anything besides this one Python tensor holds its storage (a backend's own tensor over it)."""
-    storage = tensor.untyped_storage()  # a reference of its own: hence the 2 below
-    return tensor._use_count() > 1 or torch._C._storage_Use_Count(storage._cdata) > 2
 
 
 def slice_of(total: int, index: int, parts: int) -> tuple[int, int]:
