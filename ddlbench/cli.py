@@ -235,6 +235,7 @@ def _report(args: argparse.Namespace) -> int:
         raise DdlbenchError(f"no table at {table_path}; run `ddlbench aggregate` first")
     out = args.out or config.report_path
     table = pd.read_parquet(table_path)
-    write_text_atomic(out, render_report(config, table, include_other_versions=args.include_other_versions))
+    html = render_report(config, table, include_other_versions=args.include_other_versions, report_dir=out.parent)
+    write_text_atomic(out, html)
     print(f"report: {out.resolve()}")
     return 0

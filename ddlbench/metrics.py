@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from ddlbench.anatomy.figures import anatomy_figures
 from ddlbench.point import Point
 from ddlbench.records import Metrics, RankResult, Stats
 from ddlbench.statistics import percentile
@@ -56,6 +57,7 @@ def summarize_ranks(point: Point, ranks: list[RankResult]) -> Metrics:
         oversubscribed=oversubscribed,
         cores_note=cores_note,
         **input_wait_figures(ranks, step_times, dropped, point.steps),
+        **anatomy_figures(ranks, dropped, step_times),
     )
 
 

@@ -47,6 +47,9 @@ class Point:
     # processes of each rank's DataLoader reading real data (0: read in the rank itself); always 0 for
     # synthetic data, which stays resident
     loader_workers: int = 0
+    # the last trace_steps measured steps are written as a Chrome/Perfetto timeline beside the record
+    # (ddlbench.launch.timeline); 0: none. A field, so a traced point is not compared as an untraced one
+    trace_steps: int = 0
 
     @property
     def world_size(self) -> int:
@@ -89,6 +92,7 @@ class Point:
                 ("-cl", self.channels_last),
                 ("-compiled", self.compile),
                 (f"-w{self.loader_workers}", self.loader_workers > 0),
+                (f"-tr{self.trace_steps}", self.trace_steps > 0),
             )
             if used
         )
@@ -133,6 +137,7 @@ _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "channels_last": False,
     "compile": False,
     "loader_workers": 0,
+    "trace_steps": 0,
 }
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")

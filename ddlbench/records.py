@@ -127,14 +127,28 @@ class RankResult:
     # switches on CUDA, the first conv weight's memory format, what was compiled, the fp16 grad scaler's
     # final scale and skipped steps. Empty in records from before execution options.
     execution: dict[str, Any] = field(default_factory=dict)
+    # Inside each measured step (ddlbench.train.anatomy.recorder, where every figure is defined): per
+    # figure name (step_s, data_s, forward_s, backward_s, update_s, other_s, comm_s, comm_exposed_s,
+    # comm_hidden_s, exposed_<phase>_s, exposed_p2p_s, busy_s in seconds; comm_ops; comm_bytes), one
+    # value per measured step. Empty in records from before it.
+    anatomy: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # each measured step's first optimizer-step start and last end, on the common clock (None: no update)
+    update_starts_s: tuple[float | None, ...] = ()
+    update_ends_s: tuple[float | None, ...] = ()
+    anatomy_note: str = ""  # what was stamped and how collectives' completion was known
+    # the last max(1, trace_steps) measured steps as timeline events on the common clock: dicts of cat
+    # (step, phase, comm, wait), name, start, end (s), args
+    timeline: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
         data = dict(data)
         tuples = ("step_times_s", "losses", "step_starts_s", "step_ends_s", "warmup_times_s", "cpus")
-        for name in (*tuples, "input_wait_s", "loader_cpus"):
+        for name in (*tuples, "input_wait_s", "loader_cpus", "update_starts_s", "update_ends_s", "timeline"):
             if name in data:
                 data[name] = tuple(data[name])
+        if "anatomy" in data:
+            data["anatomy"] = {name: tuple(values) for name, values in data["anatomy"].items()}
         return cls(**data)
 
 
@@ -149,6 +163,24 @@ class RankFailure:
     traceback: str
     out_of_memory: bool
     time: float  # seconds since the epoch; the earliest failure is the likeliest cause
+
+
+@dataclass(frozen=True, kw_only=True)
+class Straggler:
+    """The rank the others wait for, over a point's kept steps (ddlbench.anatomy.figures defines each figure)."""
+
+    rank: int
+    hostname: str
+    slowest_steps: int  # kept steps in which this rank was the slowest
+    steps: int  # kept steps
+    skew_s: Stats  # per step: max − min over ranks of busy time (s)
+    wait_s: Stats  # per step: mean over the other ranks of the busy time they lack on the slowest (s)
+    wait_share: Stats  # per step: wait_s ÷ the job's step time
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Straggler:
+        stats = ("skew_s", "wait_s", "wait_share")
+        return cls(**{**data, **{name: Stats(**data[name]) for name in stats}})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,6 +210,13 @@ class Metrics:
     # on input)
     input_wait_s: Stats | None = None
     input_wait_share: Stats | None = None
+    # Inside the steps (ddlbench.anatomy.figures), per kept step: each phase figure's mean over ranks (s),
+    # the share of communication hidden under computation, the gap between weight updates (s), and the
+    # straggler. None in records from before the recorder.
+    phases_s: dict[str, Stats] | None = None
+    comm_overlap: Stats | None = None
+    update_gap_s: Stats | None = None
+    straggler: Straggler | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -257,9 +296,19 @@ class PointRecord:
                     "step_times_job_s": tuple(metrics.get("step_times_job_s", ())),
                     **{
                         name: Stats(**metrics[name])
-                        for name in ("input_wait_s", "input_wait_share")
+                        for name in ("input_wait_s", "input_wait_share", "comm_overlap", "update_gap_s")
                         if metrics.get(name) is not None
                     },
+                    **(
+                        {"phases_s": {name: Stats(**value) for name, value in metrics["phases_s"].items()}}
+                        if metrics.get("phases_s") is not None
+                        else {}
+                    ),
+                    **(
+                        {"straggler": Straggler.from_dict(metrics["straggler"])}
+                        if metrics.get("straggler") is not None
+                        else {}
+                    ),
                 }
             )
         provenance = dict(data["provenance"])

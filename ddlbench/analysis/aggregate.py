@@ -14,6 +14,11 @@ One row per planned point. Its columns, by group:
 - for points that read real data through a loader, input_wait_s_<s> and input_wait_share_<s> the same
   way (records.Metrics: the longest wait of any rank per kept step, and its share of the step time),
   and input_source (loader, or resident: batches made before timing);
+- inside the steps (ddlbench.anatomy.figures): phase_<figure>_{median,ci_low,ci_high} per phase figure
+  (seconds, mean over ranks per step), comm_overlap_<s>, update_gap_s_<s>, straggler_wait_s_<s>,
+  straggler_wait_share_<s>, straggler_skew_s_<s>, straggler_rank, straggler_host,
+  straggler_slowest_steps, straggler_steps; trace_file (the point's Chrome/Perfetto trace, relative to
+  the sweep's folder, when traced);
 - samples_per_s_overall (samples of the kept window ÷ its wall time, Hoefler & Belli's rule 3),
   window_s, warmup_dropped_steps, clock_uncertainty_s, oversubscribed, cores_note, memory, losses;
 - rank facts: mesh, stages, local parameters, split_flops_share, gradient_path, gradient_reduction;
@@ -34,6 +39,8 @@ import pandas as pd
 
 from ddlbench.analysis.configurations import POINT_SUMMARY_COLUMNS, summarize_configurations
 from ddlbench.analysis.keys import keys, point_columns
+from ddlbench.anatomy.figures import TABLE_STATS, anatomy_columns
+from ddlbench.anatomy.timeline import trace_path
 from ddlbench.atomic import write_atomic
 from ddlbench.point import Point
 from ddlbench.records import MEASUREMENT_VERSION, PointRecord, RecordError, Stats, read_record, record_path
@@ -44,14 +51,23 @@ STEP_FIGURES = ("samples_per_s", "step_time_s")
 INPUT_FIGURES = ("input_wait_s", "input_wait_share")  # points that read through a loader only
 # columns of yes/no facts, kept as nullable booleans (a missing or failed point has none)
 BOOLEAN_COLUMNS = (
-    *(f"{figure}_noisy" for figure in (*STEP_FIGURES, *INPUT_FIGURES)),
+    *(f"{figure}_noisy" for figure in (*STEP_FIGURES, *INPUT_FIGURES, *TABLE_STATS)),
     "oversubscribed",
     "other_measurement_version",
     "rep_samples_per_s_noisy",
     "rep_step_time_s_noisy",
     "any_oversubscribed",
 )
-COUNT_COLUMNS = ("n_repetitions", "repetitions_not_ok", "repetitions_other_version", "median_repetition", "base_nodes")
+COUNT_COLUMNS = (
+    "n_repetitions",
+    "repetitions_not_ok",
+    "repetitions_other_version",
+    "median_repetition",
+    "base_nodes",
+    "straggler_rank",
+    "straggler_slowest_steps",
+    "straggler_steps",
+)
 FLOAT_COLUMNS = tuple(
     column
     for column in POINT_SUMMARY_COLUMNS
@@ -70,7 +86,10 @@ def build_table(plan: Plan, *, include_other_versions: bool = False) -> pd.DataF
     for point in plan.points:
         path = record_path(plan.config.sweep_dir, point.point_id)
         try:
-            rows.append(record_row(read_record(path)))
+            row = record_row(read_record(path))
+            trace = trace_path(path)
+            row["trace_file"] = str(trace.relative_to(plan.config.sweep_dir)) if trace.exists() else None
+            rows.append(row)
         except RecordError as exc:
             reason = "no record yet" if not path.exists() else str(exc)
             rows.append(point_row(point) | {"status": "missing", "reason": reason})
@@ -128,6 +147,7 @@ def record_row(record: PointRecord) -> dict[str, Any]:
             "loss_first": metrics.loss_first,
             "loss_last": metrics.loss_last,
         }
+        row |= anatomy_columns(metrics, STATS_FIELDS)
     if record.ranks:
         row |= _facts_columns(record)
         row["input_source"] = "loader" if any(rank.input_source == "loader" for rank in record.ranks) else "resident"

@@ -71,6 +71,7 @@ class SweepConfig:
     slurm_partition: str | None = None
     slurm_mem_per_rank_mb: int | None = None
     oversubscribe: bool = False
+    trace_steps: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain JSON-able data, defaults filled in (round-trips through from_mapping)."""
@@ -139,6 +140,7 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
         slurm_partition=data["slurm"].get("partition"),
         slurm_mem_per_rank_mb=data["slurm"].get("mem_per_rank_mb"),
         oversubscribe=data["oversubscribe"],
+        trace_steps=data["trace_steps"],
     )
 
 

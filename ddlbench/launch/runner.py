@@ -9,6 +9,7 @@ import signal
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ddlbench.anatomy.timeline import last_step, trace_path, write_trace
 from ddlbench.launch.launchers import LocalLauncher, select_launcher
 from ddlbench.launch.mpi import MpirunLauncher
 from ddlbench.launch.processes import LaunchOutcome, describe_returncode
@@ -83,6 +84,10 @@ def run_point(
         failures=tuple(failures),
         measurement_version=MEASUREMENT_VERSION,
     )
+    if point.trace_steps:
+        write_trace(record, trace_path(out))  # the traced window, beside the record
+    # the record keeps the last step's timeline of each rank (the report draws it); the trace keeps the window
+    record = replace(record, ranks=tuple(replace(rank, timeline=last_step(rank.timeline)) for rank in record.ranks))
     write_record(out, record)
     shutil.rmtree(rank_dir, ignore_errors=True)
     detail = f" ({record.reason})" if record.reason else ""

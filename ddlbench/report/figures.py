@@ -19,6 +19,7 @@ class Cell:
     flags: tuple[str, ...] = ()
     title: str = ""
     is_text: bool = False
+    href: str = ""  # the text links here (a file beside the report, e.g. a point's trace)
 
 
 def missing(value: Any) -> bool:

@@ -88,7 +88,7 @@ def throughput_vs_nodes_svg(configs: pd.DataFrame, model: str) -> str:
         axes.text(0.5, 0.5, "no successful points", ha="center", va="center", transform=axes.transAxes)
     else:
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0, -0.18), ncols=2)
-    return _svg(figure)
+    return svg_text(figure)
 
 
 def strategy_comparison_svg(configs: pd.DataFrame, model: str, dataset: str) -> str:
@@ -125,14 +125,14 @@ def strategy_comparison_svg(configs: pd.DataFrame, model: str, dataset: str) -> 
         axes.text(0.5, 0.5, "no successful points", ha="center", va="center", transform=axes.transAxes)
     else:
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0, -0.12), ncols=2)
-    return _svg(figure)
+    return svg_text(figure)
 
 
 def _ylabel(level: str) -> str:
     return f"global samples/s\n(bars: 95 % CI over {level})"
 
 
-def _svg(figure) -> str:
+def svg_text(figure) -> str:
     buffer = io.StringIO()
     # tight: the legend sits below the axes, and the saved figure grows to hold it
     figure.savefig(buffer, format="svg", metadata={"Date": None}, bbox_inches="tight")

@@ -9,6 +9,7 @@ and plots unless `include_other_versions`.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -23,6 +24,7 @@ from ddlbench.errors import DdlbenchError
 from ddlbench.provenance import utc_now
 from ddlbench.records import MEASUREMENT_VERSION, STATUSES
 from ddlbench.report.figures import Cell, figure_cell, missing, number, point_notes
+from ddlbench.report.inside import INSIDE_COLUMNS, inside_rows, step_drawings, study_plots
 from ddlbench.report.plots import figure_level, level_caption, strategy_comparison_svg, throughput_vs_nodes_svg
 from ddlbench.sweep import expand_sweep
 from ddlbench.templating import template_environment
@@ -48,7 +50,10 @@ POINT_FIGURE_COLUMNS = [
 ]  # fmt: skip
 
 
-def render_report(config: SweepConfig, table: pd.DataFrame, *, include_other_versions: bool = False) -> str:
+def render_report(
+    config: SweepConfig, table: pd.DataFrame, *, include_other_versions: bool = False, report_dir: Path | None = None
+) -> str:
+    """The report's HTML; `report_dir` (where it will be written) makes its links to trace files relative."""
     if "config_key" not in table.columns:
         raise DdlbenchError("the table predates configuration keys; run `ddlbench aggregate` again")
     table = add_configuration_columns(table, include_other_versions=include_other_versions)
@@ -100,6 +105,13 @@ def render_report(config: SweepConfig, table: pd.DataFrame, *, include_other_ver
         "rows": [_point_cells(row, point_fields) | _input_cells(row) for row in table.to_dict("records")],
         "failed": _plain_rows(failed[["point_id", "status", "reason"]]),
         "provenance": _provenance(table),
+        "inside_rows": inside_rows(table, report_dir=report_dir, sweep_dir=config.sweep_dir),
+        "inside_columns": INSIDE_COLUMNS,
+        "step_drawings": [
+            {"point_id": d["point_id"], "svg": Markup(d["svg"])}
+            for d in step_drawings(configs, table, config.sweep_dir)
+        ],
+        "study_plots": {axis: Markup(svg) for axis, svg in study_plots(configs).items()},
     }
     return template_environment(autoescape=True).get_template("report.html.j2").render(**context)
 

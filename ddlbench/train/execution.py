@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from ddlbench.errors import DdlbenchError
 from ddlbench.point import PRECISIONS
+from ddlbench.train import anatomy
 
 AUTOCAST_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TF32_MIN_CAPABILITY = (8, 0)  # Ampere
@@ -75,11 +76,15 @@ class Execution:
         return AUTOCAST_DTYPES.get(self.precision)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """The context for the forward pass and the loss (not backward, as torch's AMP docs ask)."""
+        """The context for the forward pass and the loss (not backward, as torch's AMP docs ask); the
+        rank's recorder counts it as the forward phase (ddlbench.train.anatomy)."""
         dtype = self.autocast_dtype
         if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=dtype)
+            return anatomy.phase("forward")
+        stack = contextlib.ExitStack()
+        stack.enter_context(anatomy.phase("forward"))
+        stack.enter_context(torch.autocast(self.device.type, dtype=dtype))
+        return stack
 
     def boundary_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype a floating activation has when it crosses from one rank's stage to the next:
@@ -111,9 +116,14 @@ class Execution:
             self.compiled.append(name)
         return module
 
-    def backward(self, loss: Tensor) -> None:
-        """Backward from the loss, scaled first under fp16."""
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+    def backward(self, loss: Tensor, gradient: Tensor | None = None) -> None:
+        """Backward from the loss, scaled first under fp16 (or from an output and the gradient a later
+        pipeline stage sent for it, already scaled); the recorder's backward phase."""
+        with anatomy.phase("backward"):
+            if gradient is not None:
+                loss.backward(gradient)
+            else:
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def schedule_loss(self, loss_fn: Callable[[Tensor, Tensor], Tensor]) -> ScheduledLoss:
         """A loss function for schedules that run backward themselves (torch.distributed.pipelining)."""
@@ -121,6 +131,10 @@ class Execution:
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """The optimizer step; under fp16 unscaled, skipped on overflow (on every rank alike) and the scale updated."""
+        with anatomy.phase("update"):
+            self._optimizer_step(optimizer)
+
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer_steps += 1
         if self.scaler is None:
             optimizer.step()

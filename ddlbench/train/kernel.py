@@ -16,11 +16,14 @@ from torch import Tensor, nn
 from ddlbench.catalog import DATASETS, MODELS, STRATEGIES, resolve_builder
 from ddlbench.point import Point
 from ddlbench.records import RankResult
+from ddlbench.train import anatomy
+from ddlbench.train.anatomy import comms
+from ddlbench.train.anatomy.recorder import CudaClock, HostClock, IterationRecorder
 from ddlbench.train.clock import StepTimer, estimate_offset, host_group
 from ddlbench.train.data import BatchSource, open_dataset
 from ddlbench.train.data.loader import LOADER_MEMORY_NOTE, open_point_loader, reads_through_loader
 from ddlbench.train.execution import Execution, configure_execution
-from ddlbench.train.faults import planned_fault, strike
+from ddlbench.train.faults import delay_s, planned_fault, strike
 from ddlbench.train.losses import loss_for
 from ddlbench.train.memory import MemoryProbe, storage_bytes
 from ddlbench.train.models.init import init_plan
@@ -112,6 +115,36 @@ def strategy_setup(
     )
 
 
+def start_recorder(device: torch.device) -> IterationRecorder:
+    """The rank's recorder of phases and collectives (ddlbench.train.anatomy), installed process-wide.
+
+    On CUDA the phases are stamped with events on the stream and collectives are not traced (NCCL's run
+    on their own streams; host stamps around the calls would time their launch)."""
+    on_cuda = device.type == "cuda"
+    recorder = IterationRecorder(clock=CudaClock(device) if on_cuda else HostClock())
+    recorder.comms_traced = not on_cuda
+    if not on_cuda:
+        comms.install()
+    anatomy.install(recorder)
+    return recorder
+
+
+def anatomy_note(on_cuda: bool, completions: dict[str, int], fault: str | None) -> str:
+    """How the rank's phases and collectives were stamped, for the record."""
+    if on_cuda:
+        note = "phases by CUDA events on the compute stream; collectives not traced on CUDA"
+    else:
+        counts = ", ".join(f"{count} {how}" for how, count in completions.items() if count)
+        note = (
+            "phases and collectives by host perf_counter on the rank's thread; completion of collectives: "
+            + (counts or "no collectives")
+            + " (observed: the collective's future; waited: bounded by the end of the last wait on it)"
+        )
+    if fault and fault.startswith("slow:"):
+        note += f"; injected straggler: this rank slept {fault.removeprefix('slow:')} s in every measured step"
+    return note
+
+
 def train_point(
     point: Point, ctx: RankContext, *, keep_state: bool = False
 ) -> tuple[RankResult, dict[str, Tensor] | None]:
@@ -132,6 +165,7 @@ def train_point(
     # precision, layout, compile (ddlbench.train.execution); what the device cannot do is refused here
     execution = configure_execution(point.precision, point.channels_last, point.compile, ctx.device)
     on_cuda = ctx.device.type == "cuda"
+    recorder = start_recorder(ctx.device)
     probe_step = point.warmup_steps - 1 if point.warmup_steps >= 2 else None
     memory = MemoryProbe(
         ctx.device,
@@ -152,6 +186,7 @@ def train_point(
     pool_bytes = storage_bytes(t for batch in batches for t in batch)
     memory.inputs_resident()
     fault = planned_fault(point.point_id) if ctx.rank == ctx.world_size - 1 else None
+    delay = delay_s(fault)
     clock_group = host_group(ctx.backend)
     clock = estimate_offset(ctx.rank, ctx.world_size, clock_group)
     loader = (
@@ -179,25 +214,38 @@ def train_point(
     timer = StepTimer(ctx.device)
     dist.barrier()  # the window opens on every rank together
     timer.open_window()
+    recorder.open_window()
     for step in range(point.warmup_steps, point.warmup_steps + point.steps):
-        if fault and step == point.warmup_steps:
+        if fault and not delay and step == point.warmup_steps:
             strike(fault, model)
         if loader is None:
             inputs, targets = batches[step % len(batches)]
             timer.start()
+            recorder.begin_step(step)
         else:  # the step includes reading its input, as a training loop on real data does; the wait is timed apart
             timer.start()
-            inputs, targets = loader.next_batch()
+            recorder.begin_step(step)
+            with anatomy.phase("data"):
+                inputs, targets = loader.next_batch()
+        if delay:
+            time.sleep(delay)  # an injected straggler (DDLBENCH_INJECT_FAULT=slow:<seconds>)
         loss = trainer.step(inputs, targets)
+        recorder.end_step()
         timer.end()
         losses.append(loss)
     starts, ends = timer.close_window()  # the window's one synchronisation
+    recorder.close_window()
+    anatomy.install(None)
     if loader:
         loader.close()  # workers stop; the rank's threads get its whole affinity back
     drift = estimate_offset(ctx.rank, ctx.world_size, clock_group).offset_s - clock.offset_s
     values = [loss.item() for loss in losses if loss is not None]
     log.info("rank %d: %d steps, last loss %s", ctx.rank, len(starts), values[-1] if values else None)
 
+    inside = recorder.figures()
+    offset = clock.offset_s
+    last = point.warmup_steps + point.steps
+    traced = range(last - max(1, point.trace_steps), last)
     result = RankResult(
         rank=ctx.rank,
         hostname=socket.gethostname(),
@@ -230,6 +278,15 @@ def train_point(
         loader_cpus=loader.cores.worker_cpus if loader else (),
         loader_binding=loader.cores.binding if loader else "",
         execution=execution.facts(model),
+        anatomy={name: values for name, values in inside.figures.items()},
+        update_starts_s=tuple(None if t is None else t + offset for t in inside.update_starts),
+        update_ends_s=tuple(None if t is None else t + offset for t in inside.update_ends),
+        anatomy_note=anatomy_note(on_cuda, inside.completions, fault),
+        timeline=tuple(
+            {**event, "start": event["start"] + offset, "end": event["end"] + offset, "step": step}
+            for step in traced
+            for event in recorder.events(step)
+        ),
     )
     state = trainer.full_state_dict() if keep_state else None
     close = getattr(trainer, "close", None)

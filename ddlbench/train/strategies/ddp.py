@@ -7,6 +7,7 @@ from typing import Any
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddlbench.train.anatomy.comms import trace_ddp
 from ddlbench.train.strategies import StrategySetup, Trainer
 from ddlbench.train.strategies.common import count_parameters, cpu_state, ddp_options, slice_of
 
@@ -25,6 +26,7 @@ class DataParallelTrainer:
         self.model = DistributedDataParallel(
             model, device_ids=device_ids, bucket_cap_mb=self.bucket_cap_mb, **ddp_options()
         )
+        trace_ddp(self.model)  # DDP's own averaging, with each bucket's issue and completion stamped
         self.optimizer = setup.make_optimizer(self.model.parameters())
         self.execution = setup.execution
         # compiled around DDP, not inside it: dynamo then splits the graph at DDP's bucket boundaries

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ddlbench.errors import DdlbenchError
+from ddlbench.train.anatomy.comms import trace_horovod
 from ddlbench.train.strategies import RankContext, StrategySetup, Trainer
 from ddlbench.train.strategies.common import count_parameters, cpu_state, slice_of
 
@@ -246,6 +247,7 @@ class HorovodTrainer:
         self.optimizer = hvd.DistributedOptimizer(
             optimizer, named_parameters=self.model.named_parameters(), op=hvd.Average
         )
+        trace_horovod(self.optimizer)
         # bf16 autocast only: fp16 (its scaler) and compile are refused at plan time (catalog `refuses`)
         self.execution = setup.execution
         self._facts = self._describe(fusion_bytes)  # read while horovod is up; facts() may come after close()
@@ -284,7 +286,7 @@ class HorovodTrainer:
         self.optimizer.zero_grad()  # Horovod's override takes no arguments; torch's default sets None
         with self.execution.autocast():
             loss = self.loss_fn(self.model(self.execution.prepare_inputs(inputs)), targets)
-        loss.backward()
+        self.execution.backward(loss)
         # Horovod's step: synchronize() waits for the averaged gradients, then the wrapped step
         self.execution.optimizer_step(self.optimizer)
         return loss.detach()

@@ -69,7 +69,7 @@ class ModelParallelTrainer:
             dist.send(out.detach().contiguous(), dst=rank + 1)
             grad = torch.empty(out.shape, dtype=out.dtype, device=device)
             dist.recv(grad, src=rank + 1)
-            out.backward(grad)  # continue autograd from dL/d(output), which the next stage computed
+            execution.backward(out, grad)  # continue autograd from dL/d(output), which the next stage computed
         if not self.first:
             # dL/d(input) is what the previous stage needs to run its own backward
             grad_in = x.grad if x.grad is not None else torch.zeros_like(x)

@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddlbench.catalog import split_rules
 from ddlbench.catalog.split_rules import Kind, LayerFacts
+from ddlbench.train.anatomy.comms import trace_ddp
 from ddlbench.train.strategies import StrategySetup, Trainer
 from ddlbench.train.strategies import collectives as C
 from ddlbench.train.strategies.common import (
@@ -188,6 +189,7 @@ class ParaDLTrainer:
             self.forward_model = DistributedDataParallel(
                 self.model, device_ids=device_ids, process_group=layout.dp_group, **ddp_options()
             )
+            trace_ddp(self.forward_model, layout.dp_group)
 
     def local_batch_range(self, global_batch_size: int) -> tuple[int, int]:
         # the whole replica batch on every rank of the group: the split is over channels, not samples

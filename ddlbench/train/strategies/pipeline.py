@@ -24,6 +24,8 @@ from torch import Tensor, nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.nn.parallel import DistributedDataParallel
 
+from ddlbench.train.anatomy import wrap_in_phase
+from ddlbench.train.anatomy.comms import trace_ddp
 from ddlbench.train.execution import Execution
 from ddlbench.train.strategies import StrategySetup, Trainer
 from ddlbench.train.strategies.balance import BlockProbe, StagePlan, plan_stages, probe_blocks, release_blocks
@@ -190,17 +192,20 @@ class PipelineTrainer:
                 submodule = DistributedDataParallel(
                     module, device_ids=device_ids, process_group=layout.dp_group, **ddp_options()
                 )
-            self.stages.append(
-                PipelineStage(
-                    submodule,
-                    s,
-                    num_stages,
-                    self.ctx.device,
-                    input_args=inputs,
-                    output_args=outputs,
-                    group=layout.pp_group,
-                )
+                trace_ddp(submodule, layout.dp_group)
+            stage = PipelineStage(
+                submodule,
+                s,
+                num_stages,
+                self.ctx.device,
+                input_args=inputs,
+                output_args=outputs,
+                group=layout.pp_group,
             )
+            # the schedule runs each micro-batch's forward and backward through these: the stage's busy time
+            wrap_in_phase(stage, "forward_one_chunk", "forward")
+            wrap_in_phase(stage, "backward_one_chunk", "backward")
+            self.stages.append(stage)
         # the schedule calls backward itself: the loss it gets is computed under autocast and, under fp16,
         # scaled; the unscaled losses are kept for the record
         self.execution = setup.execution
