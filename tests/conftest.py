@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -44,6 +45,16 @@ def make_point(**overrides) -> Point:
     )
     fields.update(overrides)
     return Point(**fields)
+
+
+@pytest.fixture
+def horovod_installed() -> None:
+    """Skip where Horovod is not importable (`make horovod` installs it), unless DDLBENCH_REQUIRE_HOROVOD=1
+    (CI sets it), where that is a failure."""
+    if importlib.util.find_spec("horovod") is None:
+        if os.environ.get("DDLBENCH_REQUIRE_HOROVOD") == "1":
+            pytest.fail("DDLBENCH_REQUIRE_HOROVOD=1 but horovod is not installed; run `make horovod`")
+        pytest.skip("horovod is not installed; run `make horovod`")
 
 
 @pytest.fixture

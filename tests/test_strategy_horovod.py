@@ -7,7 +7,6 @@ DDLBENCH_REQUIRE_HOROVOD=1 (CI sets it), when they fail instead.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -23,14 +22,6 @@ from ddlbench.train.strategies import RankContext, StrategySetup
 from ddlbench.train.strategies.horovod import Slot, parallelize_horovod, plan_slots
 from tests.conftest import make_point
 from tests.equivalence import check_against_reference
-
-
-@pytest.fixture
-def horovod_installed() -> None:
-    if importlib.util.find_spec("horovod") is None:
-        if os.environ.get("DDLBENCH_REQUIRE_HOROVOD") == "1":
-            pytest.fail("DDLBENCH_REQUIRE_HOROVOD=1 but horovod is not installed; run `make horovod`")
-        pytest.skip("horovod is not installed; run `make horovod`")
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ that clock after the window, as the step timer does, ddlbench.train.clock):
 Figures of one step on one rank, in seconds unless named otherwise (`StepAnatomy`); |X| is the
 total length of a union of intervals, clipped to the step:
 - step_s: the rank's step, start to end;
-- comm_s = |in flight|, in flight = ∪ [issued, completed] over the step's collectives;
+- comm_s = |in flight ∪ blocked|, in flight = ∪ [issued, completed] over the step's collectives (a
+  wait may end after the completion its future reported);
 - comm_exposed_s = |blocked|: time the thread waited on communication;
 - comm_hidden_s = |in flight \\ blocked| = comm_s − comm_exposed_s: communication that ran while the
   thread computed (hidden under backward in data parallelism);
@@ -373,7 +374,8 @@ def _step_figures(step: _Step, resolve: Any) -> dict[str, Any]:
         last_issue = max(resolve(comm.issued) for comm in tails)
         last_done = max(_completion(comm, resolve, end)[0] for comm in tails)
         blocked.append((last_issue, last_done))
-    in_flight_u = intersect(union(in_flight), window)
+    # a wait can outlast the completion its future reported (the wake-up): waiting counts as communication
+    in_flight_u = intersect(union(in_flight + blocked), window)
     blocked_u = intersect(union(blocked), window)
     figures: dict[str, Any] = {
         "step_s": end - start,

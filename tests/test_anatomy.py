@@ -1,0 +1,244 @@
+"""The figures inside a step, from stamps whose times the test sets (a fake clock), and the wrapper of
+torch.distributed's functions on a real one-rank gloo group."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddlbench.anatomy.figures import anatomy_figures
+from ddlbench.records import RankResult
+from ddlbench.train.anatomy import comms, recorder
+from ddlbench.train.anatomy.recorder import IterationRecorder, intersect, union
+
+
+class FakeClock:
+    """Stamps are whatever time the test last set."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def stamp(self) -> float:
+        return self.now
+
+    host_stamp = stamp
+
+    @staticmethod
+    def resolve(stamp: float) -> float:
+        return stamp
+
+
+@pytest.fixture
+def timed():
+    clock = FakeClock()
+    rec = IterationRecorder(clock=clock)
+    recorder.install(rec)
+    rec.open_window()
+    yield rec, clock
+    recorder.install(None)
+
+
+def at(clock: FakeClock, t: float) -> None:
+    clock.now = t
+
+
+def ddp_like_step(rec: IterationRecorder, clock: FakeClock, index: int = 0, origin: float = 0.0) -> None:
+    """forward [0, 3]; backward [3, 8] with bucket 1 issued at 4 (done 6) and the last bucket at 7 (done 7.5);
+    update [8, 9]; the step ends at 10."""
+
+    def t(x: float) -> None:
+        at(clock, origin + x)
+
+    t(0)
+    rec.begin_step(index)
+    with recorder.phase("forward"):
+        t(3)
+    with recorder.phase("backward"):
+        t(4)
+        first = rec.comm_issued("ddp_bucket", 400, 2, tail=True)
+        t(6)
+        rec.comm_completed(first)
+        t(7)
+        last = rec.comm_issued("ddp_bucket", 100, 2, tail=True)
+        t(7.5)
+        rec.comm_completed(last)
+        t(8)
+    with recorder.phase("update"):
+        t(9)
+    t(10)
+    rec.end_step()
+
+
+def test_ddp_buckets_split_into_hidden_and_exposed(timed):
+    rec, clock = timed
+    ddp_like_step(rec, clock)
+    rec.close_window()
+    f = {name: values[0] for name, values in rec.figures().figures.items()}
+    assert f["step_s"] == 10
+    assert f["comm_s"] == 2.5  # [4, 6] ∪ [7, 7.5]
+    assert f["comm_exposed_s"] == 0.5  # the tail: last bucket issued (gradients done) until all complete
+    assert f["comm_hidden_s"] == 2.0
+    assert f["backward_s"] == 4.5 and f["exposed_backward_s"] == 0.5
+    assert f["forward_s"] == 3 and f["update_s"] == 1 and f["data_s"] == 0
+    assert f["other_s"] == 1.0  # [9, 10]
+    assert f["busy_s"] == 9.5
+    assert f["comm_ops"] == 2 and f["comm_bytes"] == 500
+    total = f["data_s"] + f["forward_s"] + f["backward_s"] + f["update_s"] + f["other_s"] + f["comm_exposed_s"]
+    assert total == f["step_s"]
+
+
+def test_synchronous_and_waited_collectives(timed):
+    rec, clock = timed
+    at(clock, 0)
+    rec.begin_step(5)
+    with recorder.phase("forward"):
+        at(clock, 1)
+        sync = rec.comm_issued("all_reduce", 8)
+        at(clock, 2)
+        sync.waits.append((1.0, 2.0))  # what the wrapper does for a synchronous call
+        sync.completed = 2.0
+        pending = rec.comm_issued("reduce_scatter_tensor", 16)  # async, no future: bounded by its wait
+        at(clock, 4)
+    with recorder.phase("backward"):
+        at(clock, 5)
+        with rec.blocked(pending):
+            at(clock, 6)
+        with recorder.phase("forward"):  # nested: still backward
+            at(clock, 7)
+    at(clock, 8)
+    rec.end_step()
+    rec.close_window()
+    result = rec.figures()
+    f = {name: values[0] for name, values in result.figures.items()}
+    assert f["comm_s"] == 5  # [1, 2] ∪ [2, 6]
+    assert f["comm_exposed_s"] == 2  # [1, 2] and the wait [5, 6]
+    assert f["exposed_forward_s"] == 1 and f["exposed_backward_s"] == 1
+    assert f["forward_s"] == 3 and f["backward_s"] == 2
+    assert result.completions == {"observed": 1, "waited": 1, "none": 0}
+    events = rec.events(5)
+    assert {(e["cat"], e["name"]) for e in events} >= {
+        ("phase", "forward"),
+        ("phase", "backward"),
+        ("wait", "wait reduce_scatter_tensor"),
+    }
+    assert [e["name"] for e in events if e["cat"] == "phase"] == ["forward", "backward"]
+
+
+def test_nothing_is_stamped_outside_the_window():
+    clock = FakeClock()
+    rec = IterationRecorder(clock=clock)
+    recorder.install(rec)
+    try:
+        with recorder.phase("forward"):
+            assert rec.comm_issued("all_reduce", 4) is None
+        rec.begin_step(0)  # before open_window: ignored
+        assert rec._step is None
+    finally:
+        recorder.install(None)
+    assert rec.figures().figures["step_s"] == ()
+
+
+def test_interval_arithmetic():
+    assert union([(3, 4), (0, 1), (0.5, 2), (5, 5)]) == [(0, 2), (3, 4)]
+    assert intersect([(0, 2), (3, 4)], [(1, 3.5)]) == [(1, 2), (3, 3.5)]
+
+
+def rank_result(rank: int, busy: list[float], step: list[float], **fields) -> RankResult:
+    exposed = [s - b for s, b in zip(step, busy, strict=True)]
+    anatomy = {name: tuple(0.0 for _ in step) for name in recorder.FIGURES}
+    anatomy |= {"step_s": tuple(step), "busy_s": tuple(busy), "comm_exposed_s": tuple(exposed)}
+    anatomy |= {"comm_s": tuple(exposed), "comm_hidden_s": tuple(0.0 for _ in step)}
+    return RankResult(
+        rank=rank,
+        hostname=f"host{rank}",
+        step_times_s=tuple(step),
+        losses=(1.0,),
+        peak_rss_bytes=0,
+        anatomy=anatomy,
+        **fields,
+    )
+
+
+def test_straggler_is_the_busiest_rank_and_the_others_wait_for_it():
+    steps = [1.0, 1.0, 1.0, 1.0]
+    ranks = [
+        rank_result(0, [0.6, 0.6, 0.6, 0.6], steps),
+        rank_result(1, [0.9, 0.9, 0.5, 0.9], steps),  # slowest in 3 of 4 steps
+        rank_result(2, [0.3, 0.6, 0.6, 0.6], steps),
+    ]
+    figures = anatomy_figures(ranks, dropped=0, job_step_times=steps)
+    straggler = figures["straggler"]
+    assert (straggler.rank, straggler.hostname, straggler.slowest_steps, straggler.steps) == (1, "host1", 3, 4)
+    # step 0: the others lack 0.3 and 0.6 on rank 1 → mean 0.45; steps 1 and 3: 0.3 each; step 2: rank 0
+    # (lowest of the busiest) is slowest, others lack 0.1 and 0 → 0.05
+    assert straggler.wait_s.median == pytest.approx(0.3)
+    assert straggler.skew_s.max == pytest.approx(0.6)
+    assert figures["comm_overlap"].median == 0.0  # communication but none hidden
+
+
+def test_update_gaps_are_between_one_update_and_the_next():
+    steps = [1.0, 1.0, 1.0]
+    ranks = [
+        rank_result(r, [0.5] * 3, steps, update_starts_s=(0.8, 1.8, 2.9), update_ends_s=(0.9, 1.9, 3.0)) for r in (0, 1)
+    ]
+    gaps = anatomy_figures(ranks, dropped=0, job_step_times=steps)["update_gap_s"]
+    assert gaps.n == 2 and gaps.min == pytest.approx(0.9) and gaps.max == pytest.approx(1.0)
+    # steps dropped as warm-up are left out, and the first kept step has no previous update to measure from
+    assert anatomy_figures(ranks, dropped=1, job_step_times=steps)["update_gap_s"].n == 1
+
+
+def test_records_without_anatomy_have_no_inside_figures():
+    plain = RankResult(rank=0, hostname="h", step_times_s=(1.0,), losses=(1.0,), peak_rss_bytes=0)
+    assert anatomy_figures([plain], dropped=0, job_step_times=[1.0])["phases_s"] is None
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    comms.install()
+    try:
+        yield
+    finally:
+        comms.uninstall()
+        dist.destroy_process_group()
+
+
+def test_wrapped_collectives_are_stamped_and_still_work(one_rank_group):
+    rec = IterationRecorder()
+    recorder.install(rec)
+    try:
+        rec.open_window()
+        rec.begin_step(0)
+        x = torch.ones(256)
+        dist.all_reduce(x)  # synchronous
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        assert work.is_completed()  # the wrapped Work still answers what a Work does
+        dist.P2POp(dist.isend, x, 0)  # P2POp still recognises the (wrapped) isend
+        rec.end_step()
+        rec.close_window()
+    finally:
+        recorder.install(None)
+    assert torch.equal(x, torch.ones(256))
+    sync, waited = rec.steps[0].comms
+    assert (sync.op, sync.nbytes, sync.completed is not None, len(sync.waits)) == ("all_reduce", 1024, True, 1)
+    assert waited.completed is not None and len(waited.waits) == 1  # completion from the future, plus the wait
+    figures = rec.figures().figures
+    assert figures["comm_ops"] == (2,)
+    assert math.isclose(figures["comm_s"][0], figures["comm_exposed_s"][0] + figures["comm_hidden_s"][0])
+
+
+def test_uninstall_restores_torch_distributed(one_rank_group):
+    wrapped = dist.all_reduce
+    comms.uninstall()
+    assert dist.all_reduce is not wrapped and dist.all_reduce is dist.distributed_c10d.all_reduce
+    comms.install()
