@@ -1,9 +1,9 @@
 """How much throughput does ddlbench's kernel give up against a bare hand-written DDP loop?
 
-Runs the same training job two ways, alternated (ddlbench, bare, ddlbench, bare, …) for --pairs pairs,
-and prints the global samples/s of every run, the median of each side (with a nonparametric 95 %
-confidence interval of the median from 6 pairs on), the ratio of the medians ddlbench / bare and the
-median of the per-pair ratios. The target is a ratio ≥ 0.98; it is printed, never asserted.
+Runs the same training job three ways, in rotation (ddlbench, traced, bare, ddlbench, …) for --pairs
+rounds, and prints the global samples/s of every run, the median of each side (with a nonparametric
+95 % confidence interval of the median from 6 rounds on), the ratios of the medians to bare and the
+median of the per-round ratios. The target is a ratio ≥ 0.98; it is printed, never asserted.
 
 Both sides train the same job: model --model on synthetic cifar10, strategy ddp, 1 node × --ranks
 ranks, --batch samples per rank, --threads intra-op threads per rank (OMP_NUM_THREADS), --warmup
@@ -21,6 +21,10 @@ samples [r·batch, (r+1)·batch) of each global batch).
             step − earliest start of the first kept step) on one clock; leading steps ddlbench judges
             still warming up are not kept (shown as "dropped"). "all steps" is the same formula over
             every measured step, from the record's per-rank step stamps, for comparison with bare.
+  traced    the same as ddlbench with tracing on (`trace_steps` = --steps): every measured step's
+            timeline is exported after the window as a Chrome/Perfetto trace beside the record. The
+            phases and collectives are stamped in every step on both ddlbench sides (DDP's buckets
+            through a communication hook); tracing only decides what is written afterwards.
   bare      benchmarks/bare_ddp.py, one plain `python` process per rank started here with
             OMP_NUM_THREADS=MKL_NUM_THREADS=--threads and a file:// rendezvous, unpinned (--pin-bare
             pins rank r to the r-th --threads CPUs of the affinity, as ddlbench would). Plain
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -128,7 +133,7 @@ def fail(what: str, log: Path) -> None:
     sys.exit(f"overhead: {what}\n--- end of {log} ---\n{tail}")
 
 
-def run_ddlbench(point: Point, work: Path) -> Run:
+def run_ddlbench(point: Point, work: Path, *, side: str = "ddlbench") -> Run:
     record_path = work / "record.json"
     log = work / "ddlbench.log"
     began = time.perf_counter()
@@ -148,8 +153,11 @@ def run_ddlbench(point: Point, work: Path) -> Run:
         f"dropped {metrics.warmup_dropped_steps}, all steps {all_steps:.1f}/s, cpus: {cpus} (binding: {bindings})"
         f"{', oversubscribed' if metrics.oversubscribed else ''}"
     )
+    if point.trace_steps:
+        trace = record_path.with_suffix(".trace.json")
+        note += f", trace {trace.stat().st_size / 1024:.0f} KiB" if trace.exists() else ", no trace written"
     return Run(
-        side="ddlbench",
+        side=side,
         samples_per_s=metrics.samples_per_s_overall,
         window_s=metrics.window_s or 0.0,
         launch_s=launch_s,
@@ -253,7 +261,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (default 1)")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first (default 3)")
     parser.add_argument("--steps", type=int, default=30, help="measured steps per run (default 30)")
-    parser.add_argument("--pairs", type=int, default=5, help="ddlbench/bare pairs, alternated (default 5)")
+    parser.add_argument("--pairs", type=int, default=5, help="rounds of ddlbench, traced, bare (default 5)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL)")
     parser.add_argument("--pin-bare", action="store_true", help="pin bare rank r to CPUs as ddlbench pins")
     args = parser.parse_args()
@@ -279,38 +287,39 @@ def main() -> None:
     point = build_point(args)
     print("\n".join(describe_machine(point, args.device)), flush=True)
 
-    runs: dict[str, list[Run]] = {"ddlbench": [], "bare": []}
+    runs: dict[str, list[Run]] = {"ddlbench": [], "traced": [], "bare": []}
+    traced = dataclasses.replace(point, trace_steps=point.steps)
     with tempfile.TemporaryDirectory(prefix="ddlbench-overhead-") as tmp:
         for pair in range(1, args.pairs + 1):
-            for side in ("ddlbench", "bare"):
+            for side in runs:
                 work = Path(tmp) / f"pair{pair}-{side}"
                 work.mkdir()
                 if side == "ddlbench":
                     run = run_ddlbench(point, work)
+                elif side == "traced":
+                    run = run_ddlbench(traced, work, side="traced")
                 else:
                     run = run_bare(point, work, device=args.device, pin=args.pin_bare)
                 runs[side].append(run)
                 print(
-                    f"pair {pair:>2}  {side:<8} {run.samples_per_s:8.1f} samples/s  window {run.window_s:6.3f} s  "
+                    f"round {pair:>2}  {side:<8} {run.samples_per_s:8.1f} samples/s  window {run.window_s:6.3f} s  "
                     f"launch→end {run.launch_s:5.1f} s  loss {run.loss_first:.4f}→{run.loss_last:.4f}  {run.note}",
                     flush=True,
                 )
 
-    ours = [run.samples_per_s for run in runs["ddlbench"]]
-    bare = [run.samples_per_s for run in runs["bare"]]
-    pair_ratios = sorted(a / b for a, b in zip(ours, bare, strict=True))
-    ratio = statistics.median(ours) / statistics.median(bare)
-    print(f"\nglobal samples/s over the measured window, {args.pairs} pair(s):")
-    print(summarize("ddlbench", ours))
-    print(summarize("bare", bare))
-    print(
-        f"  ratio of medians ddlbench/bare: {ratio:.3f}  (target ≥ {TARGET_RATIO}: "
-        f"{'met' if ratio >= TARGET_RATIO else 'not met'})"
-    )
-    print(
-        f"  per-pair ratios: median {statistics.median(pair_ratios):.3f}, "
-        f"range {pair_ratios[0]:.3f}–{pair_ratios[-1]:.3f}"
-    )
+    figures = {side: [run.samples_per_s for run in side_runs] for side, side_runs in runs.items()}
+    print(f"\nglobal samples/s over the measured window, {args.pairs} round(s):")
+    for side, values in figures.items():
+        print(summarize(side, values))
+    for side, base in (("ddlbench", "bare"), ("traced", "bare"), ("traced", "ddlbench")):
+        ratio = statistics.median(figures[side]) / statistics.median(figures[base])
+        pair_ratios = sorted(a / b for a, b in zip(figures[side], figures[base], strict=True))
+        met = "met" if ratio >= TARGET_RATIO else "not met"
+        target = f"  (target ≥ {TARGET_RATIO}: {met})" if base == "bare" else ""
+        print(
+            f"  {side}/{base}: ratio of medians {ratio:.3f}{target}; per-round ratios median "
+            f"{statistics.median(pair_ratios):.3f}, range {pair_ratios[0]:.3f}–{pair_ratios[-1]:.3f}"
+        )
     gap = max(abs(a.loss_last - b.loss_last) for a, b in zip(runs["ddlbench"], runs["bare"], strict=True))
     if gap > 1e-3 * max(1.0, abs(runs["bare"][0].loss_last)):
         print(f"  warning: last losses differ by up to {gap:.2g} between the sides: they may not train the same thing")

@@ -1,5 +1,6 @@
 """The `ddlbench` command: plan a sweep, run one point, aggregate records, render the report (and, in
-cli_slurm.py, write the SLURM profile, submit, rerun and follow a sweep).
+cli_slurm.py, write the SLURM profile, submit, rerun and follow a sweep; in cli_calibrate.py, measure the
+machine).
 
 Every subcommand that needs a sweep takes it as a YAML file (--configfile, the embedded default when
 absent) or as resolved JSON (--config-json, what the Snakefile passes). Imports are deferred so that
@@ -98,9 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(handler=_report)
 
+    from ddlbench.cli_calibrate import add_commands as add_calibrate
     from ddlbench.cli_slurm import add_commands
 
     add_commands(commands, _add_sweep_options, _sweep)
+    add_calibrate(commands, LAUNCHERS)
     return parser
 
 

@@ -47,7 +47,12 @@ def test_sweep_with_a_failing_point_reaches_the_report(write_sweep, tmp_path):
     failed_section = html[html.index("<h2>Failed points</h2>") : html.index("<h2>All points</h2>")]
     assert failing.point_id in failed_section
     assert "InjectedFault: fault injected by DDLBENCH_INJECT_FAULT" in failed_section
-    assert html.count("<svg") == 1  # one throughput plot per model
+    throughput = html[html.index("<h2>Throughput vs nodes</h2>") :]
+    throughput = throughput[: throughput.index("<h2>", 5)]
+    assert throughput.count("<svg") == 1  # one throughput plot per model
+    # and one drawing of a step of every rank, for the one configuration that ran
+    inside = html[html.index("<h2>Inside the steps</h2>") : html.index("<h2>All points</h2>")]
+    assert inside.count("<svg") == 1
     assert "<script" not in html and "src=" not in html  # self-contained: nothing fetched
 
     again = run_snakemake("--cores", "2", "--configfile", str(path))

@@ -33,9 +33,14 @@ def sweep_schema() -> dict[str, Any]:
 
 def validate_raw(raw: object) -> dict[str, Any]:
     """Validate `raw` and return a copy with the schema's defaults filled in; raise ConfigError."""
+    return validate_with(raw, sweep_schema(), what="a sweep config")
+
+
+def validate_with(raw: object, schema: dict[str, Any], *, what: str) -> dict[str, Any]:
+    """Validate `raw` against `schema` (a JSON Schema with top-level properties and defaults) and return a
+    copy with the defaults filled in; raise ConfigError naming the key, the value and what is accepted."""
     if not isinstance(raw, Mapping):
-        raise ConfigError("", f"a sweep config must be a mapping of keys to values, not {_show(raw)}")
-    schema = sweep_schema()
+        raise ConfigError("", f"{what} must be a mapping of keys to values, not {_show(raw)}")
     validator = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(dict(raw)))
     if error is not None:

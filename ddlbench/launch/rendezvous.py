@@ -30,9 +30,10 @@ class RankEnv:
     init_method: str  # torch.distributed init_method: file://... (one host) or tcp://host:port
 
 
-def rank_env(environ: Mapping[str, str]) -> RankEnv:
+def rank_env(environ: Mapping[str, str], *, keep_mpi: bool = False) -> RankEnv:
     """Read a rank's identity from MPI when mpirun started it, else from torchrun-style variables,
-    else from srun's SLURM_* variables."""
+    else from srun's SLURM_* variables. `keep_mpi`: leave MPI initialised (for a point that measures
+    through MPI, ddlbench.calibrate); it is finalised at exit."""
     if environ.get(MPI_VAR) == "1":
         if not any(name in environ for name in MPI_RANK_VARS):
             # mpi4py would start a one-rank MPI of its own here: every rank would be rank 0 of 1
@@ -40,7 +41,7 @@ def rank_env(environ: Mapping[str, str]) -> RankEnv:
                 f"{MPI_VAR}=1 marks a rank of mpirun, but no MPI runtime started this process "
                 f"(none of {', '.join(MPI_RANK_VARS)} is set); start it with mpirun/mpiexec, or unset {MPI_VAR}"
             )
-        return mpi_rank_env(environ)
+        return mpi_rank_env(environ, keep_mpi=keep_mpi)
     if "RANK" in environ:
         keys = {
             "rank": "RANK",
@@ -69,7 +70,7 @@ def rank_env(environ: Mapping[str, str]) -> RankEnv:
     return RankEnv(**values, init_method=init_method)
 
 
-def mpi_rank_env(environ: Mapping[str, str]) -> RankEnv:
+def mpi_rank_env(environ: Mapping[str, str], *, keep_mpi: bool = False) -> RankEnv:
     """Who this mpirun-started rank is, from MPI; rank 0 picks the rendezvous (its host and a free TCP
     port) and broadcasts it. MPI is then finalised, collectively: it only bootstraps, and keeps nothing
     (threads, sockets, a pending MPI_Finalize) alive beside gloo, whose worker leaves with os._exit.
@@ -100,7 +101,8 @@ def mpi_rank_env(environ: Mapping[str, str]) -> RankEnv:
         init_method=f"tcp://{host}:{port}",
     )
     node.Free()
-    MPI.Finalize()
+    if not keep_mpi:
+        MPI.Finalize()
     misplaced = misplacement(hosts, environ.get("LOCAL_WORLD_SIZE"))
     if misplaced:
         raise DdlbenchError(misplaced)

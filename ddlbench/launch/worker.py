@@ -1,4 +1,5 @@
-"""Entry point of one rank: join the process group, train the point, write what it measured, exit cleanly.
+"""Entry point of one rank: join the process group, train the point (or run a calibration point's
+microbenchmarks, ddlbench.calibrate), write what it measured, exit cleanly.
 
 Run as `python -m ddlbench.launch.worker --spec JSON --rank-dir DIR` by a launcher, never by hand.
 """
@@ -18,6 +19,8 @@ from dataclasses import asdict, replace
 from datetime import timedelta
 from pathlib import Path
 
+from ddlbench.calibrate.suite import KIND as CALIBRATION
+from ddlbench.calibrate.suite import CalibrationPoint
 from ddlbench.launch.cores import pin_from_environment
 from ddlbench.launch.rendezvous import RankEnv, rank_env
 from ddlbench.point import Point
@@ -52,12 +55,18 @@ def main(argv: list[str] | None = None) -> None:
     # the point's launcher decides what to do, so a rank must not die of it
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     binding = pin_from_environment(os.environ)  # before torch sizes its thread pools
-    env = rank_env(os.environ)
+    spec = json.loads(args.spec)
+    calibration = spec.get("kind") == CALIBRATION
+    # a calibration point that measures through MPI keeps the MPI that mpirun started (else: bootstrap only)
+    env = rank_env(os.environ, keep_mpi=calibration and spec.get("backend") == "mpi")
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s rank {env.rank}/{env.world_size} %(levelname)s %(message)s"
     )
     try:
-        _run(Point.from_dict(json.loads(args.spec)), env, args.rank_dir, args.dump_params, binding)
+        if calibration:
+            _calibrate(CalibrationPoint.from_dict(spec), env, args.rank_dir, binding)
+        else:
+            _run(Point.from_dict(spec), env, args.rank_dir, args.dump_params, binding)
     except BaseException as exc:  # a rank's failure is data: write it down, then leave without a barrier
         failure = RankFailure(
             rank=env.rank,
@@ -74,12 +83,12 @@ def main(argv: list[str] | None = None) -> None:
     _exit(0)
 
 
-def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None, binding: str) -> None:
+def _join(point: Point | CalibrationPoint, env: RankEnv):
+    """Check torch, take the rank's device and join the process group; the rank's RankContext."""
     import torch
     import torch.distributed as dist
 
-    from ddlbench.launch.devices import gpu_identity, rank_device
-    from ddlbench.train.kernel import train_point
+    from ddlbench.launch.devices import rank_device
     from ddlbench.train.strategies import RankContext
     from ddlbench.train.torch_floor import check_torch_floor
 
@@ -95,9 +104,20 @@ def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None, b
         world_size=env.world_size,
         timeout=timedelta(seconds=point.timeout_s),
     )
-    ctx = RankContext(
+    return RankContext(
         rank=env.rank, world_size=env.world_size, local_rank=env.local_rank, device=device, backend=backend
     )
+
+
+def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None, binding: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from ddlbench.launch.devices import gpu_identity
+    from ddlbench.train.kernel import train_point
+
+    ctx = _join(point, env)
+    device = ctx.device
     result, state = train_point(point, ctx, keep_state=dump_params is not None)
     placed = replace(
         result,
@@ -112,6 +132,23 @@ def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None, b
     # gloo workers may abort in their destructors at interpreter exit; meet, tear down, and leave at once
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _calibrate(point: CalibrationPoint, env: RankEnv, rank_dir: Path, binding: str) -> None:
+    import torch.distributed as dist
+
+    from ddlbench.calibrate.ranks import measure
+
+    ctx = _join(point, env)
+    result = measure(point, ctx)
+    write_json_atomic(rank_file(rank_dir, env.rank), asdict(replace(result, cpu_binding=binding)))
+    dist.barrier()
+    dist.destroy_process_group()
+    if point.backend == "mpi":  # kept initialised for the measurements (rank_env's keep_mpi): finalise it
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
 
 
 def _exit(code: int) -> None:

@@ -1,0 +1,36 @@
+"""Calibrating a machine: a suite of microbenchmark points (`suite`), launched like training points
+(`runner`, through ddlbench.launch), timed on each rank (`kernels`, `ranks`), fitted (`fit`) into a
+versioned machine file (`machine`) that later analyses read, with a report of curves against fits
+(`report`). `calibrate()` runs a whole suite; `ddlbench calibrate` is its command.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def calibrate(
+    suite_path: Path | None, *, out: Path, launcher: str = "auto", cores: int | None = None, report: Path | None = None
+) -> dict[str, Any]:
+    """Run every point of the suite (each writes its record, whatever happens), fit, write the machine file
+    at `out` and the report beside the records (or at `report`); return the machine."""
+    from ddlbench.atomic import write_text_atomic
+    from ddlbench.calibrate.machine import REFERENCE_MACHINES, measured_machine, read_machine, write_machine
+    from ddlbench.calibrate.report import render_calibration
+    from ddlbench.calibrate.runner import run_calibration_point
+    from ddlbench.calibrate.suite import load_suite
+
+    suite = load_suite(suite_path)
+    records = []
+    for point in suite.points:
+        log.info("calibration point %s (%d ranks)", point.point_id, point.world_size)
+        records.append(run_calibration_point(point, out=suite.record_path(point), launcher=launcher, cores=cores))
+    machine = measured_machine(records, name=suite.machine, suite=suite.name)
+    write_machine(out, machine)
+    references = [read_machine(path) for path in sorted(REFERENCE_MACHINES.glob("*.yaml"))]
+    write_text_atomic(report or suite.folder / "report.html", render_calibration(machine, references))
+    return machine

@@ -1,0 +1,71 @@
+"""Latency + size / bandwidth (Hockney's α–β model) fitted to a collective's times over message sizes.
+
+T(n) = α + β·n, n the message's bytes (ddlbench.calibrate.kernels says which bytes per collective), α in
+seconds, β in seconds per byte, bandwidth = 1/β in bytes per second. Times span orders of magnitude
+over the sizes, so the fit minimises the squared *relative* residuals Σ((Tᵢ − α − β·nᵢ)/Tᵢ)², a weighted
+least squares with weights 1/Tᵢ² (closed form); α and β are kept ≥ 0 (a negative one is set to 0 and the
+other refitted). Its error is the median and the largest |Tᵢ − T̂(nᵢ)| / Tᵢ over the sizes fitted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ddlbench.statistics import percentile
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlphaBeta:
+    alpha_s: float
+    beta_s_per_byte: float
+    rel_error_median: float
+    rel_error_max: float
+    sizes: int  # message sizes the fit rests on
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float | None:
+        return 1.0 / self.beta_s_per_byte if self.beta_s_per_byte > 0 else None
+
+    def predict(self, nbytes: float) -> float:
+        return self.alpha_s + self.beta_s_per_byte * nbytes
+
+
+def fit_alpha_beta(sizes: list[float], times: list[float]) -> AlphaBeta:
+    if len(sizes) != len(times) or len(sizes) < 2:
+        raise ValueError("an α–β fit needs the times of at least 2 message sizes")
+    if min(times) <= 0:
+        raise ValueError("times must be positive")
+    w = [1.0 / t**2 for t in times]
+    sw = math.fsum(w)
+    swn = math.fsum(wi * n for wi, n in zip(w, sizes, strict=True))
+    swnn = math.fsum(wi * n * n for wi, n in zip(w, sizes, strict=True))
+    swt = math.fsum(wi * t for wi, t in zip(w, times, strict=True))
+    swnt = math.fsum(wi * n * t for wi, n, t in zip(w, sizes, times, strict=True))
+    det = sw * swnn - swn * swn
+    alpha, beta = ((swt * swnn - swn * swnt) / det, (sw * swnt - swn * swt) / det) if det > 0 else (-1.0, -1.0)
+    if det <= 0 or alpha < 0 or beta < 0:
+        candidates = [(0.0, swnt / swnn), (swt / sw, 0.0)]  # through the origin; or a constant
+        alpha, beta = min(candidates, key=lambda ab: _loss(ab, sizes, times))
+    errors = sorted(abs(t - (alpha + beta * n)) / t for n, t in zip(sizes, times, strict=True))
+    return AlphaBeta(
+        alpha_s=alpha,
+        beta_s_per_byte=beta,
+        rel_error_median=percentile(errors, 50),
+        rel_error_max=errors[-1],
+        sizes=len(sizes),
+    )
+
+
+def _loss(ab: tuple[float, float], sizes: list[float], times: list[float]) -> float:
+    alpha, beta = ab
+    return math.fsum(((t - alpha - beta * n) / t) ** 2 for n, t in zip(sizes, times, strict=True))
+
+
+# nccl-tests' bus-bandwidth factors (doc/PERFORMANCE.md): busbw = (S / t) × factor, p ranks
+def bus_factor(op: str, ranks: int) -> float:
+    if op == "all_reduce":
+        return 2 * (ranks - 1) / ranks
+    if op in ("all_gather", "reduce_scatter"):
+        return (ranks - 1) / ranks
+    return 1.0  # broadcast; send_recv (one message of S bytes)

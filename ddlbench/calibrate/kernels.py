@@ -1,0 +1,218 @@
+"""The microbenchmarks one rank runs for a calibration point (imported by the worker only: it needs torch).
+
+Every measurement is repeated `warmup` times untimed, then `iterations` times each timed alone: on the
+CPU by perf_counter around it, on CUDA by events on the current stream around it (read after one
+synchronisation at the end). A rank returns its own times; the runner makes figures of them.
+
+compute (one rank):
+- matmul n: C = A·B of n×n matrices in the precision's dtype; 2n³ floating-point operations.
+- conv [N, C, H, k]: forward of a k×k convolution, C channels in and out, stride 1, 'same' padding, on
+  an N×C×H×H input; 2·N·C·C·k²·H² operations (multiply and add per weight per output element).
+- copy B: dst.copy_(src) of B bytes of float32; 2B bytes moved (read and write, STREAM's "copy").
+A precision the device cannot run (tf32 off CUDA Ampere+, fp16 or bf16 where matmul refuses it) is
+recorded with the reason instead of times.
+
+collectives (every rank), for each message size S (bytes of float32; elements rounded down to a multiple
+of the world size): all_reduce of S; all_gather to S (S/p from each rank); reduce_scatter of S (S/p to each
+rank); broadcast of S from rank 0; send_recv: S from rank 0 to the last rank and back, half the round
+trip. Each timed iteration starts after a barrier, so it times the collective, not the ranks' skew.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ddlbench.calibrate.suite import CalibrationPoint
+
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Timer:
+    """Times one callable per iteration: host clock on CPU, CUDA events on GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.on_cuda = device.type == "cuda"
+
+    def times(self, fn: Callable[[], Any], *, warmup: int, iterations: int, before: Callable[[], Any] | None = None):
+        for _ in range(warmup):
+            if before:
+                before()
+            fn()
+        self.sync()
+        marks = []
+        for _ in range(iterations):
+            if before:
+                before()
+                self.sync()
+            if self.on_cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                marks.append((start, end))
+            else:
+                began = time.perf_counter()
+                fn()
+                marks.append((began, time.perf_counter()))
+        self.sync()
+        if self.on_cuda:
+            return [start.elapsed_time(end) / 1000.0 for start, end in marks]  # elapsed_time is in ms
+        return [end - start for start, end in marks]
+
+    def sync(self) -> None:
+        if self.on_cuda:
+            torch.cuda.synchronize(self.device)
+
+
+def run_compute(point: CalibrationPoint, device: torch.device) -> list[dict[str, Any]]:
+    timer = Timer(device)
+    out: list[dict[str, Any]] = []
+    for precision in point.precisions:
+        refusal = _refusal(precision, device)
+        for n in point.matmul_sizes:
+            entry = {"kind": "matmul", "precision": precision, "size": n, "flop": 2 * n**3}
+            out.append(entry | _measure(refusal, lambda n=n, p=precision: _matmul(n, p, device), timer, point))
+        for shape in point.conv_shapes:
+            batch, channels, side, kernel = shape
+            flop = 2 * batch * channels * channels * kernel * kernel * side * side
+            entry = {"kind": "conv", "precision": precision, "shape": list(shape), "flop": flop}
+            out.append(entry | _measure(refusal, lambda s=shape, p=precision: _conv(s, p, device), timer, point))
+    elements = max(1, point.memory_bytes // 4)
+    src, dst = torch.ones(elements, device=device), torch.empty(elements, device=device)
+    times = timer.times(lambda: dst.copy_(src), warmup=point.warmup, iterations=point.iterations)
+    out.append({"kind": "copy", "bytes": 2 * elements * 4, "times_s": times})
+    return out
+
+
+def _refusal(precision: str, device: torch.device) -> str | None:
+    if precision == "tf32":
+        if device.type != "cuda":
+            return "tf32 needs a CUDA GPU of compute capability >= 8.0; this rank runs on the CPU"
+        if torch.cuda.get_device_capability(device) < (8, 0):
+            return f"tf32 needs compute capability >= 8.0; {torch.cuda.get_device_name(device)} has less"
+    return None
+
+
+def _measure(refusal: str | None, make: Callable[[], Callable[[], Any]], timer: Timer, point: CalibrationPoint):
+    if refusal:
+        return {"error": refusal}
+    try:
+        fn = make()
+        return {"times_s": timer.times(fn, warmup=point.warmup, iterations=point.iterations)}
+    except (RuntimeError, NotImplementedError) as exc:  # a dtype the device's kernels refuse
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+
+
+def _precision_switch(precision: str) -> None:
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+def _matmul(n: int, precision: str, device: torch.device) -> Callable[[], Any]:
+    _precision_switch(precision)
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=generator).to(device=device, dtype=DTYPES[precision])
+    b = torch.randn(n, n, generator=generator).to(device=device, dtype=DTYPES[precision])
+    c = torch.empty(n, n, device=device, dtype=DTYPES[precision])
+    return lambda: torch.mm(a, b, out=c)
+
+
+def _conv(shape: tuple[int, ...], precision: str, device: torch.device) -> Callable[[], Any]:
+    _precision_switch(precision)
+    batch, channels, side, kernel = shape
+    generator = torch.Generator().manual_seed(0)
+    dtype = DTYPES[precision]
+    x = torch.randn(batch, channels, side, side, generator=generator).to(device=device, dtype=dtype)
+    w = torch.randn(channels, channels, kernel, kernel, generator=generator).to(device=device, dtype=dtype)
+    return lambda: F.conv2d(x, w, padding="same")
+
+
+def run_collectives_torch(point: CalibrationPoint, device: torch.device) -> list[dict[str, Any]]:
+    timer, rank, world = Timer(device), dist.get_rank(), dist.get_world_size()
+    barrier = dist.barrier
+    out = []
+    for op in point.collectives:
+        for size in point.message_bytes:
+            elements = max(world, (size // 4) // world * world)
+            fn = _torch_op(op, elements, rank, world, device)
+            times = timer.times(fn, warmup=point.warmup, iterations=point.iterations, before=barrier)
+            out.append({"op": op, "bytes": elements * 4, "times_s": times})
+    return out
+
+
+def _torch_op(op: str, elements: int, rank: int, world: int, device: torch.device) -> Callable[[], Any]:
+    whole = torch.ones(elements, device=device)
+    part = torch.ones(elements // world, device=device)
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(whole)
+    if op == "all_gather":  # all_gather_single: torch ≥ 2.11's name of all_gather_into_tensor
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: gather(whole, part)
+    if op == "reduce_scatter":
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: scatter(part, whole)
+    if op == "broadcast":
+        return lambda: dist.broadcast(whole, src=0)
+    if op == "send_recv":
+        last = world - 1
+
+        def ping_pong() -> None:
+            if rank == 0:
+                dist.send(whole, dst=last)
+                dist.recv(whole, src=last)
+            elif rank == last:
+                dist.recv(whole, src=0)
+                dist.send(whole, dst=0)
+
+        return ping_pong
+    raise ValueError(f"collective {op!r} unknown")
+
+
+def run_collectives_mpi(point: CalibrationPoint) -> tuple[list[dict[str, Any]], str]:
+    """The same collectives through mpi4py on numpy buffers (host memory); returns them and MPI's name."""
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, world = comm.Get_rank(), comm.Get_size()
+    if world != point.world_size:
+        raise RuntimeError(
+            f"MPI.COMM_WORLD has {world} ranks, the point {point.world_size}: MPI points must start under mpirun "
+            "or srun with an MPI plugin, not ddlbench's local launcher"
+        )
+    timer = Timer(torch.device("cpu"))
+    out = []
+    for op in point.collectives:
+        for size in point.message_bytes:
+            elements = max(world, (size // 4) // world * world)
+            whole = np.ones(elements, dtype=np.float32)
+            part = np.ones(elements // world, dtype=np.float32)
+            result = np.empty_like(whole)
+
+            def ping_pong(whole=whole, last=world - 1) -> None:
+                if rank == 0:
+                    comm.Send(whole, dest=last)
+                    comm.Recv(whole, source=last)
+                elif rank == last:
+                    comm.Recv(whole, source=0)
+                    comm.Send(whole, dest=0)
+
+            fns = {
+                "all_reduce": lambda whole=whole, result=result: comm.Allreduce(whole, result),
+                "all_gather": lambda part=part, whole=whole: comm.Allgather(part, whole),
+                "reduce_scatter": lambda whole=whole, part=part: comm.Reduce_scatter_block(whole, part),
+                "broadcast": lambda whole=whole: comm.Bcast(whole, root=0),
+                "send_recv": ping_pong,
+            }
+            times = timer.times(fns[op], warmup=point.warmup, iterations=point.iterations, before=comm.Barrier)
+            out.append({"op": op, "bytes": elements * 4, "times_s": times})
+    version = MPI.Get_library_version().replace("\x00", "").strip().split(",")[0]  # "Open MPI v4.1.4"
+    return out, f"mpi ({version})"

@@ -1,0 +1,223 @@
+"""The machine file: what later analyses know of a machine, measured (`ddlbench calibrate`) or written
+by hand from datasheets (workflow/machines/). Versioned YAML; every figure a mapping with its `value`
+and unit in its key's name, measured ones with their statistics and sample size.
+
+    machine_version: 1
+    name, source (measured | datasheet), references (datasheet files: where each figure comes from)
+    device: {kind, name, per_node, memory_bytes}
+    compute:
+      matmul_flop_per_s: {<precision>: {value, ...}}   # best over the sizes timed
+      conv_flop_per_s:   {<precision>: {value, ...}}
+      memory_bandwidth_bytes_per_s: {value, ...}
+    links: {intra_node | inter_node: {alpha_s, beta_s_per_byte, bandwidth_bytes_per_s, ...}}
+    collectives: [{library, link, op, ranks, nodes, alpha_s, beta_s_per_byte, bandwidth_bytes_per_s,
+                   rel_error_median, rel_error_max, curve: [{bytes, time_s: {value, ci_low, ci_high, n}}]}]
+
+Figures from measurements (one calibration's records; formulas here and in ddlbench.calibrate.kernels):
+- FLOP/s of a size = its operations ÷ each iteration's time; the figure is the median over iterations
+  with its 95 % CI (records.Stats); `value` is that of the size with the highest median;
+- memory bandwidth = bytes moved (read + write) ÷ time, the same way;
+- a collective's time at a size: per iteration the slowest rank's time (they start together after a
+  barrier), median over iterations; send_recv: rank 0's round trip ÷ 2;
+- α–β per collective, library and link: fitted to those medians (ddlbench.calibrate.fit);
+- links: the α–β of send_recv through the first library measured on that link. A link is `intra_node`
+  when every rank of the point ran on one host, else `inter_node`: named by where ranks really ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ddlbench.atomic import write_text_atomic
+from ddlbench.calibrate.fit import bus_factor, fit_alpha_beta
+from ddlbench.calibrate.records import CalibrationRecord
+from ddlbench.errors import DdlbenchError
+from ddlbench.provenance import utc_now
+from ddlbench.records import Stats
+
+MACHINE_VERSION = 1
+# hand-written machine files of known systems, from datasheets (shown beside a calibration)
+REFERENCE_MACHINES = Path(__file__).resolve().parents[2] / "workflow" / "machines"
+REQUIRED_KEYS = ("machine_version", "name", "source", "device", "compute", "links", "collectives")
+
+
+def stats_figure(values: list[float], **extra: Any) -> dict[str, Any]:
+    stats = Stats.of(values)
+    figure = {"value": stats.median, "ci_low": stats.ci_low, "ci_high": stats.ci_high, "n": stats.n}
+    return figure | extra
+
+
+def measured_machine(records: list[CalibrationRecord], *, name: str | None, suite: str) -> dict[str, Any]:
+    ok = [record for record in records if record.status == "ok"]
+    if not ok:
+        raise DdlbenchError("no calibration point ended ok: nothing to write a machine file from")
+    hosts = list(dict.fromkeys(host for record in ok for host in record.hostnames))
+    first_rank = ok[0].ranks[0]
+    machine: dict[str, Any] = {
+        "machine_version": MACHINE_VERSION,
+        "name": name or hosts[0],
+        "source": "measured",
+        "measured_at": utc_now(),
+        "suite": suite,
+        "ddlbench_version": ok[0].ddlbench_version,
+        "git_commit": ok[0].git_commit,
+        "hosts": hosts,
+        "cpu_model": ok[0].cpu_model,
+        "torch_version": first_rank.torch_version,
+        "device": {
+            "kind": first_rank.device,
+            "name": first_rank.device_name or ok[0].cpu_model,
+            "per_node": max((r.point.ranks_per_node for r in ok if r.point.nodes == 1), default=1),
+            "memory_bytes": first_rank.memory_bytes,
+            "threads_per_rank": first_rank.threads,
+        },
+        "compute": {},
+        "links": {},
+        "collectives": [],
+        "failed_points": [
+            {"point_id": record.point_id, "status": record.status, "reason": record.reason}
+            for record in records
+            if record.status != "ok"
+        ],
+    }
+    for record in ok:
+        if record.point.benchmark == "compute":
+            machine["compute"] = compute_figures(record)
+        else:
+            machine["collectives"] += collective_figures(record)
+    for entry in machine["collectives"]:
+        link = entry["link"]
+        if entry["op"] == "send_recv" and link not in machine["links"]:
+            machine["links"][link] = {
+                key: entry[key]
+                for key in ("alpha_s", "beta_s_per_byte", "bandwidth_bytes_per_s", "rel_error_median", "rel_error_max")
+            } | {"from": f"send_recv through {entry['library']}, layout {entry['layout']}, {entry['nodes']} host(s)"}
+    return machine
+
+
+def compute_figures(record: CalibrationRecord) -> dict[str, Any]:
+    rank = record.ranks[0]
+    figures: dict[str, Any] = {"matmul_flop_per_s": {}, "conv_flop_per_s": {}, "refused": []}
+    sized: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for entry in rank.measurements:
+        if entry["kind"] == "copy":
+            bandwidth = [entry["bytes"] / t for t in entry["times_s"]]
+            figures["memory_bandwidth_bytes_per_s"] = stats_figure(bandwidth, bytes_moved=entry["bytes"])
+        elif "error" in entry:
+            figures["refused"].append({"kind": entry["kind"], "precision": entry["precision"], "why": entry["error"]})
+        else:
+            size = entry.get("size", entry.get("shape"))
+            flops = [entry["flop"] / t for t in entry["times_s"]]
+            key = (f"{entry['kind']}_flop_per_s", entry["precision"])
+            sized.setdefault(key, []).append(stats_figure(flops, size=size))
+    for (key, precision), by_size in sized.items():
+        best = max(by_size, key=lambda figure: figure["value"])
+        figures[key][precision] = best | {"by_size": by_size}
+    return figures
+
+
+def link_of(record: CalibrationRecord) -> str:
+    return "intra_node" if len(record.hostnames) == 1 else "inter_node"
+
+
+def collective_figures(record: CalibrationRecord) -> list[dict[str, Any]]:
+    """Per collective of a point: its curve (time per size) and its α–β fit."""
+    ranks = sorted(record.ranks, key=lambda r: r.rank)
+    library = ranks[0].library
+    out = []
+    ops = list(dict.fromkeys(entry["op"] for entry in ranks[0].measurements))
+    for op in ops:
+        curve = []
+        for index, entry in enumerate(ranks[0].measurements):
+            if entry["op"] != op:
+                continue
+            per_rank = [rank.measurements[index]["times_s"] for rank in ranks]
+            if op == "send_recv":
+                times = [t / 2 for t in per_rank[0]]  # half rank 0's round trip
+            else:
+                times = [max(column) for column in zip(*per_rank, strict=True)]
+            time = stats_figure(times)
+            algbw = entry["bytes"] / time["value"]
+            curve.append(
+                {
+                    "bytes": entry["bytes"],
+                    "time_s": time,
+                    "algbw_bytes_per_s": algbw,
+                    "busbw_bytes_per_s": algbw * bus_factor(op, len(ranks)),
+                }
+            )
+        fit = fit_alpha_beta([point["bytes"] for point in curve], [point["time_s"]["value"] for point in curve])
+        out.append(
+            {
+                "library": library,
+                "link": link_of(record),
+                "op": op,
+                "ranks": len(ranks),
+                "nodes": len(record.hostnames),  # hosts the ranks ran on
+                "layout": f"{record.point.nodes}x{record.point.ranks_per_node}",  # as planned: nodes × ranks per node
+                "point_id": record.point_id,
+                **{key: value for key, value in asdict(fit).items() if key != "sizes"},
+                "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s,
+                "curve": curve,
+            }
+        )
+    return out
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """YAML without anchors and aliases: a machine file is read by people too."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def write_machine(path: Path, machine: dict[str, Any]) -> None:
+    header = (
+        "# ddlbench machine file (ddlbench.calibrate.machine): figures with their unit in the key's name;\n"
+        "# measured ones give the median over iterations (value), its 95 % CI and n.\n"
+    )
+    write_text_atomic(path, header + yaml.dump(machine, Dumper=_PlainDumper, sort_keys=False, width=110))
+
+
+def read_machine(path: Path) -> dict[str, Any]:
+    """A machine file, checked for its version and keys."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise DdlbenchError(f"cannot read machine file {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise DdlbenchError(f"machine file {path} is not a mapping")
+    if data.get("machine_version") != MACHINE_VERSION:
+        raise DdlbenchError(
+            f"machine file {path}: machine_version {data.get('machine_version')!r} unknown; this ddlbench reads "
+            f"{MACHINE_VERSION}"
+        )
+    missing = [key for key in REQUIRED_KEYS if key not in data]
+    if missing:
+        raise DdlbenchError(f"machine file {path} lacks {', '.join(missing)}; required: {', '.join(REQUIRED_KEYS)}")
+    for where, value in _figures(data, ""):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            # YAML 1.1 reads 6.7e13 (no sign in the exponent) as a string: write 6.7e+13
+            raise DdlbenchError(f"machine file {path}: {where} is {value!r}, not a number (write exponents as 1.5e+13)")
+    return data
+
+
+NUMERIC_KEYS = ("value", "alpha_s", "beta_s_per_byte", "bandwidth_bytes_per_s", "ci_low", "ci_high", "memory_bytes")
+
+
+def _figures(node: Any, where: str):
+    """(path, value) of every numeric key in a machine file."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{where}.{key}" if where else str(key)
+            if key in NUMERIC_KEYS:
+                yield path, value
+            else:
+                yield from _figures(value, path)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _figures(value, f"{where}[{index}]")

@@ -1,0 +1,46 @@
+"""One rank of a calibration point: run its microbenchmarks and say where it ran (imported by the worker)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+
+from ddlbench.calibrate.kernels import run_collectives_mpi, run_collectives_torch, run_compute
+from ddlbench.calibrate.records import CalibrationRankResult
+from ddlbench.calibrate.suite import CalibrationPoint
+from ddlbench.train.strategies import RankContext
+
+
+def measure(point: CalibrationPoint, ctx: RankContext) -> CalibrationRankResult:
+    torch.set_num_threads(point.threads)
+    on_cuda = ctx.device.type == "cuda"
+    library = ctx.backend
+    if point.benchmark == "compute":
+        measurements = run_compute(point, ctx.device)
+    elif point.backend == "mpi":
+        measurements, library = run_collectives_mpi(point)
+    else:
+        measurements = run_collectives_torch(point, ctx.device)
+    return CalibrationRankResult(
+        rank=ctx.rank,
+        hostname=socket.gethostname(),
+        device=ctx.device.type,
+        device_name=torch.cuda.get_device_name(ctx.device) if on_cuda else "",
+        backend=ctx.backend,
+        library=library,
+        torch_version=torch.__version__,
+        threads=torch.get_num_threads(),
+        cpus=tuple(sorted(os.sched_getaffinity(0))),
+        measurements=tuple(measurements),
+        slurm_node=os.environ.get("SLURMD_NODENAME", ""),
+        memory_bytes=torch.cuda.get_device_properties(ctx.device).total_memory if on_cuda else _host_memory(),
+    )
+
+
+def _host_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None

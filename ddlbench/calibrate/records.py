@@ -1,0 +1,83 @@
+"""What a calibration point's ranks measured, and the point's record (versioned JSON, like a training record)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ddlbench.calibrate.suite import CalibrationPoint
+from ddlbench.records import RecordError, Status, write_json_atomic
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationRankResult:
+    """One rank's raw times (ddlbench.calibrate.kernels says what each entry times)."""
+
+    rank: int
+    hostname: str
+    device: str
+    device_name: str
+    backend: str  # torch.distributed's backend (gloo, nccl)
+    library: str  # what the collectives went through: gloo, nccl, or the MPI library's name
+    torch_version: str
+    threads: int
+    cpus: tuple[int, ...]
+    # compute: {kind: matmul|conv|copy, precision, size|shape, flop|bytes, times_s | error}
+    # collectives: {op, bytes, times_s}
+    measurements: tuple[dict[str, Any], ...]
+    cpu_binding: str = ""
+    slurm_node: str = ""
+    memory_bytes: int | None = None  # the device's memory (GPU) or the host's RAM, for the machine file
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CalibrationRankResult:
+        return cls(**{**data, "cpus": tuple(data["cpus"]), "measurements": tuple(data["measurements"])})
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationRecord:
+    """The outcome of one calibration point, written for every status (failures are data)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+    point_id: str
+    point: CalibrationPoint
+    status: Status
+    reason: str | None
+    launcher: str
+    start_time: str
+    end_time: str
+    ranks: tuple[CalibrationRankResult, ...] = field(default_factory=tuple)
+    cpu_model: str = ""
+    git_commit: str | None = None
+    ddlbench_version: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["point"] = self.point.to_dict()
+        return {"schema_version": self.SCHEMA_VERSION, **data}
+
+    @property
+    def hostnames(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(rank.hostname for rank in self.ranks))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CalibrationRecord:
+        if data.get("schema_version") != cls.SCHEMA_VERSION:
+            raise RecordError(f"calibration record schema version {data.get('schema_version')!r} is not supported")
+        fields = {key: value for key, value in data.items() if key != "schema_version"}
+        fields["point"] = CalibrationPoint.from_dict(data["point"])
+        fields["ranks"] = tuple(CalibrationRankResult.from_dict(rank) for rank in data.get("ranks", ()))
+        return cls(**fields)
+
+
+def write_calibration_record(path: Path, record: CalibrationRecord) -> None:
+    write_json_atomic(path, record.to_dict())
+
+
+def read_calibration_record(path: Path) -> CalibrationRecord:
+    try:
+        return CalibrationRecord.from_dict(json.loads(path.read_text()))
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise RecordError(f"cannot read calibration record {path}: {exc}") from None

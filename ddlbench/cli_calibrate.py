@@ -1,0 +1,41 @@
+"""`ddlbench calibrate`: measure this machine (or the allocation's nodes) into a machine file."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_commands(commands: Any, launchers: tuple[str, ...]) -> None:
+    calibrate = commands.add_parser(
+        "calibrate", help="run a calibration suite and write the machine file (FLOP/s, bandwidth, α–β of collectives)"
+    )
+    calibrate.add_argument(
+        "--configfile", type=Path, help="calibration suite YAML (default: workflow/calibration/default.yaml)"
+    )
+    calibrate.add_argument("--out", type=Path, required=True, help="the machine file to write (YAML)")
+    calibrate.add_argument("--report", type=Path, help="HTML report (default: beside the suite's records)")
+    calibrate.add_argument(
+        "--launcher",
+        default="auto",
+        choices=launchers,
+        help="as for run-point: srun inside a SLURM allocation, else local (mpirun for MPI points)",
+    )
+    calibrate.add_argument("--cores", type=int, help="cores granted (a local point needing more is refused)")
+    calibrate.set_defaults(handler=_calibrate)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from ddlbench.calibrate import calibrate
+
+    machine = calibrate(args.configfile, out=args.out, launcher=args.launcher, cores=args.cores, report=args.report)
+    failed = machine.get("failed_points", [])
+    links = ", ".join(
+        f"{name}: α {link['alpha_s'] * 1e6:.3g} µs, {(link['bandwidth_bytes_per_s'] or 0) / 1e9:.3g} GB/s"
+        for name, link in machine["links"].items()
+    )
+    print(f"machine file: {args.out.resolve()} ({links or 'no link measured'})")
+    for point in failed:  # failures are data: listed in the machine file too
+        print(f"not measured: {point['point_id']} ({point['status']}): {point['reason']}")
+    return 0

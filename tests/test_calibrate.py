@@ -1,0 +1,182 @@
+"""`ddlbench calibrate`: the suite, the α–β fit, and a machine file written from real runs (gloo and MPI)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddlbench.calibrate.fit import bus_factor, fit_alpha_beta
+from ddlbench.calibrate.machine import REFERENCE_MACHINES, read_machine
+from ddlbench.calibrate.records import read_calibration_record
+from ddlbench.calibrate.suite import DEFAULT_SUITE, CalibrationPoint, load_suite
+from ddlbench.errors import ConfigError, DdlbenchError
+from tests.conftest import run_cli
+
+
+def test_fit_recovers_latency_and_bandwidth():
+    sizes = [2.0**k for k in range(8, 24, 2)]
+    alpha, beta = 30e-6, 1 / 5e9
+    fit = fit_alpha_beta(sizes, [alpha + beta * n for n in sizes])
+    assert fit.alpha_s == pytest.approx(alpha, rel=1e-9)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(5e9, rel=1e-9)
+    assert fit.rel_error_max < 1e-9
+    # relative residuals: 10 % noise on each time moves neither figure by more than a few tens of percent
+    noisy = [(alpha + beta * n) * (1.1 if i % 2 else 0.9) for i, n in enumerate(sizes)]
+    rough = fit_alpha_beta(sizes, noisy)
+    assert rough.alpha_s == pytest.approx(alpha, rel=0.3) and rough.beta_s_per_byte == pytest.approx(beta, rel=0.3)
+    assert rough.rel_error_max == pytest.approx(0.1, abs=0.05)
+
+
+def test_fit_keeps_latency_and_slope_non_negative():
+    # times that fall with size would give a negative slope: a constant (α only) is fitted instead
+    fit = fit_alpha_beta([1e3, 1e4, 1e5], [3e-5, 2e-5, 1e-5])
+    assert fit.beta_s_per_byte == 0 and fit.alpha_s > 0 and fit.bandwidth_bytes_per_s is None
+    # pure bandwidth: the intercept would be negative, so the line goes through the origin
+    fit = fit_alpha_beta([1e3, 1e4, 1e5], [0.9e-6, 1e-5, 1.05e-4])
+    assert fit.alpha_s == 0 and fit.beta_s_per_byte > 0
+
+
+def test_bus_bandwidth_factors_are_nccl_tests():
+    assert bus_factor("all_reduce", 4) == 1.5 and bus_factor("all_gather", 4) == 0.75
+    assert bus_factor("broadcast", 8) == 1.0
+
+
+def test_default_suite_expands_to_compute_and_collective_points():
+    suite = load_suite(DEFAULT_SUITE)
+    kinds = [(p.benchmark, p.backend, p.nodes, p.ranks_per_node) for p in suite.points]
+    assert kinds == [
+        ("compute", "", 1, 1),
+        ("collectives", "torch", 1, 2),
+        ("collectives", "torch", 2, 1),
+        ("collectives", "mpi", 1, 2),
+        ("collectives", "mpi", 2, 1),
+    ]
+    point = suite.points[1]
+    assert CalibrationPoint.from_dict(json.loads(point.to_json())) == point
+    assert json.loads(point.to_json())["kind"] == "calibration"  # what the worker dispatches on
+
+
+def test_bad_suite_names_the_key_and_the_choices():
+    with pytest.raises(ConfigError, match=r"collectives\[0\]: \"allreduce\" is not one of the accepted values"):
+        load_suite(raw={"collectives": ["allreduce"]})
+    with pytest.raises(ConfigError, match=r"message_bytes: .* has too few entries; give at least 3"):
+        load_suite(raw={"message_bytes": [8, 16]})
+
+
+def test_reference_machine_files_read():
+    names = {read_machine(path)["name"] for path in REFERENCE_MACHINES.glob("*.yaml")}
+    assert names == {"dgx_h100_4ndr", "abci_v100"}
+
+
+def test_machine_file_figures_must_be_numbers(tmp_path):
+    path = tmp_path / "m.yaml"
+    machine = {key: {} for key in ("device", "compute", "links")} | {"collectives": []}
+    machine |= {"machine_version": 1, "name": "x", "source": "datasheet"}
+    path.write_text(
+        yaml.safe_dump(machine).replace("compute: {}", "compute: {memory_bandwidth_bytes_per_s: {value: 3.35e12}}")
+    )
+    with pytest.raises(DdlbenchError, match=r"compute.memory_bandwidth_bytes_per_s.value is '3.35e12', not a number"):
+        read_machine(path)
+
+
+def test_machine_file_of_another_version_is_refused(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({"machine_version": 99, "name": "x"}))
+    with pytest.raises(DdlbenchError, match="machine_version 99 unknown; this ddlbench reads 1"):
+        read_machine(path)
+
+
+@pytest.mark.slow
+def test_calibrate_writes_a_machine_file_from_real_runs(tmp_path):
+    backends = ["torch", "mpi"] if shutil.which("mpirun") else ["torch"]
+    suite = {
+        "name": "tiny",
+        "results_dir": str(tmp_path / "results"),
+        "nodes": [1],
+        "ranks_per_node": 2,
+        "precisions": ["fp32", "tf32"],
+        "matmul_sizes": [64, 128],
+        "conv_shapes": [[2, 8, 8, 3]],
+        "memory_bytes": 1 << 20,
+        "message_bytes": [1024, 16384, 262144],
+        "backends": backends,
+        "warmup": 1,
+        "iterations": 6,
+        "oversubscribe": True,
+    }
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    out = tmp_path / "machine.yaml"
+    ran = run_cli("calibrate", "--configfile", str(path), "--out", str(out))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    machine = read_machine(out)
+    assert machine["source"] == "measured" and machine["device"]["kind"] == "cpu"
+    compute = machine["compute"]
+    assert compute["matmul_flop_per_s"]["fp32"]["value"] > 0 and compute["matmul_flop_per_s"]["fp32"]["n"] == 6
+    assert compute["refused"][0]["precision"] == "tf32" and "CUDA" in compute["refused"][0]["why"]
+    assert compute["memory_bandwidth_bytes_per_s"]["bytes_moved"] == 2 << 20
+    libraries = {entry["library"] for entry in machine["collectives"]}
+    assert "gloo" in libraries and (len(backends) == 1 or any(lib.startswith("mpi (") for lib in libraries))
+    link = machine["links"]["intra_node"]  # one host: the link within a node
+    assert link["alpha_s"] >= 0 and link["bandwidth_bytes_per_s"] > 0
+
+    # each curve's time is the median over iterations of the slowest rank's time, from the raw records
+    folder = tmp_path / "results" / "tiny" / "calibration"
+    for entry in machine["collectives"]:
+        record = read_calibration_record(folder / "points" / entry["point_id"] / "record.json")
+        assert record.status == "ok" and len(record.ranks) == 2
+        for point in entry["curve"]:
+            per_rank = [
+                next(m["times_s"] for m in rank.measurements if m["op"] == entry["op"] and m["bytes"] == point["bytes"])
+                for rank in record.ranks
+            ]
+            if entry["op"] == "send_recv":
+                times = [t / 2 for t in per_rank[record.ranks[0].rank]]
+            else:
+                times = [max(column) for column in zip(*per_rank, strict=True)]
+            assert point["time_s"]["value"] == pytest.approx(statistics.median(times), rel=1e-12)
+        fit = fit_alpha_beta([p["bytes"] for p in entry["curve"]], [p["time_s"]["value"] for p in entry["curve"]])
+        assert entry["alpha_s"] == pytest.approx(fit.alpha_s) and entry["rel_error_max"] == pytest.approx(
+            fit.rel_error_max
+        )
+
+    report = (folder / "report.html").read_text()
+    assert report.count("<svg") == len(backends)  # one figure of curves and fits per library and link
+    assert "dgx_h100_4ndr" in report and "abci_v100" in report
+
+
+@pytest.mark.slow
+def test_a_point_that_cannot_run_is_recorded_and_the_rest_measured(tmp_path):
+    if not shutil.which("mpirun"):
+        pytest.skip("needs mpirun, to be refused a second node it does not know")
+    suite = {
+        "name": "refused",
+        "results_dir": str(tmp_path / "results"),
+        "nodes": [2],
+        "collectives": ["all_reduce"],
+        "precisions": ["fp32"],
+        "matmul_sizes": [32],
+        "conv_shapes": [],
+        "memory_bytes": 4096,
+        "message_bytes": [64, 128, 256],
+        "backends": ["mpi"],
+        "warmup": 0,
+        "iterations": 2,
+        "oversubscribe": True,
+    }
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    out = tmp_path / "machine.yaml"
+    ran = run_cli("calibrate", "--configfile", str(path), "--out", str(out), env={"DDLBENCH_HOSTFILE": ""})
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    machine = read_machine(out)
+    (failed,) = machine["failed_points"]
+    assert failed["status"] == "failed" and "needs 2 nodes, but mpirun knows 1 host" in failed["reason"]
+    assert machine["compute"]["matmul_flop_per_s"]["fp32"]["value"] > 0
+    assert "not measured: collectives-mpi-n2x1" in ran.stdout
+    assert Path(tmp_path / "results" / "refused" / "calibration" / "points").is_dir()
