@@ -26,15 +26,18 @@ def add_commands(commands: Any, launchers: tuple[str, ...]) -> None:
     calibrate.set_defaults(handler=_calibrate)
 
 
+def _link_text(link: dict[str, Any]) -> str:
+    bandwidth = link["bandwidth_bytes_per_s"]
+    per_byte = f"{bandwidth / 1e9:.3g} GB/s" if bandwidth else "no size-dependent term fitted (β = 0)"
+    return f"α {link['alpha_s'] * 1e6:.3g} µs, {per_byte}"
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from ddlbench.calibrate import calibrate
 
     machine = calibrate(args.configfile, out=args.out, launcher=args.launcher, cores=args.cores, report=args.report)
     failed = machine.get("failed_points", [])
-    links = ", ".join(
-        f"{name}: α {link['alpha_s'] * 1e6:.3g} µs, {(link['bandwidth_bytes_per_s'] or 0) / 1e9:.3g} GB/s"
-        for name, link in machine["links"].items()
-    )
+    links = ", ".join(f"{name}: {_link_text(link)}" for name, link in machine["links"].items())
     print(f"machine file: {args.out.resolve()} ({links or 'no link measured'})")
     for point in failed:  # failures are data: listed in the machine file too
         print(f"not measured: {point['point_id']} ({point['status']}): {point['reason']}")

@@ -39,6 +39,48 @@ SRUN_CASES = [
 ]
 
 
+def test_calibrate_inside_an_allocation_runs_its_points_through_srun(slurm_env, tmp_path):
+    """`ddlbench calibrate` in a 2-node batch job: every point is an srun step; the 2-node point spans both
+    nodes; the machine file names the link by the host the ranks really ran on (this cluster's nodes
+    share one host, so: within a node)."""
+    import socket
+
+    import yaml
+
+    from ddlbench.calibrate.machine import read_machine
+    from ddlbench.calibrate.records import read_calibration_record
+
+    suite = {
+        "name": "slurmcal", "results_dir": str(tmp_path / "results"), "nodes": [1, 2], "ranks_per_node": 2,
+        "precisions": ["fp32"], "matmul_sizes": [64], "conv_shapes": [[2, 8, 8, 3]], "memory_bytes": 1 << 20,
+        "message_bytes": [1024, 16384, 262144], "backends": ["torch"], "warmup": 1, "iterations": 4,
+        "oversubscribe": True,
+    }  # fmt: skip
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    command = shlex.join(
+        [str(BIN / "ddlbench"), "calibrate", "--configfile", str(tmp_path / "suite.yaml"), "--out",
+         str(tmp_path / "machine.yaml")]
+    )  # fmt: skip
+    batch = subprocess.run(
+        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=2", "--mem=3000M", "--time=5",
+         f"--output={tmp_path / 'job.out'}", "--wrap", command],
+        capture_output=True, text=True, env={**os.environ, **slurm_env}, timeout=300,
+    )  # fmt: skip
+    assert batch.returncode == 0, batch.stderr + (tmp_path / "job.out").read_text()
+    machine = read_machine(tmp_path / "machine.yaml")
+    assert machine["failed_points"] == [] and machine["hosts"] == [socket.gethostname()]
+    assert set(machine["links"]) == {"intra_node"}
+    records = [
+        read_calibration_record(path)
+        for path in (tmp_path / "results" / "slurmcal" / "calibration").rglob("record.json")
+    ]
+    assert len(records) == 3 and {record.launcher for record in records} == {"srun"}
+    across = next(record for record in records if record.point.nodes == 2)
+    assert len({rank.slurm_node for rank in across.ranks}) == 2  # one rank on each node
+    layouts = {entry["layout"] for entry in machine["collectives"]}
+    assert layouts == {"1x2", "2x1"}
+
+
 @pytest.mark.parametrize(("strategy", "per_node", "extra"), SRUN_CASES, ids=[c[0] for c in SRUN_CASES])
 def test_srun_ranks_on_two_nodes_match_the_local_run(slurm_env, tmp_path, strategy, per_node, extra):
     """The same point through srun over two (virtual) nodes and as local processes: same weights."""

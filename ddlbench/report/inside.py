@@ -16,9 +16,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ddlbench.analysis.keys import describe, varying_fields
+from ddlbench.anatomy.figures import rank_medians
 from ddlbench.records import RecordError, read_record, record_path
 from ddlbench.report.figures import Cell, figure_cell, missing, number
 from ddlbench.report.plots import svg_text
+from ddlbench.statistics import percentile
 
 MS = 1e3
 # (column heading, phase figure): each a median over kept steps of the mean over ranks, in ms
@@ -116,8 +118,47 @@ def step_drawings(configs: pd.DataFrame, table: pd.DataFrame, sweep_dir: Path) -
             continue
         if not any(rank.timeline for rank in record.ranks):
             continue
-        drawings.append({"point_id": point_id, "svg": _step_svg(record)})
+        drawings.append({"point_id": point_id, "svg": _step_svg(record), "ranks": _rank_rows(record)})
     return drawings
+
+
+RANK_COLUMNS = ("rank", "host", "busy", "forward", "backward", "update", "comm exposed", "p2p wait", "bubble share")
+
+
+def _rank_rows(record: Any) -> list[dict[str, str]]:
+    """Per rank, medians over the kept steps (ms): its busy time and phases; bubble share = p2p wait ÷ its
+    step (a pipeline stage's idle share waiting for its neighbours)."""
+    dropped = record.metrics.warmup_dropped_steps if record.metrics else 0
+    rows = []
+    for rank in sorted(record.ranks, key=lambda r: r.rank):
+        medians = rank_medians(rank, dropped)
+        if "busy_s" not in medians:
+            continue
+        shares = [
+            w / s
+            for w, s in zip(rank.anatomy["exposed_p2p_s"][dropped:], rank.anatomy["step_s"][dropped:], strict=True)
+            if s > 0
+        ]
+        share = percentile(sorted(shares), 50) if shares else None
+        rows.append(
+            {
+                "rank": str(rank.rank),
+                "host": rank.hostname,
+                **{
+                    heading: number(medians[figure] * MS)
+                    for heading, figure in (
+                        ("busy", "busy_s"),
+                        ("forward", "forward_s"),
+                        ("backward", "backward_s"),
+                        ("update", "update_s"),
+                        ("comm exposed", "comm_exposed_s"),
+                        ("p2p wait", "exposed_p2p_s"),
+                    )
+                },
+                "bubble share": number(share),
+            }
+        )
+    return rows
 
 
 def _step_svg(record: Any) -> str:

@@ -24,7 +24,7 @@ from ddlbench.errors import DdlbenchError
 from ddlbench.provenance import utc_now
 from ddlbench.records import MEASUREMENT_VERSION, STATUSES
 from ddlbench.report.figures import Cell, figure_cell, missing, number, point_notes
-from ddlbench.report.inside import INSIDE_COLUMNS, inside_rows, step_drawings, study_plots
+from ddlbench.report.inside import INSIDE_COLUMNS, RANK_COLUMNS, inside_rows, step_drawings, study_plots
 from ddlbench.report.plots import figure_level, level_caption, strategy_comparison_svg, throughput_vs_nodes_svg
 from ddlbench.sweep import expand_sweep
 from ddlbench.templating import template_environment
@@ -107,8 +107,9 @@ def render_report(
         "provenance": _provenance(table),
         "inside_rows": inside_rows(table, report_dir=report_dir, sweep_dir=config.sweep_dir),
         "inside_columns": INSIDE_COLUMNS,
+        "rank_columns": RANK_COLUMNS,
         "step_drawings": [
-            {"point_id": d["point_id"], "svg": Markup(d["svg"])}
+            {"point_id": d["point_id"], "svg": Markup(d["svg"]), "ranks": d["ranks"]}
             for d in step_drawings(configs, table, config.sweep_dir)
         ],
         "study_plots": {axis: Markup(svg) for axis, svg in study_plots(configs).items()},
