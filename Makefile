@@ -62,6 +62,7 @@ lint: venv
 	$(BIN)/ruff check ddlbench tests benchmarks
 	$(BIN)/ruff format --check ddlbench tests benchmarks
 	$(BIN)/snakemake --lint --cores 2
+	$(BIN)/snakemake -s workflow/calibrate.smk --lint --cores 2
 
 bench: venv
 	$(BIN)/python benchmarks/plan_speed.py

@@ -179,7 +179,10 @@ def _run_point(args: argparse.Namespace) -> int:
         if args.point or args.configfile or args.config_json:
             raise DdlbenchError("give either --spec, or --point with a sweep config, not both")
         try:
-            point = Point.from_dict(json.loads(args.spec))
+            spec = json.loads(args.spec)
+            if isinstance(spec, dict) and spec.get("kind") == "calibration":  # workflow/calibrate.smk's points
+                return _run_calibration_point(spec, args)
+            point = Point.from_dict(spec)
         except (json.JSONDecodeError, TypeError) as exc:
             raise DdlbenchError(f"--spec is not a point: {exc}") from None
         if args.out is None:
@@ -209,6 +212,19 @@ def _run_point(args: argparse.Namespace) -> int:
         log.error("point %s interrupted (%s); no record written", point.point_id, exc)
         return 143
     print(f"{record.point_id}: {record.status}{': ' + record.reason if record.reason else ''} -> {out}")
+    return 0
+
+
+def _run_calibration_point(spec: dict, args: argparse.Namespace) -> int:
+    from ddlbench.calibrate.runner import run_calibration_point
+    from ddlbench.calibrate.suite import CalibrationPoint
+
+    if args.out is None:
+        raise DdlbenchError("--out is required with --spec")
+    record = run_calibration_point(
+        CalibrationPoint.from_dict(spec), out=args.out, launcher=args.launcher, cores=args.cores
+    )
+    print(f"{record.point_id}: {record.status}{': ' + record.reason if record.reason else ''} -> {args.out}")
     return 0
 
 

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
+
+from ddlbench.errors import DdlbenchError
 
 
 def add_commands(commands: Any, launchers: tuple[str, ...]) -> None:
     calibrate = commands.add_parser(
         "calibrate", help="run a calibration suite and write the machine file (FLOP/s, bandwidth, α–β of collectives)"
     )
-    calibrate.add_argument(
+    suite = calibrate.add_mutually_exclusive_group()
+    suite.add_argument(
         "--configfile", type=Path, help="calibration suite YAML (default: workflow/calibration/default.yaml)"
+    )
+    suite.add_argument("--config-json", help="the suite as JSON (what workflow/calibrate.smk passes)")
+    calibrate.add_argument(
+        "--from-records",
+        action="store_true",
+        help="run nothing: fit the records the suite's points wrote (after `snakemake -s workflow/calibrate.smk`)",
     )
     calibrate.add_argument("--out", type=Path, required=True, help="the machine file to write (YAML)")
     calibrate.add_argument("--report", type=Path, help="HTML report (default: beside the suite's records)")
@@ -35,7 +45,21 @@ def _link_text(link: dict[str, Any]) -> str:
 def _calibrate(args: argparse.Namespace) -> int:
     from ddlbench.calibrate import calibrate
 
-    machine = calibrate(args.configfile, out=args.out, launcher=args.launcher, cores=args.cores, report=args.report)
+    raw = None
+    if args.config_json:
+        try:
+            raw = json.loads(args.config_json)
+        except json.JSONDecodeError as exc:
+            raise DdlbenchError(f"--config-json is not valid JSON: {exc}") from None
+    machine = calibrate(
+        args.configfile,
+        raw=raw,
+        out=args.out,
+        launcher=args.launcher,
+        cores=args.cores,
+        report=args.report,
+        from_records=args.from_records,
+    )
     failed = machine.get("failed_points", [])
     links = ", ".join(f"{name}: {_link_text(link)}" for name, link in machine["links"].items())
     print(f"machine file: {args.out.resolve()} ({links or 'no link measured'})")

@@ -15,7 +15,7 @@ from ddlbench.calibrate.machine import REFERENCE_MACHINES, read_machine
 from ddlbench.calibrate.records import read_calibration_record
 from ddlbench.calibrate.suite import DEFAULT_SUITE, CalibrationPoint, load_suite
 from ddlbench.errors import ConfigError, DdlbenchError
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_snakemake
 
 
 def test_fit_recovers_latency_and_bandwidth():
@@ -180,3 +180,34 @@ def test_a_point_that_cannot_run_is_recorded_and_the_rest_measured(tmp_path):
     assert machine["compute"]["matmul_flop_per_s"]["fp32"]["value"] > 0
     assert "not measured: collectives-mpi-n2x1" in ran.stdout
     assert Path(tmp_path / "results" / "refused" / "calibration" / "points").is_dir()
+
+
+@pytest.mark.slow
+def test_snakemake_runs_a_suite_point_by_point(tmp_path):
+    """workflow/calibrate.smk: one job per point (run-point dispatches on the spec's kind), then the fit."""
+    suite = {
+        "name": "smk",
+        "results_dir": str(tmp_path / "results"),
+        "collectives": ["all_reduce", "send_recv"],
+        "precisions": ["fp32"],
+        "matmul_sizes": [32],
+        "conv_shapes": [],
+        "memory_bytes": 4096,
+        "message_bytes": [256, 2048, 16384],
+        "backends": ["torch"],
+        "warmup": 0,
+        "iterations": 3,
+        "oversubscribe": True,
+    }
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    result = run_snakemake("-s", "workflow/calibrate.smk", "--cores", "2", "--configfile", str(path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = tmp_path / "results" / "smk" / "calibration"
+    machine = read_machine(folder / "machine.yaml")
+    assert machine["failed_points"] == [] and {e["op"] for e in machine["collectives"]} == {"all_reduce", "send_recv"}
+    assert (folder / "report.html").exists()
+    records = [read_calibration_record(p) for p in (folder / "points").glob("*/record.json")]
+    assert len(records) == 2 and {r.launcher for r in records} == {"local"}
+    again = run_snakemake("-s", "workflow/calibrate.smk", "--cores", "2", "--configfile", str(path))
+    assert "Nothing to be done" in again.stdout + again.stderr

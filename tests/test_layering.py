@@ -16,6 +16,11 @@ LIGHT_MODULES = [
     "ddlbench.analysis.aggregate",
     "ddlbench.report.render",
     "ddlbench.launch.runner",
+    "ddlbench.anatomy.figures",
+    "ddlbench.anatomy.timeline",
+    "ddlbench.calibrate.runner",
+    "ddlbench.calibrate.machine",
+    "ddlbench.calibrate.report",
 ]
 
 

@@ -80,6 +80,24 @@ def test_calibrate_inside_an_allocation_runs_its_points_through_srun(slurm_env, 
     layouts = {entry["layout"] for entry in machine["collectives"]}
     assert layouts == {"1x2", "2x1"}
 
+    # the same suite as a Snakemake DAG on the login node: one SLURM job per point, then the fit
+    suite["name"] = "slurmsmk"
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    result = run_snakemake(
+        "-s",
+        "workflow/calibrate.smk",
+        "--profile",
+        "slurm",
+        "--configfile",
+        str(tmp_path / "suite.yaml"),
+        env=slurm_env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = tmp_path / "results" / "slurmsmk" / "calibration"
+    assert read_machine(folder / "machine.yaml")["failed_points"] == []
+    jobs = [read_calibration_record(path) for path in (folder / "points").glob("*/record.json")]
+    assert len(jobs) == 3 and {record.launcher for record in jobs} == {"srun"}
+
 
 @pytest.mark.parametrize(("strategy", "per_node", "extra"), SRUN_CASES, ids=[c[0] for c in SRUN_CASES])
 def test_srun_ranks_on_two_nodes_match_the_local_run(slurm_env, tmp_path, strategy, per_node, extra):

@@ -14,19 +14,36 @@ log = logging.getLogger(__name__)
 
 
 def calibrate(
-    suite_path: Path | None, *, out: Path, launcher: str = "auto", cores: int | None = None, report: Path | None = None
+    suite_path: Path | None,
+    *,
+    out: Path,
+    launcher: str = "auto",
+    cores: int | None = None,
+    report: Path | None = None,
+    raw: dict[str, Any] | None = None,
+    from_records: bool = False,
 ) -> dict[str, Any]:
     """Run every point of the suite (each writes its record, whatever happens), fit, write the machine file
-    at `out` and the report beside the records (or at `report`); return the machine."""
+    at `out` and the report beside the records (or at `report`); return the machine. `from_records`: run
+    nothing, fit the records the points already wrote (workflow/calibrate.smk ran them); a point without
+    one counts as failed."""
     from ddlbench.atomic import write_text_atomic
     from ddlbench.calibrate.machine import REFERENCE_MACHINES, measured_machine, read_machine, write_machine
+    from ddlbench.calibrate.records import missing_record, read_calibration_record
     from ddlbench.calibrate.report import render_calibration
     from ddlbench.calibrate.runner import run_calibration_point
     from ddlbench.calibrate.suite import load_suite
+    from ddlbench.records import RecordError
 
-    suite = load_suite(suite_path)
+    suite = load_suite(suite_path, raw=raw)
     records = []
     for point in suite.points:
+        if from_records:
+            try:
+                records.append(read_calibration_record(suite.record_path(point)))
+            except RecordError as exc:
+                records.append(missing_record(point, str(exc)))
+            continue
         log.info("calibration point %s (%d ranks)", point.point_id, point.world_size)
         records.append(run_calibration_point(point, out=suite.record_path(point), launcher=launcher, cores=cores))
     machine = measured_machine(records, name=suite.machine, suite=suite.name)

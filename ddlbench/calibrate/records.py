@@ -81,3 +81,10 @@ def read_calibration_record(path: Path) -> CalibrationRecord:
         return CalibrationRecord.from_dict(json.loads(path.read_text()))
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise RecordError(f"cannot read calibration record {path}: {exc}") from None
+
+
+def missing_record(point: CalibrationPoint, reason: str) -> CalibrationRecord:
+    """What stands for a point whose record is not there (it did not run, or its file is unreadable)."""
+    return CalibrationRecord(
+        point_id=point.point_id, point=point, status="failed", reason=reason, launcher="", start_time="", end_time=""
+    )
