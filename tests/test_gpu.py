@@ -59,6 +59,14 @@ def test_point_on_cuda_uses_nccl_and_records_allocator_peaks(tmp_path):
     assert metrics.input_pool_bytes > 0
     assert 0 < metrics.tensor_resident_bytes < metrics.tensor_peak_bytes
     assert metrics.tensor_peak_bytes + metrics.input_pool_bytes <= metrics.cuda_peak_allocated_bytes
+    # phases stamped by events on the stream; collectives not traced on CUDA, and said so
+    for rank in record.ranks:
+        assert "CUDA events" in rank.anatomy_note
+        assert min(rank.anatomy["forward_s"]) > 0 and min(rank.anatomy["backward_s"]) > 0
+        assert max(rank.anatomy["comm_ops"]) == 0
+        parts = ("forward_s", "backward_s", "update_s", "other_s")
+        for i, step in enumerate(rank.anatomy["step_s"]):
+            assert sum(rank.anatomy[name][i] for name in parts) == pytest.approx(step, rel=1e-6)
 
 
 @pytest.mark.parametrize("strategy", sorted(GPU_CASES))

@@ -230,7 +230,9 @@ def trace_ddp(model: torch.nn.parallel.DistributedDataParallel, group: dist.Proc
 
     The default (torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook): divide the
     bucket by the group's size, all-reduce it asynchronously, hand the buffer back. CPU only: on CUDA the
-    model keeps DDP's built-in reduction."""
+    model keeps DDP's built-in reduction (in C++, no Python per bucket; collectives are not traced there)."""
+    if any(parameter.is_cuda for parameter in model.parameters()):
+        return
     model.register_comm_hook(group, _ddp_bucket_hook)
 
 
