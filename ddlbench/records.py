@@ -27,6 +27,28 @@ STATUSES: tuple[Status, ...] = ("ok", "failed", "oom", "timeout")
 MEASUREMENT_VERSION = 3
 
 
+# The per-step figures a rank records inside its measured steps (RankResult.anatomy), in this order; each
+# is defined where it is computed, ddlbench.train.anatomy.recorder
+ANATOMY_FIGURES = (
+    "step_s",
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "update_s",
+    "other_s",
+    "comm_s",
+    "comm_exposed_s",
+    "comm_hidden_s",
+    "exposed_forward_s",
+    "exposed_backward_s",
+    "exposed_update_s",
+    "exposed_p2p_s",
+    "busy_s",
+    "comm_ops",
+    "comm_bytes",
+)
+
+
 class RecordError(DdlbenchError):
     """A record file that cannot be read as a record of a known schema version."""
 

@@ -24,24 +24,11 @@ import math
 from collections import Counter
 from typing import Any
 
-from ddlbench.records import RankResult, Stats, Straggler
+from ddlbench.records import ANATOMY_FIGURES, RankResult, Stats, Straggler
 from ddlbench.statistics import percentile
 
 # per-rank figures averaged over ranks into the point's phase figures (seconds)
-PHASE_FIGURES = (
-    "data_s",
-    "forward_s",
-    "backward_s",
-    "update_s",
-    "other_s",
-    "comm_s",
-    "comm_exposed_s",
-    "comm_hidden_s",
-    "exposed_forward_s",
-    "exposed_backward_s",
-    "exposed_update_s",
-    "exposed_p2p_s",
-)
+PHASE_FIGURES = tuple(name for name in ANATOMY_FIGURES if name not in ("step_s", "busy_s", "comm_ops", "comm_bytes"))
 
 
 def anatomy_figures(ranks: list[RankResult], dropped: int, job_step_times: list[float]) -> dict[str, Any]:

@@ -43,27 +43,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddlbench.records import ANATOMY_FIGURES
+
 PHASES = ("data", "forward", "backward", "update")
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
-# per-step figures a rank records, in this order (StepAnatomy.figures)
-FIGURES = (
-    "step_s",
-    "data_s",
-    "forward_s",
-    "backward_s",
-    "update_s",
-    "other_s",
-    "comm_s",
-    "comm_exposed_s",
-    "comm_hidden_s",
-    "exposed_forward_s",
-    "exposed_backward_s",
-    "exposed_update_s",
-    "exposed_p2p_s",
-    "busy_s",
-    "comm_ops",
-    "comm_bytes",
-)
+FIGURES = ANATOMY_FIGURES  # per-step figures a rank records, in this order (StepAnatomy.figures)
 
 
 @dataclass(kw_only=True)
