@@ -24,6 +24,12 @@ def add_commands(commands: Any, launchers: tuple[str, ...]) -> None:
         action="store_true",
         help="run nothing: fit the records the suite's points wrote (after `snakemake -s workflow/calibrate.smk`)",
     )
+    calibrate.add_argument(
+        "--submit",
+        action="store_true",
+        help="submit the points as SLURM jobs (submitit, the profile's site as `ddlbench submit` uses), wait, fit",
+    )
+    calibrate.add_argument("--site", type=Path, help="with --submit: a site file instead of the profile's")
     calibrate.add_argument("--out", type=Path, required=True, help="the machine file to write (YAML)")
     calibrate.add_argument("--report", type=Path, help="HTML report (default: beside the suite's records)")
     calibrate.add_argument(
@@ -51,6 +57,10 @@ def _calibrate(args: argparse.Namespace) -> int:
             raw = json.loads(args.config_json)
         except json.JSONDecodeError as exc:
             raise DdlbenchError(f"--config-json is not valid JSON: {exc}") from None
+    if args.submit:
+        from ddlbench.calibrate import submit_suite
+
+        submit_suite(args.configfile, raw=raw, site_path=args.site)
     machine = calibrate(
         args.configfile,
         raw=raw,
@@ -58,7 +68,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         launcher=args.launcher,
         cores=args.cores,
         report=args.report,
-        from_records=args.from_records,
+        from_records=args.from_records or args.submit,
     )
     failed = machine.get("failed_points", [])
     links = ", ".join(f"{name}: {_link_text(link)}" for name, link in machine["links"].items())

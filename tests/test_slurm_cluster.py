@@ -98,6 +98,19 @@ def test_calibrate_inside_an_allocation_runs_its_points_through_srun(slurm_env, 
     jobs = [read_calibration_record(path) for path in (folder / "points").glob("*/record.json")]
     assert len(jobs) == 3 and {record.launcher for record in jobs} == {"srun"}
 
+    # and submitted from the login node through submitit, as `ddlbench submit` does a sweep
+    suite["name"] = "slurmsubmit"
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    out = tmp_path / "submitted.yaml"
+    ran = run_cli(
+        "calibrate", "--submit", "--configfile", str(tmp_path / "suite.yaml"), "--out", str(out), env=slurm_env
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert read_machine(out)["failed_points"] == []
+    folder = tmp_path / "results" / "slurmsubmit" / "calibration"
+    assert (folder / "submitit").is_dir()  # submitit's job folders, beside the records
+    assert {read_calibration_record(p).launcher for p in (folder / "points").glob("*/record.json")} == {"srun"}
+
 
 @pytest.mark.parametrize(("strategy", "per_node", "extra"), SRUN_CASES, ids=[c[0] for c in SRUN_CASES])
 def test_srun_ranks_on_two_nodes_match_the_local_run(slurm_env, tmp_path, strategy, per_node, extra):

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,15 +94,26 @@ class PointJob:
         self.max_requeues = max_requeues
 
     @property
-    def point(self) -> Point:
-        return Point.from_dict(json.loads(self.spec))
+    def point(self) -> Any:
+        """The job's point: a training Point, or a calibration point (`ddlbench calibrate --submit`)."""
+        spec = json.loads(self.spec)
+        if spec.get("kind") == "calibration":
+            from ddlbench.calibrate.suite import CalibrationPoint
+
+            return CalibrationPoint.from_dict(spec)
+        return Point.from_dict(spec)
 
     def __call__(self) -> str:
         from ddlbench.launch.runner import run_point
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        log.info("point %s, attempt %d", self.point.point_id, self.attempt)
-        return run_point(self.point, out=Path(self.out), launcher="srun", timeout_s=self.timeout_s).status
+        point = self.point
+        log.info("point %s, attempt %d", point.point_id, self.attempt)
+        if not isinstance(point, Point):
+            from ddlbench.calibrate.runner import run_calibration_point
+
+            return run_calibration_point(point, out=Path(self.out), launcher="srun").status
+        return run_point(point, out=Path(self.out), launcher="srun", timeout_s=self.timeout_s).status
 
     def checkpoint(self) -> Any:
         import submitit
@@ -110,13 +121,17 @@ class PointJob:
         if self.attempt >= self.max_requeues:
             from ddlbench.launch.runner import write_unfinished_record
 
-            write_unfinished_record(
-                self.point,
-                out=Path(self.out),
-                status="timeout",
-                reason=f"SLURM stopped the job (time limit or preemption) {self.attempt + 1} times; "
-                f"not requeued again after {self.max_requeues} requeues",
+            reason = (
+                f"SLURM stopped the job (time limit or preemption) {self.attempt + 1} times; "
+                f"not requeued again after {self.max_requeues} requeues"
             )
+            if isinstance(self.point, Point):
+                write_unfinished_record(self.point, out=Path(self.out), status="timeout", reason=reason)
+            else:
+                from ddlbench.calibrate.records import missing_record, write_calibration_record
+
+                stopped = replace(missing_record(self.point, reason), status="timeout", launcher="srun")
+                write_calibration_record(Path(self.out), stopped)
             return None
         log.warning("point %s: stopped by SLURM; requeuing as attempt %d", self.point.point_id, self.attempt + 1)
         again = PointJob(
