@@ -96,6 +96,26 @@ def test_ddp_buckets_split_into_hidden_and_exposed(timed):
     assert total == f["step_s"]
 
 
+def test_a_late_stamped_bucket_completion_stays_inside_backward(timed):
+    """DDP's backward returns only after its buckets complete; a completion stamped after that (its callback
+    waited for the GIL) must not count the update as waiting."""
+    rec, clock = timed
+    at(clock, 0)
+    rec.begin_step(0)
+    with recorder.phase("backward"):
+        at(clock, 7)
+        last = rec.comm_issued("ddp_bucket", 100, 2, tail=True)
+        at(clock, 8)
+    with recorder.phase("update"):
+        at(clock, 8.5)
+        last.completed = 8.5  # the callback's stamp, late
+        at(clock, 9)
+    rec.end_step()
+    rec.close_window()
+    f = {name: values[0] for name, values in rec.figures().figures.items()}
+    assert f["exposed_backward_s"] == 1.0 and f["exposed_update_s"] == 0.0 and f["update_s"] == 1.0
+
+
 def test_synchronous_and_waited_collectives(timed):
     rec, clock = timed
     at(clock, 0)

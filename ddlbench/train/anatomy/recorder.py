@@ -9,7 +9,10 @@ that clock after the window, as the step timer does, ddlbench.train.clock):
 - collectives (ddlbench.train.anatomy.comms): issued at, completed at (observed from the collective's
   future where it has one; else the end of the last wait on it, an upper bound), and the intervals
   the thread spent blocked on it (a synchronous call's whole duration, a wait, DDP's wait for its
-  last buckets at the end of backward).
+  last buckets at the end of backward). A future's callback runs on the backend's thread and needs the
+  GIL: while the rank's thread runs Python, an observed completion is stamped late by up to the
+  interpreter's switch interval (sys.getswitchinterval(), 5 ms by default); waits, phases and steps,
+  stamped on the rank's thread, are not affected.
 
 Figures of one step on one rank, in seconds unless named otherwise (`StepAnatomy`); |X| is the
 total length of a union of intervals, clipped to the step:
@@ -357,7 +360,12 @@ def _step_figures(step: _Step, resolve: Any) -> dict[str, Any]:
     if tails:
         last_issue = max(resolve(comm.issued) for comm in tails)
         last_done = max(_completion(comm, resolve, end)[0] for comm in tails)
-        blocked.append((last_issue, last_done))
+        # DDP's backward returns only once every bucket is done: a completion stamped later (its callback
+        # waited for the GIL) is clipped to the end of the backward that issued the bucket
+        enclosing = [
+            resolve(e) for k, s, e in step.phases if k == "backward" and resolve(s) <= last_issue <= resolve(e)
+        ]
+        blocked.append((last_issue, min([last_done, *enclosing])))
     # a wait can outlast the completion its future reported (the wake-up): waiting counts as communication
     in_flight_u = intersect(union(in_flight + blocked), window)
     blocked_u = intersect(union(blocked), window)
