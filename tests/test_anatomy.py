@@ -114,6 +114,7 @@ def test_a_late_stamped_bucket_completion_stays_inside_backward(timed):
     rec.close_window()
     f = {name: values[0] for name, values in rec.figures().figures.items()}
     assert f["exposed_backward_s"] == 1.0 and f["exposed_update_s"] == 0.0 and f["update_s"] == 1.0
+    assert f["comm_s"] == 1.0 and f["comm_hidden_s"] == 0.0
 
 
 def test_synchronous_and_waited_collectives(timed):

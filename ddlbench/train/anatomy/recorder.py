@@ -346,9 +346,18 @@ def _step_figures(step: _Step, resolve: Any) -> dict[str, Any]:
     window = [(start, end)]
     in_flight, blocked, blocked_p2p = [], [], []
     completions = {"observed": 0, "waited": 0, "none": 0}
+    backwards = [(resolve(s), resolve(e)) for k, s, e in step.phases if k == "backward"]
+
+    def backward_end(t: float) -> float | None:
+        return next((e for s, e in backwards if s <= t <= e), None)
+
     for comm in step.comms:
         done, how = _completion(comm, resolve, end)
         completions[how] += 1
+        if comm.tail and (limit := backward_end(resolve(comm.issued))) is not None:
+            # DDP's backward returns only once every bucket is done: a completion stamped later (its
+            # callback waited for the GIL) is clipped to the end of the backward that issued the bucket
+            done = min(done, limit)
         in_flight.append((resolve(comm.issued), done))
         waits = _waits(comm, resolve)
         blocked += waits
@@ -360,12 +369,8 @@ def _step_figures(step: _Step, resolve: Any) -> dict[str, Any]:
     if tails:
         last_issue = max(resolve(comm.issued) for comm in tails)
         last_done = max(_completion(comm, resolve, end)[0] for comm in tails)
-        # DDP's backward returns only once every bucket is done: a completion stamped later (its callback
-        # waited for the GIL) is clipped to the end of the backward that issued the bucket
-        enclosing = [
-            resolve(e) for k, s, e in step.phases if k == "backward" and resolve(s) <= last_issue <= resolve(e)
-        ]
-        blocked.append((last_issue, min([last_done, *enclosing])))
+        limit = backward_end(last_issue)
+        blocked.append((last_issue, last_done if limit is None else min(last_done, limit)))
     # a wait can outlast the completion its future reported (the wake-up): waiting counts as communication
     in_flight_u = intersect(union(in_flight + blocked), window)
     blocked_u = intersect(union(blocked), window)
