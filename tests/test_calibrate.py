@@ -103,7 +103,7 @@ def test_calibrate_writes_a_machine_file_from_real_runs(tmp_path):
         "matmul_sizes": [64, 128],
         "conv_shapes": [[2, 8, 8, 3]],
         "memory_bytes": 1 << 20,
-        "message_bytes": [1024, 16384, 262144],
+        "message_bytes": [1024, 65536, 4194304],  # a slope that stands out of the noise
         "backends": backends,
         "warmup": 1,
         "iterations": 6,
@@ -111,11 +111,12 @@ def test_calibrate_writes_a_machine_file_from_real_runs(tmp_path):
     }
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump(suite))
-    out = tmp_path / "machine.yaml"
-    ran = run_cli("calibrate", "--configfile", str(path), "--out", str(out))
+    # workflow/calibrate.smk: a job per point (run-point dispatches on the spec's kind), then the fit
+    ran = run_snakemake("-s", "workflow/calibrate.smk", "--cores", "2", "--configfile", str(path))
     assert ran.returncode == 0, ran.stderr[-3000:]
-    machine = read_machine(out)
-    assert machine["source"] == "measured" and machine["device"]["kind"] == "cpu"
+    folder = tmp_path / "results" / "tiny" / "calibration"
+    machine = read_machine(folder / "machine.yaml")
+    assert machine["source"] == "measured" and machine["device"]["kind"] == "cpu" and machine["failed_points"] == []
     compute = machine["compute"]
     assert compute["matmul_flop_per_s"]["fp32"]["value"] > 0 and compute["matmul_flop_per_s"]["fp32"]["n"] == 6
     assert compute["refused"][0]["precision"] == "tf32" and "CUDA" in compute["refused"][0]["why"]
@@ -126,7 +127,6 @@ def test_calibrate_writes_a_machine_file_from_real_runs(tmp_path):
     assert link["alpha_s"] >= 0 and link["bandwidth_bytes_per_s"] > 0
 
     # each curve's time is the median over iterations of the slowest rank's time, from the raw records
-    folder = tmp_path / "results" / "tiny" / "calibration"
     for entry in machine["collectives"]:
         record = read_calibration_record(folder / "points" / entry["point_id"] / "record.json")
         assert record.status == "ok" and len(record.ranks) == 2
@@ -148,6 +148,8 @@ def test_calibrate_writes_a_machine_file_from_real_runs(tmp_path):
     report = (folder / "report.html").read_text()
     assert report.count("<svg") == len(backends)  # one figure of curves and fits per library and link
     assert "dgx_h100_4ndr" in report and "abci_v100" in report
+    again = run_snakemake("-s", "workflow/calibrate.smk", "--cores", "2", "--configfile", str(path))
+    assert "Nothing to be done" in again.stdout + again.stderr
 
 
 @pytest.mark.slow
@@ -180,34 +182,3 @@ def test_a_point_that_cannot_run_is_recorded_and_the_rest_measured(tmp_path):
     assert machine["compute"]["matmul_flop_per_s"]["fp32"]["value"] > 0
     assert "not measured: collectives-mpi-n2x1" in ran.stdout
     assert Path(tmp_path / "results" / "refused" / "calibration" / "points").is_dir()
-
-
-@pytest.mark.slow
-def test_snakemake_runs_a_suite_point_by_point(tmp_path):
-    """workflow/calibrate.smk: one job per point (run-point dispatches on the spec's kind), then the fit."""
-    suite = {
-        "name": "smk",
-        "results_dir": str(tmp_path / "results"),
-        "collectives": ["all_reduce", "send_recv"],
-        "precisions": ["fp32"],
-        "matmul_sizes": [32],
-        "conv_shapes": [],
-        "memory_bytes": 4096,
-        "message_bytes": [256, 2048, 16384],
-        "backends": ["torch"],
-        "warmup": 0,
-        "iterations": 3,
-        "oversubscribe": True,
-    }
-    path = tmp_path / "suite.yaml"
-    path.write_text(yaml.safe_dump(suite))
-    result = run_snakemake("-s", "workflow/calibrate.smk", "--cores", "2", "--configfile", str(path))
-    assert result.returncode == 0, result.stderr[-3000:]
-    folder = tmp_path / "results" / "smk" / "calibration"
-    machine = read_machine(folder / "machine.yaml")
-    assert machine["failed_points"] == [] and {e["op"] for e in machine["collectives"]} == {"all_reduce", "send_recv"}
-    assert (folder / "report.html").exists()
-    records = [read_calibration_record(p) for p in (folder / "points").glob("*/record.json")]
-    assert len(records) == 2 and {r.launcher for r in records} == {"local"}
-    again = run_snakemake("-s", "workflow/calibrate.smk", "--cores", "2", "--configfile", str(path))
-    assert "Nothing to be done" in again.stdout + again.stderr

@@ -39,10 +39,10 @@ SRUN_CASES = [
 ]
 
 
-def test_calibrate_inside_an_allocation_runs_its_points_through_srun(slurm_env, tmp_path):
-    """`ddlbench calibrate` in a 2-node batch job: every point is an srun step; the 2-node point spans both
-    nodes; the machine file names the link by the host the ranks really ran on (this cluster's nodes
-    share one host, so: within a node)."""
+def test_calibrate_submits_its_points_as_slurm_jobs(slurm_env, tmp_path):
+    """`ddlbench calibrate --submit`: every point a submitit job whose ranks are an srun step in its own
+    allocation; the 2-node point spans both nodes; the machine file names the link by the host the ranks
+    really ran on (this cluster's nodes share one host, so: within a node)."""
     import socket
 
     import yaml
@@ -57,59 +57,21 @@ def test_calibrate_inside_an_allocation_runs_its_points_through_srun(slurm_env, 
         "oversubscribe": True,
     }  # fmt: skip
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
-    command = shlex.join(
-        [str(BIN / "ddlbench"), "calibrate", "--configfile", str(tmp_path / "suite.yaml"), "--out",
-         str(tmp_path / "machine.yaml")]
-    )  # fmt: skip
-    batch = subprocess.run(
-        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=2", "--mem=3000M", "--time=5",
-         f"--output={tmp_path / 'job.out'}", "--wrap", command],
-        capture_output=True, text=True, env={**os.environ, **slurm_env}, timeout=300,
-    )  # fmt: skip
-    assert batch.returncode == 0, batch.stderr + (tmp_path / "job.out").read_text()
-    machine = read_machine(tmp_path / "machine.yaml")
-    assert machine["failed_points"] == [] and machine["hosts"] == [socket.gethostname()]
-    assert set(machine["links"]) == {"intra_node"}
-    records = [
-        read_calibration_record(path)
-        for path in (tmp_path / "results" / "slurmcal" / "calibration").rglob("record.json")
-    ]
-    assert len(records) == 3 and {record.launcher for record in records} == {"srun"}
-    across = next(record for record in records if record.point.nodes == 2)
-    assert len({rank.slurm_node for rank in across.ranks}) == 2  # one rank on each node
-    layouts = {entry["layout"] for entry in machine["collectives"]}
-    assert layouts == {"1x2", "2x1"}
-
-    # the same suite as a Snakemake DAG on the login node: one SLURM job per point, then the fit
-    suite["name"] = "slurmsmk"
-    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
-    result = run_snakemake(
-        "-s",
-        "workflow/calibrate.smk",
-        "--profile",
-        "slurm",
-        "--configfile",
-        str(tmp_path / "suite.yaml"),
-        env=slurm_env,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    folder = tmp_path / "results" / "slurmsmk" / "calibration"
-    assert read_machine(folder / "machine.yaml")["failed_points"] == []
-    jobs = [read_calibration_record(path) for path in (folder / "points").glob("*/record.json")]
-    assert len(jobs) == 3 and {record.launcher for record in jobs} == {"srun"}
-
-    # and submitted from the login node through submitit, as `ddlbench submit` does a sweep
-    suite["name"] = "slurmsubmit"
-    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
-    out = tmp_path / "submitted.yaml"
+    out = tmp_path / "machine.yaml"
     ran = run_cli(
         "calibrate", "--submit", "--configfile", str(tmp_path / "suite.yaml"), "--out", str(out), env=slurm_env
     )
     assert ran.returncode == 0, ran.stderr[-3000:]
-    assert read_machine(out)["failed_points"] == []
-    folder = tmp_path / "results" / "slurmsubmit" / "calibration"
+    machine = read_machine(out)
+    assert machine["failed_points"] == [] and machine["hosts"] == [socket.gethostname()]
+    assert set(machine["links"]) == {"intra_node"}
+    assert {entry["layout"] for entry in machine["collectives"]} == {"1x2", "2x1"}
+    folder = tmp_path / "results" / "slurmcal" / "calibration"
     assert (folder / "submitit").is_dir()  # submitit's job folders, beside the records
-    assert {read_calibration_record(p).launcher for p in (folder / "points").glob("*/record.json")} == {"srun"}
+    records = [read_calibration_record(path) for path in (folder / "points").glob("*/record.json")]
+    assert len(records) == 3 and {record.launcher for record in records} == {"srun"}
+    across = next(record for record in records if record.point.nodes == 2)
+    assert len({rank.slurm_node for rank in across.ranks}) == 2  # one rank on each node
 
 
 @pytest.mark.parametrize(("strategy", "per_node", "extra"), SRUN_CASES, ids=[c[0] for c in SRUN_CASES])
