@@ -133,3 +133,24 @@ def test_oversubscribed_figures_are_marked_with_a_note(tmp_path):
     row = points[points.index(plan.points[0].point_id) :]
     assert '<span class="flag flag-oversubscribed">oversubscribed</span>' in row[: row.index("</tr>")]
     assert "(oversubscribed)" in html  # the plot's legend says it too
+
+
+def test_throughput_is_drawn_against_each_study_axis_the_sweep_varies():
+    """Li et al.'s axes (threads per rank, ranks per node, batch per rank): a plot for each that varies,
+    a line per setting of the other fields, each configuration's median with its interval."""
+    import pandas as pd
+
+    from ddlbench.report.inside import study_plots
+
+    rows = [
+        {"model": "resnet8", "strategy": strategy, "threads": threads, "ranks_per_node": 2, "batch_size": 32,
+         "samples_per_s_median": 100.0 * threads, "samples_per_s_ci_low": 90.0 * threads,
+         "samples_per_s_ci_high": 110.0 * threads}
+        for strategy in ("ddp", "zero2")
+        for threads in (1, 2, 4)
+    ]  # fmt: skip
+    plots = study_plots(pd.DataFrame(rows))
+    assert list(plots) == ["threads"]  # ranks_per_node and batch_size hold one value
+    svg = plots["threads"]
+    assert "throughput vs threads" in svg
+    assert ">ddp<" in svg and ">zero2<" in svg  # one line per setting of the other fields, named in the legend
