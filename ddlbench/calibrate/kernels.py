@@ -20,6 +20,7 @@ trip. Each timed iteration starts after a barrier, so it times the collective, n
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -137,18 +138,24 @@ def _conv(shape: tuple[int, ...], precision: str, device: torch.device) -> Calla
 
 def run_collectives_torch(point: CalibrationPoint, device: torch.device) -> list[dict[str, Any]]:
     timer, rank, world = Timer(device), dist.get_rank(), dist.get_world_size()
-    barrier = dist.barrier
+    make = functools.partial(_torch_op, rank=rank, world=world, device=device)
+    return _over_sizes(point, world, make, timer, before=dist.barrier)
+
+
+def _over_sizes(
+    point: CalibrationPoint, world: int, make: Callable[..., Callable[[], Any]], timer: Timer, *, before: Callable
+) -> list[dict[str, Any]]:
+    """Every collective of the point at every message size: `make(op, elements)` builds one call."""
     out = []
     for op in point.collectives:
         for size in point.message_bytes:
             elements = max(world, (size // 4) // world * world)
-            fn = _torch_op(op, elements, rank, world, device)
-            times = timer.times(fn, warmup=point.warmup, iterations=point.iterations, before=barrier)
+            times = timer.times(make(op, elements), warmup=point.warmup, iterations=point.iterations, before=before)
             out.append({"op": op, "bytes": elements * 4, "times_s": times})
     return out
 
 
-def _torch_op(op: str, elements: int, rank: int, world: int, device: torch.device) -> Callable[[], Any]:
+def _torch_op(op: str, elements: int, *, rank: int, world: int, device: torch.device) -> Callable[[], Any]:
     whole = torch.ones(elements, device=device)
     part = torch.ones(elements // world, device=device)
     if op == "all_reduce":
@@ -188,31 +195,30 @@ def run_collectives_mpi(point: CalibrationPoint) -> tuple[list[dict[str, Any]], 
             f"MPI.COMM_WORLD has {world} ranks, the point {point.world_size}: MPI points must start under mpirun "
             "or srun with an MPI plugin, not ddlbench's local launcher"
         )
-    timer = Timer(torch.device("cpu"))
-    out = []
-    for op in point.collectives:
-        for size in point.message_bytes:
-            elements = max(world, (size // 4) // world * world)
-            whole = np.ones(elements, dtype=np.float32)
-            part = np.ones(elements // world, dtype=np.float32)
-            result = np.empty_like(whole)
+    last = world - 1
 
-            def ping_pong(whole=whole, last=world - 1) -> None:
-                if rank == 0:
-                    comm.Send(whole, dest=last)
-                    comm.Recv(whole, source=last)
-                elif rank == last:
-                    comm.Recv(whole, source=0)
-                    comm.Send(whole, dest=0)
+    def make(op: str, elements: int) -> Callable[[], Any]:
+        whole = np.ones(elements, dtype=np.float32)
+        part = np.ones(elements // world, dtype=np.float32)
+        result = np.empty_like(whole)
 
-            fns = {
-                "all_reduce": lambda whole=whole, result=result: comm.Allreduce(whole, result),
-                "all_gather": lambda part=part, whole=whole: comm.Allgather(part, whole),
-                "reduce_scatter": lambda whole=whole, part=part: comm.Reduce_scatter_block(whole, part),
-                "broadcast": lambda whole=whole: comm.Bcast(whole, root=0),
-                "send_recv": ping_pong,
-            }
-            times = timer.times(fns[op], warmup=point.warmup, iterations=point.iterations, before=comm.Barrier)
-            out.append({"op": op, "bytes": elements * 4, "times_s": times})
+        def ping_pong() -> None:
+            if rank == 0:
+                comm.Send(whole, dest=last)
+                comm.Recv(whole, source=last)
+            elif rank == last:
+                comm.Recv(whole, source=0)
+                comm.Send(whole, dest=0)
+
+        calls = {
+            "all_reduce": lambda: comm.Allreduce(whole, result),
+            "all_gather": lambda: comm.Allgather(part, whole),
+            "reduce_scatter": lambda: comm.Reduce_scatter_block(whole, part),
+            "broadcast": lambda: comm.Bcast(whole, root=0),
+            "send_recv": ping_pong,
+        }
+        return calls[op]
+
+    out = _over_sizes(point, world, make, Timer(torch.device("cpu")), before=comm.Barrier)
     version = MPI.Get_library_version().replace("\x00", "").strip().split(",")[0]  # "Open MPI v4.1.4"
     return out, f"mpi ({version})"

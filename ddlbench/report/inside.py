@@ -122,7 +122,9 @@ def step_drawings(configs: pd.DataFrame, table: pd.DataFrame, sweep_dir: Path) -
     return drawings
 
 
-RANK_COLUMNS = ("rank", "host", "busy", "forward", "backward", "update", "comm exposed", "p2p wait", "bubble share")
+RANK_COLUMNS = (
+    "rank", "host", "steps", "busy", "forward", "backward", "update", "comm exposed", "p2p wait", "bubble share",
+)  # fmt: skip
 
 
 def _rank_rows(record: Any) -> list[dict[str, str]]:
@@ -144,6 +146,7 @@ def _rank_rows(record: Any) -> list[dict[str, str]]:
             {
                 "rank": str(rank.rank),
                 "host": rank.hostname,
+                "steps": str(len(rank.anatomy["step_s"]) - dropped),  # n of every median in the row
                 **{
                     heading: number(medians[figure] * MS)
                     for heading, figure in (

@@ -121,8 +121,7 @@ def start_recorder(device: torch.device) -> IterationRecorder:
     On CUDA the phases are stamped with events on the stream and collectives are not traced (NCCL's run
     on their own streams; host stamps around the calls would time their launch)."""
     on_cuda = device.type == "cuda"
-    recorder = IterationRecorder(clock=CudaClock(device) if on_cuda else HostClock())
-    recorder.comms_traced = not on_cuda
+    recorder = IterationRecorder(clock=CudaClock(device) if on_cuda else HostClock(), comms_traced=not on_cuda)
     if not on_cuda:
         comms.install()
     anatomy.install(recorder)
@@ -278,7 +277,7 @@ def train_point(
         loader_cpus=loader.cores.worker_cpus if loader else (),
         loader_binding=loader.cores.binding if loader else "",
         execution=execution.facts(model),
-        anatomy={name: values for name, values in inside.figures.items()},
+        anatomy=dict(inside.figures),
         update_starts_s=tuple(None if t is None else t + offset for t in inside.update_starts),
         update_ends_s=tuple(None if t is None else t + offset for t in inside.update_ends),
         anatomy_note=anatomy_note(on_cuda, inside.completions, fault),

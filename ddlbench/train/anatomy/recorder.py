@@ -63,7 +63,7 @@ class CommEvent:
     phase: str  # the phase open when it was issued ("other" outside every phase)
     completed: Any = None  # observed completion (a future's callback), or None
     waits: list[tuple[Any, Any]] = field(default_factory=list)  # intervals the thread blocked on it
-    group_size: int = 0
+    group_size: int = 0  # ranks of the group (0: not known), for the timeline
     tail: bool = False  # DDP bucket: the thread blocks from the last bucket's issue until all complete
 
     @property
@@ -83,14 +83,14 @@ class _Step:
 class IterationRecorder:
     """Stamps of the measured steps of one rank; `figures()` turns them into StepAnatomy figures."""
 
-    def __init__(self, *, clock: Any = None) -> None:
+    def __init__(self, *, clock: Any = None, comms_traced: bool = True) -> None:
         self.clock = clock or HostClock()
         self.recording = False
         self.steps: list[_Step] = []
         self._step: _Step | None = None
         self._open: str | None = None  # the outermost open phase
         self._thread = threading.get_ident()
-        self.comms_traced = True  # False on CUDA: collectives are not stamped (ddlbench.train.kernel)
+        self.comms_traced = comms_traced  # False on CUDA: collectives are not stamped (ddlbench.train.kernel)
 
     # -- the window and its steps (the kernel) ---------------------------------------------------------------
     def open_window(self) -> None:
@@ -186,7 +186,7 @@ class IterationRecorder:
         for comm in step.comms:
             issued = resolve(comm.issued)
             end, how = _completion(comm, resolve, step_end)
-            args = {"bytes": comm.nbytes, "phase": comm.phase, "completion": how}
+            args = {"bytes": comm.nbytes, "ranks": comm.group_size, "phase": comm.phase, "completion": how}
             events.append({"cat": "comm", "name": comm.op, "start": issued, "end": end, "args": args})
             for start, stop in _waits(comm, resolve):
                 events.append({"cat": "wait", "name": f"wait {comm.op}", "start": start, "end": stop})
@@ -351,26 +351,27 @@ def _step_figures(step: _Step, resolve: Any) -> dict[str, Any]:
     def backward_end(t: float) -> float | None:
         return next((e for s, e in backwards if s <= t <= e), None)
 
+    tail_issues, tail_dones = [], []
     for comm in step.comms:
+        issued = resolve(comm.issued)
         done, how = _completion(comm, resolve, end)
         completions[how] += 1
-        if comm.tail and (limit := backward_end(resolve(comm.issued))) is not None:
+        if comm.tail:
             # DDP's backward returns only once every bucket is done: a completion stamped later (its
             # callback waited for the GIL) is clipped to the end of the backward that issued the bucket
-            done = min(done, limit)
-        in_flight.append((resolve(comm.issued), done))
+            limit = backward_end(issued)
+            done = done if limit is None else min(done, limit)
+            tail_issues.append(issued)
+            tail_dones.append(done)
+        in_flight.append((issued, done))
         waits = _waits(comm, resolve)
         blocked += waits
         if comm.is_p2p:
             blocked_p2p += waits
     # DDP: the thread waits in backward from its last bucket's issue (the end of its gradient computation)
     # until every bucket has completed; the bucket hooks cannot see that wait, so it is derived here
-    tails = [comm for comm in step.comms if comm.tail]
-    if tails:
-        last_issue = max(resolve(comm.issued) for comm in tails)
-        last_done = max(_completion(comm, resolve, end)[0] for comm in tails)
-        limit = backward_end(last_issue)
-        blocked.append((last_issue, last_done if limit is None else min(last_done, limit)))
+    if tail_issues:
+        blocked.append((max(tail_issues), max(tail_dones)))
     # a wait can outlast the completion its future reported (the wake-up): waiting counts as communication
     in_flight_u = intersect(union(in_flight + blocked), window)
     blocked_u = intersect(union(blocked), window)
