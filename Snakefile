@@ -28,4 +28,5 @@ rule all:
 
 
 include: "workflow/rules/points.smk"
+include: "workflow/rules/predict.smk"
 include: "workflow/rules/report.smk"

@@ -99,11 +99,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(handler=_report)
 
+    from ddlbench.cli_analytic import add_commands as add_analytic
     from ddlbench.cli_calibrate import add_commands as add_calibrate
+    from ddlbench.cli_predict import add_commands as add_predict
     from ddlbench.cli_slurm import add_commands
 
     add_commands(commands, _add_sweep_options, _sweep)
     add_calibrate(commands, LAUNCHERS)
+    add_analytic(commands)
+    add_predict(commands, _add_sweep_options, _sweep)
     return parser
 
 

@@ -46,7 +46,7 @@ def test_bus_bandwidth_factors_are_nccl_tests():
     assert bus_factor("broadcast", 8) == 1.0
 
 
-def test_default_suite_expands_to_compute_and_collective_points():
+def test_default_suite_expands_to_compute_collective_and_profile_points():
     suite = load_suite(DEFAULT_SUITE)
     kinds = [(p.benchmark, p.backend, p.nodes, p.ranks_per_node) for p in suite.points]
     assert kinds == [
@@ -55,7 +55,10 @@ def test_default_suite_expands_to_compute_and_collective_points():
         ("collectives", "torch", 2, 1),
         ("collectives", "mpi", 1, 2),
         ("collectives", "mpi", 2, 1),
+        ("profile", "", 1, 2),
+        ("profile", "", 1, 2),
     ]
+    assert [p.precisions for p in suite.points[-2:]] == [("fp32",), ("bf16",)]
     point = suite.points[1]
     assert CalibrationPoint.from_dict(json.loads(point.to_json())) == point
     assert json.loads(point.to_json())["kind"] == "calibration"  # what the worker dispatches on

@@ -21,6 +21,11 @@ LIGHT_MODULES = [
     "ddlbench.calibrate.runner",
     "ddlbench.calibrate.machine",
     "ddlbench.calibrate.report",
+    "ddlbench.calibrate.suite",  # the workflow's common.smk reads suites on the login node
+    "ddlbench.analysis.analytic.predict",  # the model table is built (with torch) only when one is needed
+    "ddlbench.analysis.analytic.oracle",
+    "ddlbench.analysis.analytic.render",
+    "ddlbench.report.predicted",
 ]
 
 

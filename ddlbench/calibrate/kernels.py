@@ -8,7 +8,7 @@ compute (one rank):
 - matmul n: C = A·B of n×n matrices in the precision's dtype; 2n³ floating-point operations.
 - conv [N, C, H, k]: forward of a k×k convolution, C channels in and out, stride 1, 'same' padding, on
   an N×C×H×H input; 2·N·C·C·k²·H² operations (multiply and add per weight per output element).
-- copy B: dst.copy_(src) of B bytes of float32; 2B bytes moved (read and write, STREAM's "copy").
+- copy B: dst.copy_(src) of B bytes of float32; 2B bytes moved (read and write, STREAM's "copy"); none for B = 0.
 A precision the device cannot run (tf32 off CUDA Ampere+, fp16 or bf16 where matmul refuses it) is
 recorded with the reason instead of times.
 
@@ -85,10 +85,11 @@ def run_compute(point: CalibrationPoint, device: torch.device) -> list[dict[str,
             flop = 2 * batch * channels * channels * kernel * kernel * side * side
             entry = {"kind": "conv", "precision": precision, "shape": list(shape), "flop": flop}
             out.append(entry | _measure(refusal, lambda s=shape, p=precision: _conv(s, p, device), timer, point))
-    elements = max(1, point.memory_bytes // 4)
-    src, dst = torch.ones(elements, device=device), torch.empty(elements, device=device)
-    times = timer.times(lambda: dst.copy_(src), warmup=point.warmup, iterations=point.iterations)
-    out.append({"kind": "copy", "bytes": 2 * elements * 4, "times_s": times})
+    if point.memory_bytes:
+        elements = max(1, point.memory_bytes // 4)
+        src, dst = torch.ones(elements, device=device), torch.empty(elements, device=device)
+        times = timer.times(lambda: dst.copy_(src), warmup=point.warmup, iterations=point.iterations)
+        out.append({"kind": "copy", "bytes": 2 * elements * 4, "times_s": times})
     return out
 
 

@@ -12,6 +12,16 @@ and unit in its key's name, measured ones with their statistics and sample size.
     links: {intra_node | inter_node: {alpha_s, beta_s_per_byte, bandwidth_bytes_per_s, ...}}
     collectives: [{library, link, op, ranks, nodes, alpha_s, beta_s_per_byte, bandwidth_bytes_per_s,
                    rel_error_median, rel_error_max, curve: [{bytes, time_s: {value, ci_low, ci_high, n}}]}]
+    layer_profiles:                  # optional ([] or absent: none); ddlbench.calibrate.layer_profiles
+      - {model, dataset, options (resolved), precision, threads, ranks_per_node (ranks that profiled at
+         once on one node), batch_sizes: [b, ...], point_id,
+         blocks: [{name, forward_s: [figure per batch size], backward_s: [...],
+                   forward_fit: {alpha_s, beta_s_per_sample, rel_error_max}, backward_fit: {...}}],
+         loss_s: [...], loss_fit: {...}, update_s: figure, step_s: [...], other_s: [...]}
+    failed_points: [{point_id, status, reason}]   # status "refused": a precision the device cannot run
+
+machine_version stays 1: layer_profiles is optional, so files written before it still read, and a
+reader that does not know it ignores it.
 
 Figures from measurements (one calibration's records; formulas here and in ddlbench.calibrate.kernels):
 - FLOP/s of a size = its operations ÷ each iteration's time; the figure is the median over iterations
@@ -21,7 +31,9 @@ Figures from measurements (one calibration's records; formulas here and in ddlbe
   barrier), median over iterations; send_recv: rank 0's round trip ÷ 2;
 - α–β per collective, library and link: fitted to those medians (ddlbench.calibrate.fit);
 - links: the α–β of send_recv through the first library measured on that link. A link is `intra_node`
-  when every rank of the point ran on one host, else `inter_node`: named by where ranks really ran.
+  when every rank of the point ran on one host, else `inter_node`: named by where ranks really ran;
+- layer profiles: per block and batch size the median seconds per step over every rank's timed steps
+  pooled, lines α + β·batch fitted to them (ddlbench.calibrate.layer_profiles).
 """
 
 from __future__ import annotations
@@ -34,21 +46,15 @@ import yaml
 
 from ddlbench.atomic import write_text_atomic
 from ddlbench.calibrate.fit import bus_factor, fit_alpha_beta
-from ddlbench.calibrate.records import CalibrationRecord
+from ddlbench.calibrate.layer_profiles import check_layer_profiles, profile_figures
+from ddlbench.calibrate.records import CalibrationRecord, stats_figure
 from ddlbench.errors import DdlbenchError
 from ddlbench.provenance import utc_now
-from ddlbench.records import Stats
 
 MACHINE_VERSION = 1
 # hand-written machine files of known systems, from datasheets (shown beside a calibration)
 REFERENCE_MACHINES = Path(__file__).resolve().parents[2] / "workflow" / "machines"
 REQUIRED_KEYS = ("machine_version", "name", "source", "device", "compute", "links", "collectives")
-
-
-def stats_figure(values: list[float], **extra: Any) -> dict[str, Any]:
-    stats = Stats.of(values)
-    figure = {"value": stats.median, "ci_low": stats.ci_low, "ci_high": stats.ci_high, "n": stats.n}
-    return figure | extra
 
 
 def measured_machine(records: list[CalibrationRecord], *, name: str | None, suite: str) -> dict[str, Any]:
@@ -78,6 +84,7 @@ def measured_machine(records: list[CalibrationRecord], *, name: str | None, suit
         "compute": {},
         "links": {},
         "collectives": [],
+        "layer_profiles": [],
         "failed_points": [
             {"point_id": record.point_id, "status": record.status, "reason": record.reason}
             for record in records
@@ -87,6 +94,12 @@ def measured_machine(records: list[CalibrationRecord], *, name: str | None, suit
     for record in ok:
         if record.point.benchmark == "compute":
             machine["compute"] = compute_figures(record)
+        elif record.point.benchmark == "profile":
+            profile = profile_figures(record)
+            if isinstance(profile, str):  # the device refused the precision
+                machine["failed_points"].append({"point_id": record.point_id, "status": "refused", "reason": profile})
+            else:
+                machine["layer_profiles"].append(profile)
         else:
             machine["collectives"] += collective_figures(record)
     for entry in machine["collectives"]:
@@ -203,10 +216,20 @@ def read_machine(path: Path) -> dict[str, Any]:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             # YAML 1.1 reads 6.7e13 (no sign in the exponent) as a string: write 6.7e+13
             raise DdlbenchError(f"machine file {path}: {where} is {value!r}, not a number (write exponents as 1.5e+13)")
+    check_layer_profiles(data.get("layer_profiles"), f"machine file {path}")
     return data
 
 
-NUMERIC_KEYS = ("value", "alpha_s", "beta_s_per_byte", "bandwidth_bytes_per_s", "ci_low", "ci_high", "memory_bytes")
+NUMERIC_KEYS = (
+    "value",
+    "alpha_s",
+    "beta_s_per_byte",
+    "beta_s_per_sample",
+    "bandwidth_bytes_per_s",
+    "ci_low",
+    "ci_high",
+    "memory_bytes",
+)
 
 
 def _figures(node: Any, where: str):

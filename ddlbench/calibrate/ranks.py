@@ -19,6 +19,10 @@ def measure(point: CalibrationPoint, ctx: RankContext) -> CalibrationRankResult:
     library = ctx.backend
     if point.benchmark == "compute":
         measurements = run_compute(point, ctx.device)
+    elif point.benchmark == "profile":
+        from ddlbench.calibrate.profile_kernel import run_profile  # builds models: imported only when needed
+
+        measurements = run_profile(point, ctx.device)
     elif point.backend == "mpi":
         measurements, library = run_collectives_mpi(point)
     else:

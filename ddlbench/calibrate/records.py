@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ddlbench.calibrate.suite import CalibrationPoint
-from ddlbench.records import RecordError, Status, write_json_atomic
+from ddlbench.records import RecordError, Stats, Status, write_json_atomic
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,3 +88,10 @@ def missing_record(point: CalibrationPoint, reason: str) -> CalibrationRecord:
     return CalibrationRecord(
         point_id=point.point_id, point=point, status="failed", reason=reason, launcher="", start_time="", end_time=""
     )
+
+
+def stats_figure(values: list[float], **extra: Any) -> dict[str, Any]:
+    """A measured figure of the machine file: the median of `values`, its 95 % CI and n (records.Stats)."""
+    stats = Stats.of(values)
+    figure = {"value": stats.median, "ci_low": stats.ci_low, "ci_high": stats.ci_high, "n": stats.n}
+    return figure | extra

@@ -1,4 +1,5 @@
-"""The report of a calibration: measured curves against their α–β fits, and the compute figures."""
+"""The report of a calibration: measured curves against their α–β fits, the compute figures and the
+layer profiles."""
 
 from __future__ import annotations
 
@@ -61,8 +62,51 @@ def render_calibration(machine: dict[str, Any], references: list[dict[str, Any]]
             compute=machine.get("compute", {}),
             compared=[m["name"] for m in compared],
             comparison=comparison(compared),
+            profiles=[profile_table(profile) for profile in machine.get("layer_profiles") or []],
         )
     )
+
+
+def profile_table(profile: dict[str, Any]) -> dict[str, Any]:
+    """One profile as rows of milliseconds per batch size: each block's forward and backward and its share
+    of the step ((forward + backward) ÷ step, medians), then the loss, the update, the rest and the step."""
+    sizes = profile["batch_sizes"]
+    steps = [figure["value"] for figure in profile["step_s"]]
+
+    def ms(figures: list[dict[str, Any]]) -> list[str]:
+        return [f"{figure['value'] * 1e3:.3g}" for figure in figures]
+
+    def share(*parts: list[dict[str, Any]]) -> list[str]:
+        return [f"{sum(part[i]['value'] for part in parts) / step:.1%}" for i, step in enumerate(steps)]
+
+    rows = [
+        {
+            "label": f"{index}: {block['name']}",
+            "forward": ms(block["forward_s"]),
+            "backward": ms(block["backward_s"]),
+            "share": share(block["forward_s"], block["backward_s"]),
+        }
+        for index, block in enumerate(profile["blocks"])
+    ]
+    rows.append({"label": "loss (forward + backward)", "forward": ms(profile["loss_s"]), "backward": [""] * len(sizes)})
+    rows[-1]["share"] = share(profile["loss_s"])
+    update = [profile["update_s"]] * len(sizes)
+    rows.append({"label": "update (zero_grad + step)", "forward": ms(update), "backward": [""] * len(sizes)})
+    rows[-1]["share"] = share(update)
+    if profile.get("other_s"):
+        rows.append(
+            {"label": "other (not attributed)", "forward": ms(profile["other_s"]), "backward": [""] * len(sizes)}
+        )
+        rows[-1]["share"] = share(profile["other_s"])
+    rows.append(
+        {"label": "step", "forward": ms(profile["step_s"]), "backward": [""] * len(sizes), "share": [""] * len(sizes)}
+    )
+    options = ", ".join(f"{key}={value}" for key, value in profile["options"].items())
+    title = (
+        f"{profile['model']} on {profile['dataset']}{f' ({options})' if options else ''}, {profile['precision']}, "
+        f"{profile['ranks_per_node']} rank(s) at once × {profile['threads']} thread(s)"
+    )
+    return {"title": title, "sizes": sizes, "rows": rows}
 
 
 def _curves_svg(entries: list[dict[str, Any]]) -> str:

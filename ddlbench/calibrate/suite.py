@@ -6,7 +6,12 @@ the spec's `kind`):
 - one `compute` point: one rank timing matrix products and convolutions per precision, and a copy for
   memory bandwidth;
 - one `collectives` point per backend and node count: every collective over every message size, within
-  a node (1 node × ranks_per_node ranks) or across nodes (n nodes × 1 rank).
+  a node (1 node × ranks_per_node ranks) or across nodes (n nodes × 1 rank);
+- one `profile` point per profile and precision: ranks_per_node ranks on one node, each training the
+  model alone on synthetic batches and timing every block's forward and backward
+  (ddlbench.calibrate.profile_kernel), all at once, as the ranks of a training point share a node.
+A suite without matmul sizes, convolutions and memory bytes has no compute point; one without
+collectives no collective points.
 """
 
 from __future__ import annotations
@@ -20,13 +25,16 @@ from typing import Any, Literal
 
 import yaml
 
+from ddlbench.catalog import DATASETS, MODELS
 from ddlbench.config.schema import validate_with
+from ddlbench.errors import ConfigError
 
 SCHEMA_PATH = Path(__file__).with_name("suite.schema.yaml")
 DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "workflow" / "calibration" / "default.yaml"
 KIND = "calibration"  # the spec's `kind`: what tells the worker this is not a training point
 
-Benchmark = Literal["compute", "collectives"]
+Benchmark = Literal["compute", "collectives", "profile"]
+PROFILE_FIELDS = ("model", "dataset", "model_options", "batch_sizes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,7 +44,7 @@ class CalibrationPoint:
 
     suite: str
     benchmark: Benchmark
-    backend: str  # torch | mpi for collectives; "" for compute
+    backend: str  # torch | mpi for collectives; "" for compute and profile
     nodes: int
     ranks_per_node: int
     threads: int
@@ -49,6 +57,11 @@ class CalibrationPoint:
     memory_bytes: int = 0
     collectives: tuple[str, ...] = ()
     message_bytes: tuple[int, ...] = ()
+    # profile: the model trained, on synthetic samples of the dataset, at each per-rank batch size
+    model: str = ""
+    dataset: str = ""
+    model_options: tuple[tuple[str, str], ...] = ()  # resolved: the model's defaults filled in
+    batch_sizes: tuple[int, ...] = ()
     oversubscribe: bool = False
     repetition: int = 0
     loader_workers: int = 0  # launchers count loader workers; microbenchmarks have none
@@ -62,7 +75,10 @@ class CalibrationPoint:
         return self.threads
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": KIND, **asdict(self)}
+        data = asdict(self)
+        if self.benchmark != "profile":  # left out, so that other points keep the ids they had before profiles
+            data = {key: value for key, value in data.items() if key not in PROFILE_FIELDS}
+        return {"kind": KIND, **data}
 
     def to_json(self) -> str:
         return self._json
@@ -78,14 +94,17 @@ class CalibrationPoint:
     @functools.cached_property
     def point_id(self) -> str:
         backend = f"-{self.backend}" if self.backend else ""
+        if self.benchmark == "profile":
+            backend = f"-{self.model}-{self.dataset}-{self.precisions[0]}"
         return f"{self.benchmark}{backend}-n{self.nodes}x{self.ranks_per_node}-t{self.threads}-{self.spec_hash[:8]}"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CalibrationPoint:
         fields = {key: value for key, value in data.items() if key != "kind"}
-        for name in ("precisions", "matmul_sizes", "collectives", "message_bytes"):
+        for name in ("precisions", "matmul_sizes", "collectives", "message_bytes", "batch_sizes"):
             fields[name] = tuple(fields.get(name, ()))
         fields["conv_shapes"] = tuple(tuple(shape) for shape in fields.get("conv_shapes", ()))
+        fields["model_options"] = tuple(tuple(pair) for pair in fields.get("model_options", ()))
         return cls(**fields)
 
 
@@ -110,7 +129,12 @@ class Suite:
 
 @functools.cache
 def suite_schema() -> dict[str, Any]:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    """The suite schema with the catalog's model and dataset names filled into the profiles' enums."""
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    profile = schema["properties"]["profiles"]["items"]["properties"]
+    profile["model"]["enum"] = MODELS.names()
+    profile["dataset"]["enum"] = DATASETS.names()
+    return schema
 
 
 def load_suite(path: Path | None = None, raw: dict[str, Any] | None = None) -> Suite:
@@ -137,20 +161,22 @@ def expand_suite(data: dict[str, Any]) -> tuple[CalibrationPoint, ...]:
         timeout_s=float(data["timeout_s"]),
         oversubscribe=data["oversubscribe"],
     )
-    points = [
-        CalibrationPoint(
-            benchmark="compute",
-            backend="",
-            nodes=1,
-            ranks_per_node=1,
-            precisions=tuple(data["precisions"]),
-            matmul_sizes=tuple(data["matmul_sizes"]),
-            conv_shapes=tuple(tuple(shape) for shape in data["conv_shapes"]),
-            memory_bytes=data["memory_bytes"],
-            **common,
+    points = []
+    if data["matmul_sizes"] or data["conv_shapes"] or data["memory_bytes"]:
+        points.append(
+            CalibrationPoint(
+                benchmark="compute",
+                backend="",
+                nodes=1,
+                ranks_per_node=1,
+                precisions=tuple(data["precisions"]),
+                matmul_sizes=tuple(data["matmul_sizes"]),
+                conv_shapes=tuple(tuple(shape) for shape in data["conv_shapes"]),
+                memory_bytes=data["memory_bytes"],
+                **common,
+            )
         )
-    ]
-    for backend in data["backends"]:
+    for backend in data["backends"] if data["collectives"] else ():
         for nodes in data["nodes"]:
             points.append(
                 CalibrationPoint(
@@ -163,4 +189,57 @@ def expand_suite(data: dict[str, Any]) -> tuple[CalibrationPoint, ...]:
                     **common,
                 )
             )
+    for index, profile in enumerate(data.get("profiles", [])):
+        options = resolve_profile(profile, f"profiles[{index}]")
+        for precision in data["precisions"]:
+            points.append(
+                CalibrationPoint(
+                    benchmark="profile",
+                    backend="",
+                    nodes=1,
+                    ranks_per_node=data["ranks_per_node"],
+                    precisions=(precision,),
+                    model=profile["model"],
+                    dataset=profile["dataset"],
+                    model_options=options,
+                    batch_sizes=tuple(sorted(profile["batch_sizes"])),
+                    **common,
+                )
+            )
+    if not points:
+        raise ConfigError(
+            "", "the suite measures nothing: give matmul_sizes, conv_shapes, memory_bytes, collectives or profiles"
+        )
     return tuple(points)
+
+
+def resolve_profile(profile: dict[str, Any], key: str) -> tuple[tuple[str, str], ...]:
+    """The profile's complete model options (the model's defaults, overridden by its own), after checking
+    that the model takes the dataset's input and accepts each option and value."""
+    model, dataset = MODELS.get(profile["model"]), DATASETS.get(profile["dataset"])  # names: checked by the schema
+    if model.input_kind != dataset.input_kind:
+        takes = [name for name in DATASETS.names() if DATASETS.get(name).input_kind == model.input_kind]
+        raise ConfigError(
+            f"{key}.dataset",
+            f"{dataset.name!r} gives {dataset.input_kind} input; {model.name} takes {model.input_kind}: "
+            f"choose from: {', '.join(takes)}",
+        )
+    options = model.default_options()
+    for option, raw_value in profile.get("options", {}).items():
+        if option not in model.options:
+            accepted = ", ".join(model.options) or "none"
+            raise ConfigError(
+                f"{key}.options.{option}", f"{option!r} is not an option of {model.name}; accepted: {accepted}"
+            )
+        value = str(raw_value)
+        if value not in model.options[option]:
+            choices = ", ".join(model.options[option])
+            raise ConfigError(f"{key}.options.{option}", f"{value!r} is not accepted: choose from: {choices}")
+        options[option] = value
+    return tuple(sorted(options.items()))
+
+
+def calibration_cores(path: str | Path) -> int:
+    """Cores a suite's busiest point keeps busy (ranks on one host × threads): what a workflow grants it."""
+    suite = load_suite(Path(path))
+    return max((point.ranks_per_node * point.cores_per_rank for point in suite.points), default=1)

@@ -72,6 +72,15 @@ class SweepConfig:
     slurm_mem_per_rank_mb: int | None = None
     oversubscribe: bool = False
     trace_steps: int = 0
+    machine: str = ""  # machine file the points are predicted on ("" none)
+    calibrate: str = ""  # calibration suite run first into machine_path ("" none)
+
+    @property
+    def machine_path(self) -> Path | None:
+        """The machine file predictions read: the given one, the calibrated one, or None."""
+        if self.machine:
+            return Path(self.machine)
+        return self.sweep_dir / "machine.yaml" if self.calibrate else None
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain JSON-able data, defaults filled in (round-trips through from_mapping)."""
@@ -123,6 +132,10 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
     strategy_options = _resolve_strategy_options(data["strategies"], data["strategy_options"])
     _check_data(data["datasets"], data["data"])
     _check_exclude(data)
+    if data["machine"] and data["calibrate"]:
+        raise ConfigError(
+            "calibrate", "give either `machine` (a machine file) or `calibrate` (a suite to measure one), not both"
+        )
     return SweepConfig(
         name=data["name"],
         results_dir=data["results_dir"],
@@ -141,6 +154,8 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
         slurm_mem_per_rank_mb=data["slurm"].get("mem_per_rank_mb"),
         oversubscribe=data["oversubscribe"],
         trace_steps=data["trace_steps"],
+        machine=data["machine"],
+        calibrate=data["calibrate"],
     )
 
 

@@ -3,6 +3,7 @@ import json
 import os
 import sys
 
+from ddlbench.calibrate.suite import calibration_cores
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.cores import check_plan_cores
 from ddlbench.launch.resources import load_site
@@ -31,6 +32,11 @@ REPORT = str(PLAN.config.report_path)
 POINTS = PLAN.by_id()
 RECORDS = [str(record_path(PLAN.config.sweep_dir, point_id)) for point_id in POINTS]
 CONFIG_JSON = json.dumps(PLAN.config.to_dict(), sort_keys=True)
+# predictions (workflow/rules/predict.smk): a given machine file, or one calibrated first from a suite
+CALIBRATE_SUITE = PLAN.config.calibrate
+MACHINE_FILE = str(PLAN.config.machine_path or "")
+PREDICTIONS = f"{SWEEP_DIR}/predictions.csv" if MACHINE_FILE else ""
+CALIBRATE_CORES = calibration_cores(CALIBRATE_SUITE) if CALIBRATE_SUITE else 1
 
 
 wildcard_constraints:

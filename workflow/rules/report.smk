@@ -18,6 +18,7 @@ rule aggregate:
 rule report:
     input:
         table=rules.aggregate.output.parquet,
+        predictions=PREDICTIONS or [],
     output:
         html=REPORT,
     log:

@@ -1,0 +1,143 @@
+"""Predicted beside measured: per point, per strategy and overall, and the oracle's pick beside the best.
+
+    accuracy = 1 − |predicted − measured| / measured        (dimensionless; ParaDL's definition, Kahira et al.)
+
+for the step time (measured: the point's median step time over its kept steps, `step_time_s_median`)
+and for memory (measured: `tensor_peak_bytes`, the busiest rank's peak tensor memory; predicted:
+`peak_memory_bytes`). An accuracy below 0 (a prediction off by more than the measurement) is kept as
+it is, so averages are not flattered. Averages are plain means over the points of a strategy, then
+over strategies (each strategy weighs the same, as the issue's target "average over strategies" reads),
+with the number of points each rests on. Only points that ran to the end (status ok) count.
+
+The recommendation check groups measured points by what a user chooses between: model, dataset, nodes,
+ranks per node, global batch and precision. In each group with at least two strategies it compares the
+strategy with the lowest predicted step time with the one with the lowest measured step time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pandas as pd
+
+GROUP = ["model", "dataset", "nodes", "ranks_per_node", "global_batch_size", "precision"]
+
+
+def accuracy(predicted: float, measured: float) -> float:
+    return 1.0 - abs(predicted - measured) / measured
+
+
+def join(table: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
+    """The measured rows (status ok) with their predictions and per-point accuracies."""
+    ok = table[table["status"] == "ok"]
+    keep = [
+        "point_id",
+        "step_time_s",
+        "samples_per_s",
+        "peak_memory_bytes",
+        "compute_s",
+        "comm_exposed_s",
+        "bubble_s",
+        "bottleneck",
+        "compute_source",
+    ]
+    pred = predictions[[c for c in keep if c in predictions.columns]].rename(
+        columns={c: f"predicted_{c}" for c in keep if c != "point_id"}
+    )
+    joined = ok.merge(pred, on="point_id", how="inner")
+    joined["time_accuracy"] = [
+        accuracy(p, m) if pd.notna(m) and m > 0 else None
+        for p, m in zip(joined["predicted_step_time_s"], joined["step_time_s_median"], strict=True)
+    ]
+    measured_memory = (
+        joined["tensor_peak_bytes"] if "tensor_peak_bytes" in joined.columns else pd.Series([None] * len(joined))
+    )
+    joined["memory_accuracy"] = [
+        accuracy(p, m) if pd.notna(m) and m > 0 else None
+        for p, m in zip(joined["predicted_peak_memory_bytes"], measured_memory, strict=True)
+    ]
+    return joined
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyAccuracy:
+    strategy: str
+    points: int
+    time_accuracy: float | None  # mean over the strategy's points
+    time_worst: float | None
+    memory_points: int
+    memory_accuracy: float | None
+    memory_worst: float | None
+
+
+def by_strategy(joined: pd.DataFrame) -> list[StrategyAccuracy]:
+    out = []
+    for strategy, rows in joined.groupby("strategy", sort=True):
+        time = rows["time_accuracy"].dropna().astype(float)
+        memory = rows["memory_accuracy"].dropna().astype(float)
+        out.append(
+            StrategyAccuracy(
+                strategy=str(strategy),
+                points=len(time),
+                time_accuracy=float(time.mean()) if len(time) else None,
+                time_worst=float(time.min()) if len(time) else None,
+                memory_points=len(memory),
+                memory_accuracy=float(memory.mean()) if len(memory) else None,
+                memory_worst=float(memory.min()) if len(memory) else None,
+            )
+        )
+    return out
+
+
+def overall(rows: Iterable[StrategyAccuracy]) -> tuple[float | None, float | None]:
+    """(time, memory) accuracy averaged over strategies."""
+    rows = list(rows)
+    time = [r.time_accuracy for r in rows if r.time_accuracy is not None]
+    memory = [r.memory_accuracy for r in rows if r.memory_accuracy is not None]
+    return (sum(time) / len(time) if time else None, sum(memory) / len(memory) if memory else None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pick:
+    group: str
+    strategies: int
+    predicted_best: str
+    measured_best: str
+    predicted_best_measured_s: float  # what the predicted pick really took (median step, s)
+    measured_best_s: float
+
+    @property
+    def agrees(self) -> bool:
+        return self.predicted_best == self.measured_best
+
+    @property
+    def regret(self) -> float:
+        """How much slower the predicted pick really was than the measured best (0 when they agree)."""
+        return self.predicted_best_measured_s / self.measured_best_s - 1.0
+
+
+def picks(joined: pd.DataFrame) -> list[Pick]:
+    out = []
+    columns = [c for c in GROUP if c in joined.columns]
+    for key, rows in joined.groupby(columns, sort=True, dropna=False):
+        per = rows.groupby("strategy").agg(
+            measured=("step_time_s_median", "median"), predicted=("predicted_step_time_s", "median")
+        )
+        if len(per) < 2:
+            continue
+        predicted_best = str(per["predicted"].idxmin())
+        measured_best = str(per["measured"].idxmin())
+        out.append(
+            Pick(
+                group=" ".join(
+                    f"{c}={v}" for c, v in zip(columns, key if isinstance(key, tuple) else (key,), strict=True)
+                ),
+                strategies=len(per),
+                predicted_best=predicted_best,
+                measured_best=measured_best,
+                predicted_best_measured_s=float(per.loc[predicted_best, "measured"]),
+                measured_best_s=float(per.loc[measured_best, "measured"]),
+            )
+        )
+    return out

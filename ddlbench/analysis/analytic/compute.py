@@ -1,0 +1,115 @@
+"""Compute time of each block of a model on one rank: from profiled layer times, or from the model table
+and the machine's calibrated rates.
+
+**Profiled** (the machine file's `layer_profiles`, measured by `ddlbench calibrate` with this model,
+precision and threads, every rank of a node profiling at once): a block's forward or backward time at a
+micro-batch b is its fitted line α + β·b. ParaDL's "profall" mode did the same with per-sample times.
+
+**From rates** (what a datasheet machine, or a model nobody profiled, allows): per layer a roofline,
+t = max(FLOPs / rate, bytes / memory bandwidth), with
+- FLOPs = the table's forward (or backward) FLOPs per sample × b, at the conv rate for convolutions and
+  the matmul rate otherwise (ddlbench.analysis.analytic.machine_model.MachineModel.flop_rate);
+- bytes = the layer's input and output per sample × b × 4 (fp32; the backward reads and writes twice
+  that) + its weights once (forward) or twice (backward: read, and the gradient written).
+Layers without FLOPs (activations, norms, pools) are pure memory traffic. Rates were measured with the
+machine's threads per rank; a point with other threads scales them linearly (a note says so).
+- loss: the last block's output × b read and written about 3 times, forward and backward (bytes / bw);
+- update: SGD with momentum, `torch.optim.SGD(momentum=0.9)` as ddlbench trains: per parameter the
+  momentum buffer is read, scaled, added to the gradient and written, then the parameter read and
+  written: 6 × 4 B = 24 B per parameter element, at the memory bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ddlbench.analysis.analytic.layers import ModelTable
+from ddlbench.analysis.analytic.machine_model import MachineModel
+
+UPDATE_BYTES_PER_PARAM = 24  # SGD with momentum, fp32: see the module docstring
+LOSS_PASSES = 6  # the loss's forward and backward each read and write the logits about 3 times
+FP32 = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockTimes:
+    """One rank's compute at one micro-batch: seconds per block, forward and backward, in model order."""
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    loss_s: float  # forward + backward of the loss on the last block's output
+    update_per_param_s: float  # optimizer step, per parameter element
+    source: str  # "profile" or "rates (…)"
+    notes: tuple[str, ...] = ()
+
+    def forward_of(self, blocks: range | Sequence[int]) -> float:
+        return sum(self.forward_s[i] for i in blocks)
+
+    def backward_of(self, blocks: range | Sequence[int]) -> float:
+        return sum(self.backward_s[i] for i in blocks)
+
+
+def block_times(
+    table: ModelTable,
+    machine: MachineModel,
+    *,
+    batch: float,
+    precision: str,
+    threads: int,
+    scale: Sequence[float] | None = None,
+    sharing: int | None = None,
+) -> BlockTimes:
+    """Seconds per block at micro-batch `batch` on one rank. `scale[i]` multiplies block i's work: the
+    share a rank computes when a strategy splits the block (1 − s + s/p for a block whose FLOP share s
+    is cut into p parts); default all 1. `sharing`: ranks running at once on one node, to pick the
+    profile measured under the same contention for cores and memory bandwidth."""
+    factors = list(scale) if scale is not None else [1.0] * len(table.blocks)
+    profile = machine.profile_for(table.model, table.dataset, table.options, precision, threads, sharing=sharing)
+    if profile is not None and len(profile.forward) == len(table.blocks):
+        params = max(1, table.params)
+        return BlockTimes(
+            forward_s=tuple(fit.at(batch) * f for fit, f in zip(profile.forward, factors, strict=True)),
+            backward_s=tuple(fit.at(batch) * f for fit, f in zip(profile.backward, factors, strict=True)),
+            loss_s=profile.loss.at(batch),
+            update_per_param_s=profile.update_s / params,
+            source="profile",
+            notes=(f"layer profile: {profile.ranks_per_node} rank(s) × {profile.threads} thread(s) at once",),
+        )
+    return _from_rates(table, machine, batch=batch, precision=precision, threads=threads, factors=factors)
+
+
+def _from_rates(
+    table: ModelTable, machine: MachineModel, *, batch: float, precision: str, threads: int, factors: list[float]
+) -> BlockTimes:
+    notes = []
+    speedup = 1.0
+    if machine.device_kind == "cpu" and threads != machine.threads_per_rank:
+        speedup = threads / machine.threads_per_rank
+        notes.append(f"rates measured with {machine.threads_per_rank} thread(s), scaled ×{speedup:g} to {threads}")
+    bandwidth = machine.memory_bandwidth_bytes_per_s
+    if not bandwidth:
+        bandwidth = math.inf
+        notes.append("no memory bandwidth in the machine file: memory-bound layers cost nothing")
+    forward = [0.0] * len(table.blocks)
+    backward = [0.0] * len(table.blocks)
+    used: set[str] = set()
+    for layer in table.layers:
+        rate, which = machine.flop_rate(layer.type, precision)
+        used.add(which)
+        rate *= speedup
+        activations = (math.prod(layer.input_shape) + math.prod(layer.output_shape)) * FP32 * batch
+        weights = layer.params * FP32
+        forward[layer.block] += max(layer.forward_flops * batch / rate, (activations + weights) / bandwidth)
+        backward[layer.block] += max(layer.backward_flops * batch / rate, (2 * activations + 2 * weights) / bandwidth)
+    last = table.blocks[-1]
+    loss = LOSS_PASSES * math.prod(last.output_shape) * FP32 * batch / bandwidth
+    return BlockTimes(
+        forward_s=tuple(t * f for t, f in zip(forward, factors, strict=True)),
+        backward_s=tuple(t * f for t, f in zip(backward, factors, strict=True)),
+        loss_s=loss,
+        update_per_param_s=UPDATE_BYTES_PER_PARAM / bandwidth,
+        source=f"rates ({', '.join(sorted(used))}, memory bandwidth)",
+        notes=tuple(notes),
+    )

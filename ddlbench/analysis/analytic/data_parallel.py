@@ -1,0 +1,258 @@
+"""Data-parallel strategies as the ranks run them: ddp, horovod, zero2, fsdp.
+
+Every rank runs the whole model on its own batch (the point's batch_size) and all ranks do the same, so
+rank 0 stands for all. What each issues per step, as implemented (ddlbench.train.strategies):
+- ddp: torch DDP. A broadcast of the model's buffers (BatchNorm statistics) before every forward
+  (broadcast_buffers, on by default); gradients all-reduced in buckets during backward: buckets are
+  filled in reverse parameter order, the first capped at 1 MiB (torch's _DEFAULT_FIRST_BUCKET_BYTES),
+  the rest at `bucket_cap_mb`; a bucket is issued when the backward of the block holding its last
+  parameter ends. The update waits for every bucket.
+- horovod: DistributedOptimizer: each gradient is submitted when ready; Horovod's background thread
+  fuses what is ready into one all-reduce up to `fusion_threshold_mb`; backward blocks take far longer
+  than its cycle, so a fused all-reduce per block. synchronize() before the update.
+- zero2: buckets (no small first one) reduce-scattered during backward; each rank updates 1/p of the
+  parameters; then every bucket's shard is all-gathered back into the flat parameters before the step ends.
+- fsdp: FSDP2 fully_shard per block: before each block's forward its parameters are all-gathered (on gloo
+  the all-gather is issued at the block's pre-forward, so nothing hides it); in backward the next block's
+  all-gather is prefetched while the current one runs, and each block's gradients are reduce-scattered
+  as soon as its backward ends. Update of 1/p of the parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddlbench.analysis.analytic.compute import BlockTimes
+from ddlbench.analysis.analytic.layout import Context, block_params, element_bytes, elements
+from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, RankMemory, rank_memory
+from ddlbench.analysis.analytic.simulate import Program, Timeline, simulate
+
+FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyRun:
+    """A strategy model's answer: the step's timeline, the busiest rank's memory, what it communicates."""
+
+    timeline: Timeline
+    memory: RankMemory
+    comm: str  # the collectives of one step, in words
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bucket:
+    bytes: int
+    ready_block: int  # the block whose backward completes it
+
+
+def plan_buckets(ctx: Context, cap_bytes: float, *, first_cap_bytes: float | None = None) -> list[Bucket]:
+    """Gradient buckets in reverse parameter order (layer by layer, from the table)."""
+    buckets: list[Bucket] = []
+    size, cap = 0, first_cap_bytes or cap_bytes
+    block = -1
+    for layer in reversed(ctx.table.layers):
+        if not layer.params:
+            continue
+        size += layer.params * FP32
+        block = layer.block
+        if size >= cap:
+            buckets.append(Bucket(bytes=size, ready_block=block))
+            size, cap = 0, cap_bytes
+    if size:
+        buckets.append(Bucket(bytes=size, ready_block=block))
+    return buckets
+
+
+def add_passes(
+    program: Program, rank: int, times: BlockTimes, blocks: range, *, first_deps=(), tag: str = ""
+) -> tuple[dict[int, int], dict[int, int], int]:
+    """Forward over `blocks`, the loss, backward in reverse; returns (forward op, backward op) per block
+    and the last op."""
+    forward, backward = {}, {}
+    deps = tuple(first_deps)
+    for i in blocks:
+        forward[i] = program.compute(rank, times.forward_s[i], deps=deps, label=f"F{i}{tag}")
+        deps = ()
+    last = program.compute(rank, times.loss_s, label=f"loss{tag}")
+    for i in reversed(blocks):
+        backward[i] = program.compute(rank, times.backward_s[i], label=f"B{i}{tag}")
+        last = backward[i]
+    return forward, backward, last
+
+
+def activation_terms(ctx: Context, batch: float, blocks: range | None = None, scale: list[float] | None = None):
+    """(saved, grads, flowing) per block for the memory walk, at `batch` samples (bytes)."""
+    table = ctx.table
+    blocks = blocks if blocks is not None else range(len(table.blocks))
+    scale = scale or [1.0] * len(table.blocks)
+    saved = [(table.blocks[i].saved_bytes * batch + table.blocks[i].saved_fixed_bytes) * scale[i] for i in blocks]
+    grads = [table.blocks[i].params * FP32 for i in blocks]
+    flowing = [
+        (elements(table.blocks[i].input_shape) + elements(table.blocks[i].output_shape)) * FP32 * batch for i in blocks
+    ]
+    return saved, grads, flowing
+
+
+def model_ddp(ctx: Context, times: BlockTimes, *, horovod: bool = False) -> StrategyRun:
+    s, table = ctx.setting, ctx.table
+    world = list(range(s.world_size))
+    program = Program()
+    blocks = range(len(table.blocks))
+    first = None
+    buffer_bytes = table.buffer_bytes
+    if not horovod and buffer_bytes and s.world_size > 1:
+        first = program.comm(0, ctx.collective_s("broadcast", buffer_bytes, world), label="broadcast buffers")
+    _, backward, _ = add_passes(program, 0, times, blocks, first_deps=(first,) if first is not None else ())
+    if horovod:
+        cap = float(s.option("fusion_threshold_mb")) * 2**20
+        per_block = [
+            Bucket(bytes=table.blocks[i].params * FP32, ready_block=i)
+            for i in reversed(blocks)
+            if table.blocks[i].params
+        ]
+        buckets = [b for b in per_block if b.bytes <= cap] + [
+            Bucket(bytes=int(cap), ready_block=b.ready_block)
+            for b in per_block
+            if b.bytes > cap
+            for _ in range(int(b.bytes // cap))
+        ]
+        what = f"{len(buckets)} fused all-reduce(s) of the gradients, one per block "
+        what += f"(Horovod, fusion ≤ {cap / 2**20:g} MiB)"
+    else:
+        cap = float(s.option("bucket_cap_mb")) * 2**20
+        buckets = plan_buckets(ctx, cap, first_cap_bytes=FIRST_BUCKET_BYTES)
+        what = f"{len(buckets)} bucket all-reduce(s) of {table.param_bytes / 1e6:.3g} MB of gradients during backward"
+        if buffer_bytes and s.world_size > 1:
+            what += f"; a broadcast of {buffer_bytes} B of buffers before each forward"
+    reductions = [
+        program.comm(
+            0, ctx.collective_s("all_reduce", b.bytes, world), deps=(backward[b.ready_block],), label=f"all_reduce {k}"
+        )
+        for k, b in enumerate(buckets)
+    ]
+    program.compute(0, times.update_per_param_s * table.params, deps=[*reductions, backward[0]], label="update")
+    saved, grads, flowing = activation_terms(ctx, s.batch_size)
+    # DDP's buckets copy every gradient; Horovod allocates its whole fusion buffer once it fuses anything
+    comm_buffer = table.param_bytes if not horovod else (cap if s.world_size > 1 else 0)
+    memory = rank_memory(
+        params=table.param_bytes + table.buffer_bytes,
+        grads=table.param_bytes,
+        optimizer=MOMENTUM_STATES * table.param_bytes,
+        buffers=comm_buffer,
+        saved=saved,
+        grad_per_block=grads,
+        flowing=flowing,
+        detail="DDP buckets hold a copy of the gradients"
+        if not horovod
+        else f"Horovod's fusion buffer of {cap / 2**20:g} MiB",
+    )
+    return StrategyRun(timeline=simulate(program), memory=memory, comm=what)
+
+
+def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
+    s, table = ctx.setting, ctx.table
+    p = s.world_size
+    world = list(range(p))
+    program = Program()
+    blocks = range(len(table.blocks))
+    _, backward, _ = add_passes(program, 0, times, blocks)
+    buckets = plan_buckets(ctx, float(s.option("bucket_cap_mb")) * 2**20)
+    scatters = [
+        program.comm(
+            0,
+            ctx.collective_s("reduce_scatter", b.bytes, world),
+            deps=(backward[b.ready_block],),
+            label=f"reduce_scatter {k}",
+        )
+        for k, b in enumerate(buckets)
+    ]
+    update = program.compute(
+        0, times.update_per_param_s * table.params / p, deps=[*scatters, backward[0]], label="update"
+    )
+    for k, b in enumerate(buckets):
+        program.comm(0, ctx.collective_s("all_gather", b.bytes, world), deps=(update,), label=f"all_gather {k}")
+    saved, grads, flowing = activation_terms(ctx, s.batch_size)
+    largest = max((b.bytes for b in buckets), default=0)
+    memory = rank_memory(
+        params=table.param_bytes + table.buffer_bytes,
+        grads=table.param_bytes / p,
+        optimizer=MOMENTUM_STATES * table.param_bytes / p,
+        buffers=0,
+        saved=saved,
+        grad_per_block=grads,
+        flowing=flowing,
+        extra_peak=largest + largest / p,  # a bucket's full gradient and its shard while it is reduced
+        detail="full parameters (one flat buffer); gradient and optimizer shards of 1/p",
+    )
+    what = f"{len(buckets)} reduce-scatter(s) during backward, {len(buckets)} all-gather(s) after the update"
+    return StrategyRun(timeline=simulate(program), memory=memory, comm=what)
+
+
+def model_fsdp(ctx: Context, times: BlockTimes) -> StrategyRun:
+    s, table = ctx.setting, ctx.table
+    p = s.world_size
+    world = list(range(p))
+    program = Program()
+    n = len(table.blocks)
+    params = block_params(table)
+    gather_f: dict[int, int] = {}
+    forward: dict[int, int] = {}
+    previous = None
+    for i in range(n):
+        if params[i]:
+            gather_f[i] = program.comm(
+                0,
+                ctx.collective_s("all_gather", params[i] * FP32, world),
+                deps=(previous,) if previous is not None else (),
+                label=f"all_gather F{i}",
+            )
+        forward[i] = program.compute(0, times.forward_s[i], deps=(gather_f[i],) if i in gather_f else (), label=f"F{i}")
+        previous = forward[i]
+    program.compute(0, times.loss_s, label="loss")
+    # backward: block i's all-gather is prefetched while block i+1's backward runs (FSDP2's implicit
+    # backward prefetch); the last block kept its parameters from the forward (the root reshards it after)
+    backward: dict[int, int] = {}
+    scatters = []
+    for i in reversed(range(n)):
+        deps = []
+        if params[i] and i < n - 1:
+            after = backward.get(i + 2)
+            gather = program.comm(
+                0,
+                ctx.collective_s("all_gather", params[i] * FP32, world),
+                deps=(after,) if after is not None else (),
+                label=f"all_gather B{i}",
+            )
+            deps.append(gather)
+        backward[i] = program.compute(0, times.backward_s[i], deps=deps, label=f"B{i}")
+        if params[i]:
+            scatters.append(
+                program.comm(
+                    0,
+                    ctx.collective_s("reduce_scatter", params[i] * FP32, world),
+                    deps=(backward[i],),
+                    label=f"reduce_scatter {i}",
+                )
+            )
+    program.compute(0, times.update_per_param_s * table.params / p, deps=[*scatters, backward[0]], label="update")
+    saved, grads, flowing = activation_terms(ctx, s.batch_size)
+    largest = max(params, default=0) * FP32
+    memory = rank_memory(
+        params=table.param_bytes / p + table.buffer_bytes,
+        grads=table.param_bytes / p,
+        optimizer=MOMENTUM_STATES * table.param_bytes / p,
+        buffers=0,
+        saved=saved,
+        grad_per_block=[g / p for g in grads],
+        flowing=flowing,
+        extra_peak=2 * largest + largest,  # two blocks unsharded (current + prefetched) and one full gradient
+        detail="parameters, gradients and optimizer state sharded 1/p; blocks unsharded one or two at a time",
+    )
+    what = f"{2 * sum(1 for x in params if x) - 1} block all-gathers and "
+    what += f"{sum(1 for x in params if x)} reduce-scatters per step"
+    return StrategyRun(timeline=simulate(program), memory=memory, comm=what)
+
+
+def boundary_bytes(ctx: Context, block: int, batch: float) -> float:
+    """Bytes of block `block`'s output for `batch` samples, as sent between stages."""
+    return elements(ctx.table.blocks[block].output_shape) * element_bytes(ctx.setting.precision) * batch

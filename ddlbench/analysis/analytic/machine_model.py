@@ -1,0 +1,292 @@
+"""What the analytical model knows of a machine: compute rates, collective costs, layer profiles, memory.
+
+Read from a machine file (ddlbench.calibrate.machine: measured by `ddlbench calibrate`, or written by
+hand from datasheets for hardware the user does not own yet). Every figure the model takes from it is
+named with where it came from, so a prediction can say what it rests on.
+
+**Collectives.** A collective of S bytes (the calibration's convention: the vector all-reduced or
+broadcast, the gathered or scattered whole, the message sent) over p ranks on n nodes costs, in order
+of preference:
+1. the machine's own α–β fit of that operation at p ranks on n nodes: t = α + β·S;
+2. a fit of the operation at another rank count p0 (same side of the node boundary), moved to p by
+   the ring algorithm (Thakur, Rabenseifner and Gropp, IJHPCA 2005): a ring all-reduce is 2(p−1) steps
+   of S/p bytes, an all-gather or reduce-scatter (p−1) steps of S/p, so per step α_step = α/steps(p0)
+   and the per-byte cost β_bus = β/bus(p0) with bus(p) = 2(p−1)/p resp. (p−1)/p; then
+   t = steps(p)·α_step + bus(p)·S·β_bus. Broadcast is taken as a binomial tree, ⌈log2 p⌉ steps of S;
+3. the link's point-to-point α–β (send_recv) with the same ring formulas.
+A datasheet gives no latency (alpha_s null): it is taken as 0 and the prediction says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddlbench.calibrate.machine import read_machine
+from ddlbench.errors import DdlbenchError
+
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
+# torch layer types whose FLOPs run at the convolution rate; every other FLOP runs at the matmul rate
+CONV_TYPES = ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose2d", "ConvTranspose3d")
+
+
+def ring_steps(op: str, ranks: int) -> int:
+    """Messages each rank sends in a ring (all-reduce, all-gather, reduce-scatter) or a binomial tree
+    (broadcast); send_recv is one message."""
+    if ranks <= 1:
+        return 0
+    if op == "all_reduce":
+        return 2 * (ranks - 1)
+    if op in ("all_gather", "reduce_scatter"):
+        return ranks - 1
+    if op == "broadcast":
+        return math.ceil(math.log2(ranks))
+    return 1
+
+
+def bus_share(op: str, ranks: int) -> float:
+    """Bytes each rank sends, as a multiple of S: 2(p−1)/p for a ring all-reduce, (p−1)/p for all-gather
+    and reduce-scatter, ⌈log2 p⌉ for a tree broadcast (the root's S each step), 1 for send_recv."""
+    if ranks <= 1:
+        return 0.0
+    if op == "all_reduce":
+        return 2 * (ranks - 1) / ranks
+    if op in ("all_gather", "reduce_scatter"):
+        return (ranks - 1) / ranks
+    if op == "broadcast":
+        return float(math.ceil(math.log2(ranks)))
+    return 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveCost:
+    """The cost of one collective at a group size: t(S) = steps·α_step + share·S·β (seconds)."""
+
+    op: str
+    ranks: int
+    alpha_s: float  # the whole collective's latency at this size of group (s)
+    beta_s_per_byte: float  # per byte of S (s/B)
+    source: str  # "measured <op> p=…", "ring from <op> p=…", "ring from link <name>"
+
+    def time_s(self, nbytes: float) -> float:
+        if self.ranks <= 1 or nbytes <= 0:
+            return 0.0
+        return self.alpha_s + self.beta_s_per_byte * nbytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockFit:
+    """A profiled block's time against the batch: between profiled batch sizes, the straight line through
+    the two nearest medians (exact at a profiled size: the CPU's efficiency changes with the batch, and a
+    single line missed by up to 16 %); outside them, the fitted line t(b) = alpha_s + beta_s_per_sample·b."""
+
+    alpha_s: float
+    beta_s_per_sample: float
+    points: tuple[tuple[float, float], ...] = ()  # (batch size, median seconds), ascending
+
+    def at(self, batch: float) -> float:
+        pts = self.points
+        if len(pts) >= 2 and pts[0][0] <= batch <= pts[-1][0]:
+            for (b0, t0), (b1, t1) in itertools.pairwise(pts):
+                if b0 <= batch <= b1:
+                    return t0 + (t1 - t0) * (batch - b0) / (b1 - b0) if b1 > b0 else t0
+        return max(0.0, self.alpha_s + self.beta_s_per_sample * batch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerProfile:
+    """Profiled forward/backward time of each block of one model, at the threads and ranks it ran with."""
+
+    model: str
+    dataset: str
+    options: tuple[tuple[str, str], ...]
+    precision: str
+    threads: int
+    ranks_per_node: int
+    forward: tuple[BlockFit, ...]
+    backward: tuple[BlockFit, ...]
+    loss: BlockFit
+    update_s: float
+
+
+def _fit(node: Mapping[str, Any] | None, batch_sizes: list[float] = (), figures: list[Any] | None = None) -> BlockFit:
+    node = node or {}
+    values = [f.get("value") if isinstance(f, Mapping) else None for f in (figures or [])]
+    points = tuple(sorted((float(b), float(v)) for b, v in zip(batch_sizes, values, strict=False) if v is not None))
+    return BlockFit(
+        alpha_s=float(node.get("alpha_s") or 0.0),
+        beta_s_per_sample=float(node.get("beta_s_per_sample") or 0.0),
+        points=points,
+    )
+
+
+def _profile(entry: Mapping[str, Any]) -> LayerProfile:
+    blocks = entry.get("blocks") or []
+    update = entry.get("update_s") or {}
+    sizes = [float(b) for b in entry.get("batch_sizes") or ()]
+    return LayerProfile(
+        model=str(entry["model"]),
+        dataset=str(entry["dataset"]),
+        options=tuple(sorted((str(k), str(v)) for k, v in (entry.get("options") or {}).items())),
+        precision=str(entry.get("precision", "fp32")),
+        threads=int(entry.get("threads", 1)),
+        ranks_per_node=int(entry.get("ranks_per_node", 1)),
+        forward=tuple(_fit(block.get("forward_fit"), sizes, block.get("forward_s")) for block in blocks),
+        backward=tuple(_fit(block.get("backward_fit"), sizes, block.get("backward_s")) for block in blocks),
+        loss=_fit(entry.get("loss_fit"), sizes, entry.get("loss_s")),
+        update_s=float(update.get("value") or 0.0),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MachineModel:
+    """A machine file read for prediction."""
+
+    name: str
+    source: str  # measured | datasheet
+    device_kind: str  # cpu | cuda
+    per_node: int  # devices (GPUs, or CPU cores for a CPU machine) per node
+    memory_bytes: int | None  # memory of one device (a CPU machine: the host's)
+    threads_per_rank: int  # threads the compute figures were measured with (CPU)
+    matmul_flop_per_s: Mapping[str, float]
+    conv_flop_per_s: Mapping[str, float]
+    memory_bandwidth_bytes_per_s: float | None
+    links: Mapping[str, Mapping[str, Any]]
+    collectives: tuple[Mapping[str, Any], ...]
+    profiles: tuple[LayerProfile, ...] = ()
+    hosts: int = 1  # hosts the calibration ran on (1: every "node" of a local run is this host)
+    notes: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def from_file(cls, path: Path) -> MachineModel:
+        return cls.from_dict(read_machine(Path(path)), where=str(path))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "machine file") -> MachineModel:
+        device = data.get("device") or {}
+        compute = data.get("compute") or {}
+
+        def rates(key: str) -> dict[str, float]:
+            return {p: float(f["value"]) for p, f in (compute.get(key) or {}).items() if f and f.get("value")}
+
+        bandwidth = (compute.get("memory_bandwidth_bytes_per_s") or {}).get("value")
+        return cls(
+            name=str(data.get("name", "?")),
+            source=str(data.get("source", "?")),
+            device_kind=str(device.get("kind", "cpu")),
+            per_node=int(device.get("per_node") or 1),
+            memory_bytes=int(device["memory_bytes"]) if device.get("memory_bytes") else None,
+            threads_per_rank=int(device.get("threads_per_rank") or 1),
+            matmul_flop_per_s=rates("matmul_flop_per_s"),
+            conv_flop_per_s=rates("conv_flop_per_s"),
+            memory_bandwidth_bytes_per_s=float(bandwidth) if bandwidth else None,
+            links=dict(data.get("links") or {}),
+            collectives=tuple(data.get("collectives") or ()),
+            profiles=tuple(_profile(entry) for entry in data.get("layer_profiles") or ()),
+            hosts=max(1, len(data.get("hosts") or ())),
+        )
+
+    # compute ------------------------------------------------------------------------------------
+    def flop_rate(self, layer_type: str, precision: str) -> tuple[float, str]:
+        """FLOP/s of a layer type at a precision, and which figure it is. Convolutions use the conv
+        rate where measured, else the matmul rate; a precision not measured falls back to fp32."""
+        tables = [("conv", self.conv_flop_per_s)] if layer_type in CONV_TYPES else []
+        tables.append(("matmul", self.matmul_flop_per_s))
+        for wanted in dict.fromkeys((precision, "fp32")):
+            for kind, table in tables:
+                if table.get(wanted):
+                    return table[wanted], f"{kind} {wanted}"
+        for kind, table in tables:
+            if table:
+                wanted, value = next(iter(table.items()))
+                return value, f"{kind} {wanted}"
+        raise DdlbenchError(f"machine {self.name!r} has no matmul_flop_per_s figure: cannot predict compute")
+
+    def profile_for(
+        self,
+        model: str,
+        dataset: str,
+        options: tuple[tuple[str, str], ...],
+        precision: str,
+        threads: int,
+        *,
+        sharing: int | None = None,
+    ) -> LayerProfile | None:
+        """The layer profile of exactly this model build, precision and threads, if the machine has one;
+        of several, the one profiled with `sharing` ranks at once on a node (else the nearest)."""
+        wanted = tuple(sorted(options))
+        found = [
+            profile
+            for profile in self.profiles
+            if (profile.model, profile.dataset, profile.precision, profile.threads)
+            == (model, dataset, precision, threads)
+            and (not profile.options or profile.options == wanted)
+        ]
+        if not found:
+            return None
+        return min(found, key=lambda profile: abs(profile.ranks_per_node - (sharing or profile.ranks_per_node)))
+
+    # communication ------------------------------------------------------------------------------
+    def _library_rank(self, library: str) -> int:
+        preferred = ("nccl",) if self.device_kind == "cuda" else ("gloo",)
+        return 0 if library.split()[0] in preferred else (2 if library.startswith("mpi") else 1)
+
+    def collective(self, op: str, *, ranks: int, nodes: int) -> CollectiveCost:
+        """The cost of `op` over `ranks` ranks spread on `nodes` nodes (see the module docstring)."""
+        if op not in COLLECTIVE_OPS:
+            raise ValueError(f"collective {op!r} unknown; known: {', '.join(COLLECTIVE_OPS)}")
+        link = "inter_node" if nodes > 1 else "intra_node"
+        fits = sorted(
+            (
+                c
+                for c in self.collectives
+                if c.get("op") == op and c.get("alpha_s") is not None and c.get("beta_s_per_byte") is not None
+            ),
+            key=lambda c: self._library_rank(str(c.get("library", ""))),
+        )
+        for c in fits:
+            if int(c.get("ranks", 0)) == ranks and int(c.get("nodes", 0)) == nodes:
+                return CollectiveCost(
+                    op=op,
+                    ranks=ranks,
+                    alpha_s=float(c["alpha_s"]),
+                    beta_s_per_byte=float(c["beta_s_per_byte"]),
+                    source=f"measured {c.get('library')} {op} p={ranks} n={nodes}",
+                )
+        same_side = [c for c in fits if (int(c.get("nodes", 1)) > 1) == (nodes > 1) and int(c.get("ranks", 0)) > 1]
+        if not same_side:
+            same_side = [c for c in fits if int(c.get("ranks", 0)) > 1]
+        if same_side:
+            c = min(same_side, key=lambda c: abs(int(c["ranks"]) - ranks))
+            p0 = int(c["ranks"])
+            alpha_step = float(c["alpha_s"]) / ring_steps(op, p0)
+            beta_bus = float(c["beta_s_per_byte"]) / bus_share(op, p0)
+            return CollectiveCost(
+                op=op,
+                ranks=ranks,
+                alpha_s=ring_steps(op, ranks) * alpha_step,
+                beta_s_per_byte=bus_share(op, ranks) * beta_bus,
+                source=f"ring from measured {c.get('library')} {op} p={p0} n={c.get('nodes')}",
+            )
+        chosen = self.links.get(link) or self.links.get("intra_node") or self.links.get("inter_node")
+        if not chosen:
+            raise DdlbenchError(f"machine {self.name!r} has neither collectives nor links: cannot cost {op}")
+        beta = chosen.get("beta_s_per_byte")
+        if link == "inter_node" and chosen.get("per_gpu_bandwidth_bytes_per_s"):
+            # a ring across nodes is as fast as each device's share of its node's network
+            beta = 1.0 / float(chosen["per_gpu_bandwidth_bytes_per_s"])
+        if beta is None and chosen.get("bandwidth_bytes_per_s"):
+            beta = 1.0 / float(chosen["bandwidth_bytes_per_s"])
+        alpha = float(chosen.get("alpha_s") or 0.0)
+        return CollectiveCost(
+            op=op,
+            ranks=ranks,
+            alpha_s=ring_steps(op, ranks) * alpha,
+            beta_s_per_byte=bus_share(op, ranks) * float(beta or 0.0),
+            source=f"ring from link {link if self.links.get(link) else 'fallback'}"
+            + (" (no latency given: α = 0)" if chosen.get("alpha_s") is None else ""),
+        )

@@ -1,0 +1,232 @@
+"""Pipeline and model parallelism as the ranks run them: gpipe, 1f1b, interleaved_1f1b, dp_pp, model_parallel.
+
+The model's blocks are cut into stages exactly as the strategies cut them at run time: the linear-
+partition optimum of per-block forward FLOPs or parameters (ddlbench.catalog.stage_cut, the `balance`
+option), into `split` stages (two per rank for interleaved_1f1b, placed looped: rank r holds stages r
+and r + split). Each rank runs its stages' forward and backward passes per micro-batch in the order its
+torch.distributed.pipelining schedule issues them (`rank_orders`):
+- GPipe (ScheduleGPipe): all m forwards, then all m backwards;
+- 1F1B (Schedule1F1B): min(m, S − s) forwards, then one backward and one forward alternately, then the
+  remaining backwards;
+- interleaved 1F1B (ScheduleInterleaved1F1B, Narayanan et al. SC21): torch's own order
+  (`_get_1f1b_rank_ops`: warmup (v−1)·m_round + 2(S−1−r) forwards, then 1F1B, stage indices chosen by
+  rounds of m_round = m / max(1, m // S) micro-batches), written here anew;
+- model_parallel: one pass of the whole batch down and back (no micro-batches), blocking send/recv.
+A stage's activation (its last block's output, micro-batch × elements × the autocast dtype's bytes) is
+received by the next stage before that one's forward, and its gradient, of the same size, before the
+previous stage's backward: a transfer on the receiver's communication lane, costed as send_recv
+between the two ranks. The last stage's forward includes the loss. In dp_pp the replicas of a stage
+all-reduce its gradients in DDP buckets during the last micro-batch's backward, then every rank updates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddlbench.analysis.analytic.compute import BlockTimes
+from ddlbench.analysis.analytic.data_parallel import FIRST_BUCKET_BYTES, StrategyRun, activation_terms, boundary_bytes
+from ddlbench.analysis.analytic.layout import Context
+from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, RankMemory, backward_peak
+from ddlbench.analysis.analytic.simulate import Program, simulate
+from ddlbench.catalog.stage_cut import partition
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # "F" or "B"
+    stage: int
+    micro: int
+
+
+def single_stage_order(schedule: str, stage: int, stages: int, micro: int) -> list[Action]:
+    if schedule == "gpipe":
+        return [Action("F", stage, m) for m in range(micro)] + [Action("B", stage, m) for m in range(micro)]
+    warmup = min(micro, stages - stage)
+    order = [Action("F", stage, m) for m in range(warmup)]
+    forward, backward = warmup, 0
+    while backward < micro:
+        order.append(Action("B", stage, backward))
+        backward += 1
+        if forward < micro:
+            order.append(Action("F", stage, forward))
+            forward += 1
+    return order
+
+
+def interleaved_order(rank: int, ranks: int, local_stages: int, micro: int) -> list[Action]:
+    """The actions of one rank under ScheduleInterleaved1F1B (without its alignment no-ops)."""
+    rounds = max(1, micro // ranks)
+    per_round = micro // rounds
+    warmup = min((local_stages - 1) * per_round + 2 * (ranks - 1 - rank), micro * local_stages)
+    total = local_stages * micro
+    fwd_bwd = total - warmup
+
+    def forward_stage(step: int) -> int:
+        return ((step // per_round) % local_stages) * ranks + rank
+
+    def backward_stage(step: int) -> int:
+        return (local_stages - 1 - ((step - warmup) // per_round) % local_stages) * ranks + rank
+
+    next_f: dict[int, int] = {}
+    next_b: dict[int, int] = {}
+    order: list[Action] = []
+
+    def take(kind: str, stage: int) -> None:
+        table = next_f if kind == "F" else next_b
+        order.append(Action(kind, stage, table.get(stage, 0)))
+        table[stage] = table.get(stage, 0) + 1
+
+    for step in range(warmup + fwd_bwd + (total - fwd_bwd)):
+        if step < warmup:
+            take("F", forward_stage(step))
+        elif step < warmup + fwd_bwd:
+            take("F", forward_stage(step))
+            take("B", backward_stage(step))
+        else:
+            take("B", backward_stage(step))
+    return order
+
+
+def cut_stages(ctx: Context, stages: int) -> tuple[tuple[int, int], ...]:
+    rule = ctx.setting.option("balance") if "balance" in _options(ctx) else "flops"
+    costs = [b.forward_flops if rule == "flops" else b.params for b in ctx.table.blocks]
+    return partition(costs, stages)
+
+
+def _options(ctx: Context) -> dict[str, str]:
+    from ddlbench.catalog import STRATEGIES
+
+    return STRATEGIES.get(ctx.setting.strategy).default_options() | dict(ctx.setting.strategy_options)
+
+
+def model_pipeline(
+    ctx: Context, times: BlockTimes, *, schedule: str, stages_per_rank: int = 1, micro: int | None = None
+) -> StrategyRun:
+    """A pipeline of `split` ranks (replicas in dp_pp run alike; rank 0's replica stands for all)."""
+    s, table = ctx.setting, ctx.table
+    ranks = s.split if s.split > 1 else s.world_size
+    micro = micro or s.micro_batches
+    stages = ranks * stages_per_rank
+    bounds = cut_stages(ctx, stages)
+    batch = s.batch_size / micro
+    rank_of = {k: k % ranks for k in range(stages)}
+    stage_f = [times.forward_of(range(*bounds[k])) for k in range(stages)]
+    stage_b = [times.backward_of(range(*bounds[k])) for k in range(stages)]
+    stage_f[-1] += times.loss_s
+    if schedule == "interleaved":
+        orders = {r: interleaved_order(r, ranks, stages_per_rank, micro) for r in range(ranks)}
+    elif schedule == "model_parallel":
+        orders = {r: [Action("F", r, 0), Action("B", r, 0)] for r in range(ranks)}
+    else:
+        orders = {r: single_stage_order(schedule, r, stages, micro) for r in range(ranks)}
+    program = Program()
+    op_of: dict[Action, int] = {}
+    recv_of: dict[Action, int] = {}
+    last_of: dict[int, int] = {}
+    for r, order in orders.items():
+        for action in order:
+            deps = []
+            needs_recv = action.stage > 0 if action.kind == "F" else action.stage < stages - 1
+            if needs_recv:
+                peer = action.stage - 1 if action.kind == "F" else action.stage
+                nbytes = boundary_bytes(ctx, bounds[peer][1] - 1, batch)
+                src = rank_of[action.stage - 1] if action.kind == "F" else rank_of[action.stage + 1]
+                duration = 0.0 if src == r else ctx.send_s(nbytes, src, r)
+                recv_of[action] = program.comm(r, duration, label=f"recv {action.kind}{action.micro} s{action.stage}")
+                deps.append(recv_of[action])
+            if action.kind == "B" and action.stage == stages - 1:
+                deps.append(None)  # filled below: the same micro-batch's forward on this stage
+            duration = stage_f[action.stage] if action.kind == "F" else stage_b[action.stage]
+            op_of[action] = program.compute(r, duration, label=f"{action.kind}{action.micro} s{action.stage}")
+            program.ops[op_of[action]].deps = tuple(d for d in deps if d is not None)
+            last_of[r] = op_of[action]
+    for action, recv in recv_of.items():
+        source = (
+            Action("F", action.stage - 1, action.micro)
+            if action.kind == "F"
+            else Action("B", action.stage + 1, action.micro)
+        )
+        program.ops[recv].deps = (op_of[source],)
+    for action, op in op_of.items():
+        if action.kind == "B" and action.stage == stages - 1:
+            program.ops[op].deps = (*program.ops[op].deps, op_of[Action("F", action.stage, action.micro)])
+    params_of = {
+        r: sum(table.blocks[i].params for k in range(stages) if rank_of[k] == r for i in range(*bounds[k]))
+        for r in range(ranks)
+    }
+    replicas = s.world_size // ranks
+    for r in range(ranks):
+        deps = [last_of[r]]
+        if replicas > 1:
+            group = ctx.outer_group(replicas, ranks)
+            group = [g + r for g in group]
+            for k, nbytes in enumerate(_buckets(params_of[r] * FP32)):
+                deps.append(
+                    program.comm(
+                        r,
+                        ctx.collective_s("all_reduce", nbytes, group),
+                        deps=(last_of[r],),
+                        label=f"dp all_reduce {k} r{r}",
+                    )
+                )
+        program.compute(r, times.update_per_param_s * params_of[r], deps=deps, label=f"update r{r}")
+    timeline = simulate(program)
+    memory = max(
+        (_stage_memory(ctx, r, orders[r], bounds, rank_of, batch, replicas) for r in range(ranks)),
+        key=lambda m: m.peak_bytes,
+    )
+    sends = sum(1 for a in recv_of)
+    what = f"{stages} stages over {ranks} ranks, {micro} micro-batch(es) of {batch:g}: "
+    what += f"{sends} activation/gradient transfers"
+    if replicas > 1:
+        what += f"; each stage's gradients all-reduced over {replicas} replicas"
+    ctx.notes.append("stages (blocks): " + ", ".join(f"[{lo},{hi})" for lo, hi in bounds))
+    return StrategyRun(timeline=timeline, memory=memory, comm=what)
+
+
+def _buckets(nbytes: float, cap: float = 25 * 2**20) -> list[float]:
+    if nbytes <= 0:
+        return []
+    out = [min(nbytes, FIRST_BUCKET_BYTES)]
+    rest = nbytes - out[0]
+    while rest > 0:
+        out.append(min(rest, cap))
+        rest -= out[-1]
+    return out
+
+
+def in_flight(order: list[Action], stage: int) -> int:
+    """The most micro-batches of `stage` whose forward ran and whose backward has not (saved activations)."""
+    live = peak = 0
+    for action in order:
+        if action.stage == stage:
+            live += 1 if action.kind == "F" else -1
+            peak = max(peak, live)
+    return peak
+
+
+def _stage_memory(
+    ctx: Context, rank: int, order: list[Action], bounds, rank_of, batch: float, replicas: int
+) -> RankMemory:
+    table = ctx.table
+    mine = [k for k in range(len(bounds)) if rank_of[k] == rank]
+    params = sum(table.blocks[i].params for k in mine for i in range(*bounds[k])) * FP32
+    buffers = sum(table.blocks[i].buffer_bytes for k in mine for i in range(*bounds[k]))
+    peak_extra = 0.0
+    activations = 0.0
+    for k in mine:
+        blocks = range(*bounds[k])
+        saved, grads, flowing = activation_terms(ctx, batch, blocks)
+        step_peak, kept = backward_peak(saved, grads, flowing, in_flight=max(1, in_flight(order, k)))
+        peak_extra += step_peak
+        activations += kept
+    ddp = params if replicas > 1 else 0
+    return RankMemory(
+        params_bytes=int(params + buffers),
+        grads_bytes=int(params),
+        optimizer_bytes=int(MOMENTUM_STATES * params),
+        buffers_bytes=int(ddp),
+        activations_bytes=int(activations),
+        peak_bytes=int(params + buffers + MOMENTUM_STATES * params + ddp + peak_extra),
+        detail=f"rank {rank}: stages {mine}, up to {max(in_flight(order, k) for k in mine)} micro-batch(es) in flight",
+    )

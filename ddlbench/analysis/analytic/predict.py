@@ -1,0 +1,250 @@
+"""Predictions of points: step time split into its parts, throughput, memory per rank, largest batch.
+
+    step_time_s = compute_s + comm_exposed_s + bubble_s     (means over ranks; ddlbench.analysis.analytic.simulate)
+    samples_per_s = global_batch_size / step_time_s          (samples/s, the whole job)
+    peak_memory_bytes = the busiest rank's peak tensor memory (ddlbench.analysis.analytic.memory)
+
+The model table of each (model, dataset, options) is built once per process from the real model on
+torch's meta device (ddlbench.train.introspect: imported here only when a table is needed, so the
+package stays light to import).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from ddlbench.analysis.analytic.compute import block_times
+from ddlbench.analysis.analytic.data_parallel import StrategyRun, model_ddp, model_fsdp, model_zero2
+from ddlbench.analysis.analytic.layers import ModelTable
+from ddlbench.analysis.analytic.layout import Context, Setting
+from ddlbench.analysis.analytic.machine_model import MachineModel
+from ddlbench.analysis.analytic.pipelines import model_pipeline
+from ddlbench.analysis.analytic.splits import model_filter_channel, model_spatial, model_tensor
+from ddlbench.catalog import MODELS
+from ddlbench.errors import DdlbenchError
+
+PREDICTION_VERSION = 1
+CSV_COLUMNS = (
+    "point_id", "model", "dataset", "strategy", "nodes", "ranks_per_node", "split", "micro_batches", "batch_size",
+    "global_batch_size", "precision", "step_time_s", "samples_per_s", "compute_s", "comm_s", "comm_exposed_s",
+    "comm_hidden_s", "bubble_s", "peak_memory_bytes", "resident_memory_bytes", "params_bytes", "grads_bytes",
+    "optimizer_bytes", "buffers_bytes", "activations_bytes", "memory_per_rank_bytes", "fits", "max_batch_size",
+    "bottleneck", "compute_source",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """One setting's predicted step (seconds), throughput and memory (bytes)."""
+
+    point_id: str
+    model: str
+    dataset: str
+    strategy: str
+    nodes: int
+    ranks_per_node: int
+    split: int
+    micro_batches: int
+    batch_size: int
+    global_batch_size: int
+    precision: str
+    step_time_s: float
+    samples_per_s: float
+    compute_s: float
+    comm_s: float
+    comm_exposed_s: float
+    comm_hidden_s: float
+    bubble_s: float
+    peak_memory_bytes: int
+    resident_memory_bytes: int
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    buffers_bytes: int
+    activations_bytes: int
+    memory_per_rank_bytes: int | None  # what one rank may use (the device's memory, a CPU host's / ranks)
+    fits: bool | None
+    max_batch_size: int | None  # the largest batch_size (per replica) whose peak fits; None: not known
+    bottleneck: str  # compute | communication | bubble | memory
+    compute_source: str  # profile | rates (…)
+    comm: str  # what the step communicates, in words
+    memory_detail: str
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+TableSource = Callable[[str, str, tuple[tuple[str, str], ...]], ModelTable]
+
+
+@functools.cache
+def introspected_table(model: str, dataset: str, options: tuple[tuple[str, str], ...]) -> ModelTable:
+    from ddlbench.train.introspect import build_model_table  # torch: only when a table is needed
+
+    return build_model_table(model, dataset, dict(options))
+
+
+def resolved_options(setting: Setting) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((MODELS.get(setting.model).default_options() | dict(setting.model_options)).items()))
+
+
+def run_strategy(ctx: Context) -> StrategyRun:
+    """The strategy's model of one step (ddlbench.analysis.analytic.{data_parallel,pipelines,splits})."""
+    s = ctx.setting
+
+    # ranks computing at once on one node; a calibration of one host ran every "node" of a local sweep there
+    sharing = s.world_size if ctx.machine.hosts == 1 and ctx.machine.source == "measured" else s.ranks_per_node
+
+    def times_for(scale=None):
+        return block_times(
+            ctx.table,
+            ctx.machine,
+            batch=s.batch_size,
+            precision=s.precision,
+            threads=s.threads,
+            scale=scale,
+            sharing=sharing,
+        )
+
+    name = s.strategy
+    if name in ("ddp", "horovod", "zero2", "fsdp"):
+        times = times_for()
+        if name == "zero2":
+            return model_zero2(ctx, times)
+        if name == "fsdp":
+            return model_fsdp(ctx, times)
+        return model_ddp(ctx, times, horovod=name == "horovod")
+    if name in ("gpipe", "1f1b", "dp_pp", "interleaved_1f1b", "model_parallel"):
+        micro = 1 if name == "model_parallel" else s.micro_batches
+        times = block_times(
+            ctx.table,
+            ctx.machine,
+            batch=s.batch_size / micro,
+            precision=s.precision,
+            threads=s.threads,
+            sharing=sharing,
+        )
+        if name == "interleaved_1f1b":
+            return model_pipeline(ctx, times, schedule="interleaved", stages_per_rank=2)
+        if name == "model_parallel":
+            return model_pipeline(ctx, times, schedule="model_parallel", micro=1)
+        schedule = s.option("schedule") if name == "dp_pp" else name
+        return model_pipeline(ctx, times, schedule=schedule)
+    if name in ("tensor", "dp_tp"):
+        return model_tensor(ctx, times_for)
+    if name in ("filter", "channel", "dp_filter"):
+        return model_filter_channel(ctx, times_for, kind="channel" if name == "channel" else "filter")
+    if name in ("spatial", "dp_spatial"):
+        return model_spatial(ctx, times_for)
+    raise DdlbenchError(f"the analytical model has no strategy {name!r}")
+
+
+def memory_per_rank(machine: MachineModel, setting: Setting, memory_per_device: int | None) -> int | None:
+    if memory_per_device:
+        return memory_per_device
+    if not machine.memory_bytes:
+        return None
+    if machine.device_kind == "cpu":  # the host's memory, shared by its ranks
+        return machine.memory_bytes // max(1, setting.ranks_per_node)
+    return machine.memory_bytes
+
+
+def predict(
+    setting: Setting,
+    machine: MachineModel,
+    *,
+    tables: TableSource = introspected_table,
+    memory_per_device: int | None = None,
+    search_batch: bool = True,
+) -> Prediction:
+    """The prediction of one setting on one machine."""
+    table = tables(setting.model, setting.dataset, resolved_options(setting))
+    ctx = Context(setting=setting, table=table, machine=machine)
+    run = run_strategy(ctx)
+    timeline = run.timeline
+    step = timeline.step_s
+    compute = timeline.mean("compute_s")
+    exposed = timeline.mean("exposed_comm_s")
+    bubble = timeline.mean("bubble_s")
+    comm = timeline.mean("comm_s")
+    limit = memory_per_rank(machine, setting, memory_per_device)
+    fits = None if limit is None else run.memory.peak_bytes <= limit
+    if fits is False:
+        bottleneck = "memory"
+    else:
+        bottleneck = max((("compute", compute), ("communication", exposed), ("bubble", bubble)), key=lambda kv: kv[1])[
+            0
+        ]
+    times = block_times(table, machine, batch=1, precision=setting.precision, threads=setting.threads)
+    max_batch = None
+    if search_batch and limit is not None:
+        max_batch = largest_batch(setting, machine, table, limit)
+    return Prediction(
+        point_id=setting.point_id,
+        model=setting.model,
+        dataset=setting.dataset,
+        strategy=setting.strategy,
+        nodes=setting.nodes,
+        ranks_per_node=setting.ranks_per_node,
+        split=setting.split,
+        micro_batches=setting.micro_batches,
+        batch_size=setting.batch_size,
+        global_batch_size=setting.global_batch_size,
+        precision=setting.precision,
+        step_time_s=step,
+        samples_per_s=setting.global_batch_size / step if step > 0 else 0.0,
+        compute_s=compute,
+        comm_s=comm,
+        comm_exposed_s=exposed,
+        comm_hidden_s=max(0.0, comm - exposed),
+        bubble_s=bubble,
+        peak_memory_bytes=run.memory.peak_bytes,
+        resident_memory_bytes=run.memory.resident_bytes,
+        params_bytes=run.memory.params_bytes,
+        grads_bytes=run.memory.grads_bytes,
+        optimizer_bytes=run.memory.optimizer_bytes,
+        buffers_bytes=run.memory.buffers_bytes,
+        activations_bytes=run.memory.activations_bytes,
+        memory_per_rank_bytes=limit,
+        fits=fits,
+        max_batch_size=max_batch,
+        bottleneck=bottleneck,
+        compute_source=times.source,
+        comm=run.comm,
+        memory_detail=run.memory.detail,
+        notes=tuple(dict.fromkeys([*times.notes, *ctx.notes])),
+    )
+
+
+def _peak(setting: Setting, machine: MachineModel, table: ModelTable, batch: int) -> int:
+    ctx = Context(setting=replace(setting, batch_size=batch), table=table, machine=machine)
+    return run_strategy(ctx).memory.peak_bytes
+
+
+def largest_batch(
+    setting: Setting, machine: MachineModel, table: ModelTable, limit: int, *, ceiling: int = 1 << 22
+) -> int:
+    """The largest batch_size (a multiple of micro_batches) whose predicted peak fits `limit` bytes; 0: none."""
+    step = max(1, setting.micro_batches)
+    if _peak(setting, machine, table, step) > limit:
+        return 0
+    low, high = 1, 2
+    while high * step <= ceiling and _peak(setting, machine, table, high * step) <= limit:
+        low, high = high, high * 2
+    if high * step > ceiling:
+        return low * step
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _peak(setting, machine, table, middle * step) <= limit:
+            low = middle
+        else:
+            high = middle
+    return low * step
+
+
+def predict_all(settings: Iterable[Setting], machine: MachineModel, **kwargs: Any) -> list[Prediction]:
+    return [predict(setting, machine, **kwargs) for setting in settings]

@@ -1,0 +1,164 @@
+"""A step as a small discrete-event simulation: ranks with a compute lane and a communication lane.
+
+A strategy's model writes what each rank does in one step as ops, in the order the rank issues them:
+compute (forward, backward, loss, update of some blocks) on the rank's compute lane, collectives and
+transfers on its communication lane, with dependencies (a backward needs the gradient a later stage
+sent; a bucket's all-reduce needs the backward that produced its gradients; the update needs every
+reduction). Each lane runs its ops one at a time in issue order, each as soon as its lane is free and
+its dependencies have ended (list scheduling). That is how a real step runs: a CUDA stream or a
+process's Python thread executes in order, and gloo or NCCL runs a process group's collectives in the
+order they were issued.
+
+What it gives, per rank (seconds, summing exactly to the step):
+- compute_s: busy time of the compute lane;
+- exposed_comm_s: the part of the compute lane's idle time during which the rank's own communication
+  lane was busy (it waited on a collective or a transfer: what the recorder measures as exposed);
+- bubble_s: the rest of its idle time, both lanes idle: waiting on other ranks (pipeline fill and
+  drain, imbalance).
+comm_s is the busy time of the communication lane, hidden_comm_s = comm_s − exposed_comm_s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Lane = Literal["compute", "comm"]
+
+
+@dataclass(kw_only=True)
+class Op:
+    index: int
+    rank: int
+    lane: Lane
+    duration_s: float
+    deps: tuple[int, ...]
+    label: str  # what it is, e.g. "F3 s1", "all_reduce bucket 0"
+    start_s: float = 0.0
+    end_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankTime:
+    """One rank's step, split so that compute + exposed comm + bubble = step (seconds)."""
+
+    rank: int
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    bubble_s: float
+
+    @property
+    def hidden_comm_s(self) -> float:
+        return max(0.0, self.comm_s - self.exposed_comm_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeline:
+    step_s: float
+    ranks: tuple[RankTime, ...]
+    ops: tuple[Op, ...]
+
+    def mean(self, attribute: str) -> float:
+        """Mean over ranks of one RankTime figure (the measured phases are means over ranks too)."""
+        return sum(getattr(rank, attribute) for rank in self.ranks) / len(self.ranks)
+
+
+@dataclass
+class Program:
+    """The ops of one step, added in each rank's issue order."""
+
+    ops: list[Op] = field(default_factory=list)
+
+    def add(
+        self, rank: int, lane: Lane, duration_s: float, *, deps: tuple[int, ...] | list[int] = (), label: str = ""
+    ) -> int:
+        if duration_s < 0:
+            raise ValueError(f"op {label!r} has a negative duration {duration_s}")
+        op = Op(
+            index=len(self.ops),
+            rank=rank,
+            lane=lane,
+            duration_s=duration_s,
+            deps=tuple(d for d in deps if d is not None),
+            label=label,
+        )
+        self.ops.append(op)
+        return op.index
+
+    def compute(self, rank: int, duration_s: float, *, deps=(), label: str = "") -> int:
+        return self.add(rank, "compute", duration_s, deps=deps, label=label)
+
+    def comm(self, rank: int, duration_s: float, *, deps=(), label: str = "") -> int:
+        return self.add(rank, "comm", duration_s, deps=deps, label=label)
+
+
+def simulate(program: Program) -> Timeline:
+    """Runs the program's lanes in issue order (see the module docstring); refuses a deadlock."""
+    ops = program.ops
+    lanes: dict[tuple[int, Lane], list[Op]] = {}
+    for op in ops:
+        lanes.setdefault((op.rank, op.lane), []).append(op)
+    position = dict.fromkeys(lanes, 0)
+    free = dict.fromkeys(lanes, 0.0)
+    done = [False] * len(ops)
+    remaining = len(ops)
+    while remaining:
+        progressed = False
+        for key, queue in lanes.items():
+            while position[key] < len(queue):
+                op = queue[position[key]]
+                if not all(done[d] for d in op.deps):
+                    break
+                op.start_s = max([free[key], *(ops[d].end_s for d in op.deps)])
+                op.end_s = op.start_s + op.duration_s
+                free[key] = op.end_s
+                done[op.index] = True
+                position[key] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = [queue[position[key]].label for key, queue in lanes.items() if position[key] < len(queue)]
+            raise ValueError(f"the step's ops wait on each other: {', '.join(stuck[:6])}")
+    step = max((op.end_s for op in ops), default=0.0)
+    ranks = sorted({op.rank for op in ops})
+    return Timeline(step_s=step, ranks=tuple(_rank_time(ops, rank, step) for rank in ranks), ops=tuple(ops))
+
+
+def _rank_time(ops: list[Op], rank: int, step: float) -> RankTime:
+    compute = sorted((op for op in ops if op.rank == rank and op.lane == "compute"), key=lambda op: op.start_s)
+    comm = [op for op in ops if op.rank == rank and op.lane == "comm" and op.duration_s > 0]
+    busy = _union([(op.start_s, op.end_s) for op in comm])
+    # the compute lane's idle spans: before the first op, between ops, after the last until the step ends
+    idle, previous_end = [], 0.0
+    for op in compute:
+        if op.start_s > previous_end:
+            idle.append((previous_end, op.start_s))
+        previous_end = max(previous_end, op.end_s)
+    if step > previous_end:
+        idle.append((previous_end, step))
+    exposed = sum(_overlap(span, busy) for span in idle)
+    compute_s = sum(op.duration_s for op in compute)
+    comm_s = sum(op.duration_s for op in comm)
+    exposed = min(exposed, max(0.0, step - compute_s))
+    return RankTime(
+        rank=rank,
+        compute_s=compute_s,
+        comm_s=comm_s,
+        exposed_comm_s=exposed,
+        bubble_s=max(0.0, step - compute_s - exposed),
+    )
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _overlap(span: tuple[float, float], busy: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(span[1], end) - max(span[0], start)) for start, end in busy)

@@ -1,0 +1,264 @@
+"""The analytical model on real model tables: strategies, memory, the oracle, the CLI, the accuracy figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ddlbench.analysis.analytic.accuracy import accuracy, by_strategy, join, overall, picks
+from ddlbench.analysis.analytic.layout import Setting
+from ddlbench.analysis.analytic.machine_model import MachineModel
+from ddlbench.analysis.analytic.oracle import consult
+from ddlbench.analysis.analytic.predict import CSV_COLUMNS, introspected_table, predict
+
+REPO = Path(__file__).resolve().parents[1]
+H100 = REPO / "workflow" / "machines" / "dgx_h100_4ndr.yaml"
+
+
+def cpu_machine(**changes) -> MachineModel:
+    data = {
+        "name": "cpu",
+        "source": "measured",
+        "device": {"kind": "cpu", "per_node": 2, "memory_bytes": 16e9, "threads_per_rank": 1},
+        "compute": {
+            "matmul_flop_per_s": {"fp32": {"value": 5e10}},
+            "conv_flop_per_s": {"fp32": {"value": 3e10}},
+            "memory_bandwidth_bytes_per_s": {"value": 1e10},
+        },
+        "links": {"intra_node": {"alpha_s": 2e-4, "beta_s_per_byte": 5e-10}},
+        "collectives": [],
+    }
+    data.update(changes)
+    return MachineModel.from_dict(data)
+
+
+def setting(strategy: str, **changes) -> Setting:
+    base = dict(
+        model="resnet20", dataset="cifar10", strategy=strategy, nodes=1, ranks_per_node=2, batch_size=32, split=1
+    )
+    if strategy in ("gpipe", "1f1b", "interleaved_1f1b", "model_parallel", "filter", "channel", "spatial", "tensor"):
+        base["split"] = 2
+    if strategy in ("gpipe", "1f1b", "interleaved_1f1b"):
+        base["micro_batches"] = 4
+    base.update(changes)
+    return Setting(**base)
+
+
+def test_one_rank_has_nothing_to_communicate_and_two_pay_for_their_gradients():
+    machine = cpu_machine()
+    alone = predict(setting("ddp", ranks_per_node=1), machine, search_batch=False)
+    pair = predict(setting("ddp"), machine, search_batch=False)
+    assert alone.comm_s == 0 and alone.step_time_s == pytest.approx(alone.compute_s)
+    # every gradient crosses once per step: a ring all-reduce of 2 ranks sends each byte once
+    table = introspected_table("resnet20", "cifar10", (("norm", "batch"),))
+    assert pair.comm_s >= table.param_bytes * 5e-10
+    assert pair.step_time_s == pytest.approx(pair.compute_s + pair.comm_exposed_s + pair.bubble_s)
+    assert pair.samples_per_s == pytest.approx(64 / pair.step_time_s)
+
+
+def test_a_slower_network_exposes_more_of_the_all_reduce():
+    fast = predict(setting("ddp"), cpu_machine(), search_batch=False)
+    slow = predict(
+        setting("ddp"),
+        cpu_machine(links={"intra_node": {"alpha_s": 2e-4, "beta_s_per_byte": 5e-7}}),
+        search_batch=False,
+    )
+    assert slow.comm_exposed_s > fast.comm_exposed_s
+    assert slow.compute_s == pytest.approx(fast.compute_s)
+
+
+def test_zero_and_fsdp_memory_follow_the_zero_papers_per_rank_state():
+    """Rajbhandari et al.: with momentum SGD (one state per parameter), per rank and p ranks, DDP keeps
+    parameters, gradients and state whole, ZeRO-2 shards gradients and state, FSDP (ZeRO-3) all three."""
+    machine = cpu_machine()
+    table = introspected_table("resnet20", "cifar10", (("norm", "batch"),))
+    P = table.param_bytes
+    for p in (2, 4):
+        ddp = predict(setting("ddp", ranks_per_node=p), machine, search_batch=False)
+        zero2 = predict(setting("zero2", ranks_per_node=p), machine, search_batch=False)
+        fsdp = predict(setting("fsdp", ranks_per_node=p), machine, search_batch=False)
+        assert (ddp.params_bytes - table.buffer_bytes, ddp.grads_bytes, ddp.optimizer_bytes) == (P, P, P)
+        assert (zero2.grads_bytes, zero2.optimizer_bytes) == pytest.approx((P / p, P / p), abs=1)
+        assert (fsdp.params_bytes - table.buffer_bytes, fsdp.optimizer_bytes) == pytest.approx((P / p, P / p), abs=1)
+        assert fsdp.resident_memory_bytes < zero2.resident_memory_bytes < ddp.resident_memory_bytes
+
+
+def test_gpipe_keeps_every_micro_batch_and_1f1b_only_the_stages_worth():
+    machine = cpu_machine()
+    gpipe = predict(setting("gpipe", micro_batches=8), machine, search_batch=False)
+    one_f = predict(setting("1f1b", micro_batches=8), machine, search_batch=False)
+    assert one_f.activations_bytes < gpipe.activations_bytes
+    assert gpipe.bubble_s > 0 and one_f.bubble_s > 0
+
+
+def test_more_micro_batches_shrink_the_bubble_share():
+    machine = cpu_machine()
+    shares = [
+        (p.bubble_s / p.step_time_s)
+        for p in (predict(setting("gpipe", micro_batches=m), machine, search_batch=False) for m in (2, 4, 8))
+    ]
+    assert shares[0] > shares[1] > shares[2]
+
+
+def test_every_strategy_of_the_zoo_is_modelled():
+    machine = cpu_machine()
+    cnn = [
+        "ddp",
+        "horovod",
+        "zero2",
+        "fsdp",
+        "gpipe",
+        "1f1b",
+        "interleaved_1f1b",
+        "model_parallel",
+        "filter",
+        "channel",
+        "spatial",
+    ]
+    for name in cnn:
+        p = predict(setting(name), machine, search_batch=False)
+        assert p.step_time_s > 0 and p.peak_memory_bytes > 0, name
+    hybrids = [("dp_pp", 2, 4), ("dp_filter", 2, 1), ("dp_spatial", 2, 1)]
+    for name, split, micro in hybrids:
+        p = predict(setting(name, ranks_per_node=4, split=split, micro_batches=micro), machine, search_batch=False)
+        assert p.step_time_s > 0, name
+    for name, split in (("tensor", 2), ("dp_tp", 2)):
+        p = predict(
+            setting(
+                name, model="gpt_tiny", dataset="tokens_small", ranks_per_node=4 if name == "dp_tp" else 2, split=split
+            ),
+            machine,
+            search_batch=False,
+        )
+        assert p.comm_s > 0, name
+
+
+def test_the_largest_batch_is_the_last_that_fits():
+    machine = cpu_machine()
+    limit = 200e6
+    p = predict(setting("ddp"), machine, memory_per_device=int(limit))
+    assert p.max_batch_size and p.max_batch_size > 1
+    at = predict(setting("ddp", batch_size=p.max_batch_size), machine, memory_per_device=int(limit), search_batch=False)
+    above = predict(
+        setting("ddp", batch_size=p.max_batch_size + 1), machine, memory_per_device=int(limit), search_batch=False
+    )
+    assert at.fits and not above.fits
+    assert above.bottleneck == "memory"
+
+
+def test_the_oracle_ranks_by_time_and_never_recommends_what_does_not_fit():
+    machine = MachineModel.from_file(H100)
+    verdicts = consult(
+        "gpt_medium", "tokens", machine, nodes=[1, 2], global_batch=16, memory_per_device=int(5e9),
+        strategies=["ddp", "fsdp", "zero2", "gpipe", "1f1b", "tensor"],
+    )  # fmt: skip
+    for verdict in verdicts:
+        runnable = [c for c in verdict.ranked if c.prediction is not None and c.prediction.fits]
+        times = [c.prediction.step_time_s for c in runnable]
+        assert times == sorted(times)
+        ddp = next(c for c in verdict.ranked if c.setting.strategy == "ddp")
+        assert (
+            ddp.prediction is not None and ddp.prediction.fits is False
+        )  # 355M parameters × 4 copies × 4 B + activations > 5 GB
+        assert verdict.recommended is not None and verdict.recommended.prediction.fits
+        assert verdict.recommended.setting.strategy in verdict.reason
+
+
+def test_accuracy_is_one_minus_the_relative_error_averaged_per_strategy_then_over_strategies():
+    table = pd.DataFrame(
+        {
+            "point_id": ["a", "b", "c", "d"],
+            "status": ["ok", "ok", "ok", "failed"],
+            "strategy": ["ddp", "ddp", "gpipe", "gpipe"],
+            "model": "m", "dataset": "d", "nodes": 1, "ranks_per_node": 2, "global_batch_size": 64, "precision": "fp32",
+            "step_time_s_median": [1.0, 2.0, 4.0, None],
+            "tensor_peak_bytes": [100, 100, 200, None],
+        }
+    )  # fmt: skip
+    predictions = pd.DataFrame(
+        {
+            "point_id": ["a", "b", "c", "d"],
+            "step_time_s": [1.1, 1.0, 3.0, 1.0],
+            "peak_memory_bytes": [90, 100, 200, 1],
+            "samples_per_s": 1.0,
+        }
+    )
+    joined = join(table, predictions)
+    assert list(joined["point_id"]) == ["a", "b", "c"]  # a failed point has nothing to compare
+    assert list(joined["time_accuracy"]) == pytest.approx([0.9, 0.5, 0.75])
+    rows = {r.strategy: r for r in by_strategy(joined)}
+    assert rows["ddp"].time_accuracy == pytest.approx(0.7) and rows["ddp"].time_worst == pytest.approx(0.5)
+    assert rows["ddp"].memory_accuracy == pytest.approx(0.95)
+    assert overall(rows.values()) == pytest.approx(((0.7 + 0.75) / 2, (0.95 + 1.0) / 2))
+    assert accuracy(3.0, 1.0) == pytest.approx(-1.0)  # kept below zero, not clipped
+    (pick,) = picks(joined)
+    assert (pick.predicted_best, pick.measured_best) == ("ddp", "ddp")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ddlbench", *args], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+
+
+def test_predict_writes_the_csv_a_tool_reads(tmp_path):
+    out = tmp_path / "p.csv"
+    done = _cli("predict", "--machine", str(H100), "--format", "csv", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    frame = pd.read_csv(out)
+    assert {"point_id", "step_time_s", "samples_per_s", "peak_memory_bytes"} <= set(frame.columns)
+    assert list(frame.columns) == list(CSV_COLUMNS)
+    assert (frame["step_time_s"] > 0).all()
+    bad = _cli("predict", "--machine", str(H100), "--point", "nonsense")
+    assert bad.returncode != 0 and "nonsense" in bad.stderr and "resnet8" in bad.stderr
+
+
+def test_the_oracle_cli_names_a_recommendation_and_refuses_unknown_models(tmp_path):
+    done = _cli(
+        "oracle",
+        "--model",
+        "resnet20",
+        "--dataset",
+        "cifar10",
+        "--machine",
+        str(H100),
+        "--nodes",
+        "1,2",
+        "--format",
+        "json",
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert [v["nodes"] for v in data["verdicts"]] == [1, 2]
+    assert all(v["recommended"] for v in data["verdicts"])
+    bad = _cli("oracle", "--model", "resnet21", "--dataset", "cifar10", "--machine", str(H100))
+    assert bad.returncode != 0 and "resnet21" in bad.stderr and "resnet20" in bad.stderr
+
+
+def test_a_setting_of_a_point_carries_its_layout(tmp_path):
+    from ddlbench.config import sweep_config_from_mapping
+    from ddlbench.sweep import expand_sweep
+
+    config = sweep_config_from_mapping(
+        {
+            "name": "s",
+            "models": ["resnet8"],
+            "datasets": ["cifar10"],
+            "strategies": ["gpipe"],
+            "nodes": [1],
+            "ranks_per_node": [2],
+            "batch_size": [32],
+            "micro_batches": [4],
+            "threads": [1],
+        }
+    )
+    (point,) = expand_sweep(config).points
+    s = Setting.of_point(point)
+    assert (s.split, s.micro_batches, s.world_size, s.point_id) == (2, 4, 2, point.point_id)
+    assert replace(s, batch_size=64).global_batch_size == 64

@@ -1,0 +1,150 @@
+"""The analytical model's parts: the step simulator, pipeline orders against torch's, collective costs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ddlbench.analysis.analytic.machine_model import MachineModel, bus_share, ring_steps
+from ddlbench.analysis.analytic.memory import backward_peak
+from ddlbench.analysis.analytic.pipelines import Action, in_flight, interleaved_order, single_stage_order
+from ddlbench.analysis.analytic.simulate import Program, simulate
+
+
+def test_a_collective_issued_during_backward_hides_under_the_rest_of_it():
+    program = Program()
+    first = program.compute(0, 1.0, label="B1")
+    program.compute(0, 2.0, label="B0")
+    reduce = program.comm(0, 1.5, deps=(first,), label="all_reduce")
+    program.compute(0, 0.5, deps=(reduce,), label="update")
+    timeline = simulate(program)
+    assert timeline.step_s == pytest.approx(3.5)  # the all-reduce ends at 2.5, under B0 (ends at 3.0)
+    rank = timeline.ranks[0]
+    assert (rank.compute_s, rank.exposed_comm_s, rank.hidden_comm_s) == pytest.approx((3.5, 0.0, 1.5))
+
+
+def test_a_collective_longer_than_the_compute_left_is_exposed_by_the_difference():
+    program = Program()
+    first = program.compute(0, 1.0)
+    program.compute(0, 1.0)
+    reduce = program.comm(0, 3.0, deps=(first,))
+    program.compute(0, 0.5, deps=(reduce,))
+    timeline = simulate(program)
+    rank = timeline.ranks[0]
+    assert timeline.step_s == pytest.approx(4.5)
+    assert rank.exposed_comm_s == pytest.approx(2.0)
+    assert rank.compute_s + rank.exposed_comm_s + rank.bubble_s == pytest.approx(timeline.step_s)
+
+
+def test_a_rank_waiting_on_another_ranks_compute_counts_it_as_bubble():
+    program = Program()
+    upstream = program.compute(0, 2.0)
+    transfer = program.comm(1, 0.5, deps=(upstream,))
+    program.compute(1, 1.0, deps=(transfer,))
+    timeline = simulate(program)
+    rank1 = timeline.ranks[1]
+    assert timeline.step_s == pytest.approx(3.5)
+    assert (rank1.exposed_comm_s, rank1.bubble_s) == pytest.approx((0.5, 2.0))
+
+
+def test_ops_waiting_on_each_other_are_refused():
+    program = Program()
+    a = program.compute(0, 1.0)
+    b = program.compute(1, 1.0, deps=(a,))
+    program.ops[a].deps = (b,)
+    with pytest.raises(ValueError, match="wait on each other"):
+        simulate(program)
+
+
+@pytest.mark.parametrize(("ranks", "micro"), [(2, 2), (2, 4), (4, 4), (4, 8), (3, 6), (2, 6)])
+def test_interleaved_order_is_torchs(ranks, micro):
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
+
+    schedule = object.__new__(ScheduleInterleaved1F1B)  # the order only: no stages, no process group
+    schedule.pp_group_size, schedule.n_local_stages, schedule._n_microbatches = ranks, 2, micro
+    schedule.number_of_rounds = max(1, micro // ranks)
+    schedule.microbatches_per_round = micro // schedule.number_of_rounds
+    for rank in range(ranks):
+        theirs = [
+            Action("F" if a.computation_type == _ComputationType.FORWARD else "B", a.stage_index, a.microbatch_index)
+            for a in schedule._calculate_single_rank_operations(rank)
+            if a is not None
+        ]
+        assert interleaved_order(rank, ranks, 2, micro) == theirs
+
+
+def test_gpipe_keeps_every_micro_batch_and_1f1b_at_most_the_stages_left():
+    for stage in range(4):
+        assert in_flight(single_stage_order("gpipe", stage, 4, 8), stage) == 8
+        assert in_flight(single_stage_order("1f1b", stage, 4, 8), stage) == 4 - stage
+        order = single_stage_order("1f1b", stage, 4, 8)
+        assert sorted(order, key=lambda a: (a.kind, a.micro)) == sorted(
+            [Action(k, stage, m) for k in "FB" for m in range(8)], key=lambda a: (a.kind, a.micro)
+        )
+
+
+def test_the_gpipe_bubble_matches_the_closed_form():
+    """Equal stages, free transfers: the step is (m + S − 1)(t_f + t_b) and each rank idles (S − 1)(t_f + t_b)."""
+    stages, micro, tf, tb = 4, 8, 1.0, 2.0
+    program = Program()
+    ops = {}
+    for s in range(stages):
+        for action in single_stage_order("gpipe", s, stages, micro):
+            ops[action] = program.compute(s, tf if action.kind == "F" else tb)
+    for action, op in ops.items():
+        if action.kind == "F" and action.stage > 0:
+            program.ops[op].deps = (ops[Action("F", action.stage - 1, action.micro)],)
+        if action.kind == "B" and action.stage < stages - 1:
+            program.ops[op].deps = (ops[Action("B", action.stage + 1, action.micro)],)
+    timeline = simulate(program)
+    assert timeline.step_s == pytest.approx((micro + stages - 1) * (tf + tb))
+    assert timeline.mean("bubble_s") == pytest.approx((stages - 1) * (tf + tb))
+
+
+MACHINE = {
+    "name": "t",
+    "source": "measured",
+    "device": {"kind": "cpu", "per_node": 2, "memory_bytes": 8e9},
+    "compute": {"matmul_flop_per_s": {"fp32": {"value": 1e10}}, "memory_bandwidth_bytes_per_s": {"value": 1e10}},
+    "links": {"intra_node": {"alpha_s": 1e-5, "beta_s_per_byte": 1e-9}},
+    "collectives": [
+        {"library": "gloo", "op": "all_reduce", "ranks": 2, "nodes": 1, "alpha_s": 2e-3, "beta_s_per_byte": 1e-9},
+        {
+            "library": "mpi (Open MPI)",
+            "op": "all_reduce",
+            "ranks": 2,
+            "nodes": 1,
+            "alpha_s": 5e-6,
+            "beta_s_per_byte": 5e-10,
+        },
+    ],
+}
+
+
+def test_a_measured_fit_is_used_as_it_is_and_gloo_is_preferred_on_a_cpu():
+    cost = MachineModel.from_dict(MACHINE).collective("all_reduce", ranks=2, nodes=1)
+    assert cost.time_s(1e6) == pytest.approx(2e-3 + 1e-3)
+    assert "gloo" in cost.source
+
+
+def test_a_fit_moves_to_other_group_sizes_by_the_ring_algorithm():
+    cost = MachineModel.from_dict(MACHINE).collective("all_reduce", ranks=8, nodes=1)
+    # at p=2: 2 steps of α/2 each, bus share 1 → β per bus byte 1e-9; at p=8: 14 steps, share 7/4
+    assert cost.alpha_s == pytest.approx(14 * 1e-3)
+    assert cost.beta_s_per_byte == pytest.approx(1.75e-9)
+    assert ring_steps("all_gather", 8) == 7 and bus_share("all_gather", 8) == pytest.approx(7 / 8)
+    assert ring_steps("broadcast", 8) == math.ceil(math.log2(8))
+
+
+def test_without_a_fit_the_link_is_costed_by_the_ring_formula():
+    cost = MachineModel.from_dict(MACHINE).collective("reduce_scatter", ranks=4, nodes=1)
+    assert cost.time_s(4e6) == pytest.approx(3 * 1e-5 + 0.75 * 4e6 * 1e-9)
+    assert "link" in cost.source
+
+
+def test_the_backward_walk_peaks_where_activations_and_gradients_meet():
+    # two blocks: saved 10 and 4, gradients 1 and 100, nothing flowing
+    peak, kept = backward_peak([10, 4], [1, 100], [0, 0])
+    assert kept == 14
+    assert peak == 114  # during block 1's backward: both blocks' activations and its 100 B of gradients
