@@ -67,6 +67,11 @@ lint: venv
 bench: venv
 	$(BIN)/python benchmarks/plan_speed.py
 
+# the analytical model against measurements: calibrate, run a sweep of every 2-rank strategy, print accuracies
+.PHONY: bench-analytic
+bench-analytic: venv
+	$(BIN)/python benchmarks/analytic_accuracy.py
+
 # ddlbench's kernel against a bare hand-written DDP loop, alternated; prints samples/s and the ratio
 .PHONY: bench-overhead
 bench-overhead: venv

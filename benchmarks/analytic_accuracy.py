@@ -70,8 +70,8 @@ def main() -> int:
     sweep["machine"] = str(machine.resolve())
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
         yaml.safe_dump(sweep, handle)
-    (results / "predictions.csv").unlink(missing_ok=True)  # predicted anew from this machine file
-    run(["snakemake", "--cores", str(args.cores), "--configfile", handle.name, "-q", "--rerun-triggers", "input"])
+    # the points run once; the predictions and the report are made anew (the model may have changed)
+    run(["snakemake", "--cores", str(args.cores), "--configfile", handle.name, "-q", "--forcerun", "predict", "report"])
 
     from ddlbench.analysis.analytic.accuracy import by_strategy, join, overall, picks
 

@@ -19,7 +19,9 @@ def test_a_collective_issued_during_backward_hides_under_the_rest_of_it():
     reduce = program.comm(0, 1.5, deps=(first,), label="all_reduce")
     program.compute(0, 0.5, deps=(reduce,), label="update")
     timeline = simulate(program)
-    assert timeline.step_s == pytest.approx(3.5)  # the all-reduce ends at 2.5, under B0 (ends at 3.0)
+    assert timeline.step_s == pytest.approx(3.5)
+    serial = simulate(program, overlap=False)  # no core for the communication thread: nothing hides
+    assert serial.step_s == pytest.approx(5.0) and serial.ranks[0].exposed_comm_s == pytest.approx(1.5)  # the all-reduce ends at 2.5, under B0 (ends at 3.0)
     rank = timeline.ranks[0]
     assert (rank.compute_s, rank.exposed_comm_s, rank.hidden_comm_s) == pytest.approx((3.5, 0.0, 1.5))
 
@@ -97,9 +99,14 @@ def test_the_gpipe_bubble_matches_the_closed_form():
             program.ops[op].deps = (ops[Action("F", action.stage - 1, action.micro)],)
         if action.kind == "B" and action.stage < stages - 1:
             program.ops[op].deps = (ops[Action("B", action.stage + 1, action.micro)],)
-    timeline = simulate(program)
-    assert timeline.step_s == pytest.approx((micro + stages - 1) * (tf + tb))
-    assert timeline.mean("bubble_s") == pytest.approx((stages - 1) * (tf + tb))
+    alone = simulate(program, steps=1)
+    assert alone.step_s == pytest.approx((micro + stages - 1) * (tf + tb))
+    assert alone.mean("bubble_s") == pytest.approx((stages - 1) * (tf + tb))
+    # back to back, as ddlbench runs steps (no barrier between them): the last stage ends its step
+    # (S − 1)·t_b before the first and starts the next one that much earlier, and a step is measured from
+    # the earliest start to the latest end over ranks
+    running = simulate(program)
+    assert running.step_s == pytest.approx((micro + stages - 1) * (tf + tb) + (stages - 1) * tb)
 
 
 MACHINE = {

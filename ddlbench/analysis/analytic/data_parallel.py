@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ddlbench.analysis.analytic.compute import BlockTimes
 from ddlbench.analysis.analytic.layout import Context, block_params, element_bytes, elements
 from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, RankMemory, rank_memory
-from ddlbench.analysis.analytic.simulate import Program, Timeline, simulate
+from ddlbench.analysis.analytic.simulate import Program, Timeline
 
 FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 
@@ -90,6 +90,13 @@ def activation_terms(ctx: Context, batch: float, blocks: range | None = None, sc
     flowing = [
         (elements(table.blocks[i].input_shape) + elements(table.blocks[i].output_shape)) * FP32 * batch for i in blocks
     ]
+    last = len(table.blocks) - 1
+    if blocks and blocks[-1] == last:
+        # the loss (outside the model): cross-entropy keeps the log-softmax of the logits for backward, and
+        # backward starts from the logits' gradient, both of the last block's output size
+        logits = elements(table.blocks[last].output_shape) * FP32 * batch
+        saved[-1] += logits
+        flowing[-1] += logits
     return saved, grads, flowing
 
 
@@ -146,7 +153,7 @@ def model_ddp(ctx: Context, times: BlockTimes, *, horovod: bool = False) -> Stra
         if not horovod
         else f"Horovod's fusion buffer of {cap / 2**20:g} MiB",
     )
-    return StrategyRun(timeline=simulate(program), memory=memory, comm=what)
+    return StrategyRun(timeline=ctx.simulate(program), memory=memory, comm=what)
 
 
 def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
@@ -185,7 +192,7 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
         detail="full parameters (one flat buffer); gradient and optimizer shards of 1/p",
     )
     what = f"{len(buckets)} reduce-scatter(s) during backward, {len(buckets)} all-gather(s) after the update"
-    return StrategyRun(timeline=simulate(program), memory=memory, comm=what)
+    return StrategyRun(timeline=ctx.simulate(program), memory=memory, comm=what)
 
 
 def model_fsdp(ctx: Context, times: BlockTimes) -> StrategyRun:
@@ -250,7 +257,7 @@ def model_fsdp(ctx: Context, times: BlockTimes) -> StrategyRun:
     )
     what = f"{2 * sum(1 for x in params if x) - 1} block all-gathers and "
     what += f"{sum(1 for x in params if x)} reduce-scatters per step"
-    return StrategyRun(timeline=simulate(program), memory=memory, comm=what)
+    return StrategyRun(timeline=ctx.simulate(program), memory=memory, comm=what)
 
 
 def boundary_bytes(ctx: Context, block: int, batch: float) -> float:

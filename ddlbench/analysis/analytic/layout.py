@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ddlbench.analysis.analytic.layers import ModelTable
 from ddlbench.analysis.analytic.machine_model import MachineModel
+from ddlbench.analysis.analytic.simulate import Program, Timeline, simulate
 from ddlbench.catalog import STRATEGIES
 
 
@@ -77,6 +78,23 @@ class Context:
     table: ModelTable
     machine: MachineModel
     notes: list[str] = field(default_factory=list)
+    sharing: int = 1  # ranks computing at once on one node (one host: every rank of a local run)
+
+    @property
+    def overlap(self) -> bool:
+        """Whether communication can progress while the rank computes. On a GPU, NCCL runs beside the
+        kernels; on a CPU only when a core is left over for the communication thread: ranks × threads on
+        the node below its cores (the machine's `per_node`)."""
+        if self.machine.device_kind != "cpu":
+            return True
+        return self.sharing * self.setting.threads < self.machine.per_node
+
+    def simulate(self, program: Program) -> Timeline:
+        if not self.overlap:
+            note = "no core is left for communication: it runs in the ranks' compute streams, unhidden"
+            if note not in self.notes:
+                self.notes.append(note)
+        return simulate(program, overlap=self.overlap)
 
     def nodes_spanned(self, ranks: Sequence[int]) -> int:
         return len({rank // self.setting.ranks_per_node for rank in ranks})

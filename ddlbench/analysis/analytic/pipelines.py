@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from ddlbench.analysis.analytic.compute import BlockTimes
 from ddlbench.analysis.analytic.data_parallel import FIRST_BUCKET_BYTES, StrategyRun, activation_terms, boundary_bytes
-from ddlbench.analysis.analytic.layout import Context
+from ddlbench.analysis.analytic.layout import Context, element_bytes, elements
 from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, RankMemory, backward_peak
-from ddlbench.analysis.analytic.simulate import Program, simulate
+from ddlbench.analysis.analytic.simulate import Program
 from ddlbench.catalog.stage_cut import partition
 
 
@@ -170,7 +170,7 @@ def model_pipeline(
                     )
                 )
         program.compute(r, times.update_per_param_s * params_of[r], deps=deps, label=f"update r{r}")
-    timeline = simulate(program)
+    timeline = ctx.simulate(program)
     memory = max(
         (_stage_memory(ctx, r, orders[r], bounds, rank_of, batch, replicas) for r in range(ranks)),
         key=lambda m: m.peak_bytes,
@@ -221,6 +221,16 @@ def _stage_memory(
         peak_extra += step_peak
         activations += kept
     ddp = params if replicas > 1 else 0
+    # PipelineStage allocates, once, a receive buffer per micro-batch: the input of every stage but the
+    # first, the output's gradient of every stage but the last
+    micro = max((a.micro for a in order), default=0) + 1
+    element = element_bytes(ctx.setting.precision)
+    for k in mine:
+        lo, hi = bounds[k]
+        if lo > 0:
+            buffers += micro * elements(table.blocks[lo - 1].output_shape) * element * batch
+        if hi < len(table.blocks) and len(bounds) > 1:
+            buffers += micro * elements(table.blocks[hi - 1].output_shape) * element * batch
     return RankMemory(
         params_bytes=int(params + buffers),
         grads_bytes=int(params),

@@ -92,12 +92,19 @@ def resolved_options(setting: Setting) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((MODELS.get(setting.model).default_options() | dict(setting.model_options)).items()))
 
 
+def ranks_sharing(setting: Setting, machine: MachineModel) -> int:
+    """Ranks computing at once on one node. A machine calibrated on one host ran every "node" of a local
+    sweep there, so all of a point's ranks share it; otherwise a node holds ranks_per_node of them."""
+    if machine.hosts == 1 and machine.source == "measured":
+        return setting.world_size
+    return setting.ranks_per_node
+
+
 def run_strategy(ctx: Context) -> StrategyRun:
     """The strategy's model of one step (ddlbench.analysis.analytic.{data_parallel,pipelines,splits})."""
     s = ctx.setting
 
-    # ranks computing at once on one node; a calibration of one host ran every "node" of a local sweep there
-    sharing = s.world_size if ctx.machine.hosts == 1 and ctx.machine.source == "measured" else s.ranks_per_node
+    sharing = ctx.sharing
 
     def times_for(scale=None):
         return block_times(
@@ -163,7 +170,7 @@ def predict(
 ) -> Prediction:
     """The prediction of one setting on one machine."""
     table = tables(setting.model, setting.dataset, resolved_options(setting))
-    ctx = Context(setting=setting, table=table, machine=machine)
+    ctx = Context(setting=setting, table=table, machine=machine, sharing=ranks_sharing(setting, machine))
     run = run_strategy(ctx)
     timeline = run.timeline
     step = timeline.step_s
@@ -221,7 +228,12 @@ def predict(
 
 
 def _peak(setting: Setting, machine: MachineModel, table: ModelTable, batch: int) -> int:
-    ctx = Context(setting=replace(setting, batch_size=batch), table=table, machine=machine)
+    ctx = Context(
+        setting=replace(setting, batch_size=batch),
+        table=table,
+        machine=machine,
+        sharing=ranks_sharing(setting, machine),
+    )
     return run_strategy(ctx).memory.peak_bytes
 
 

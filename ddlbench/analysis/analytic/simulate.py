@@ -30,10 +30,12 @@ Lane = Literal["compute", "comm"]
 class Op:
     index: int
     rank: int
-    lane: Lane
+    lane: Lane  # the queue it executes in
+    kind: str  # compute | comm | step (a step's zero-length start)
     duration_s: float
     deps: tuple[int, ...]
     label: str  # what it is, e.g. "F3 s1", "all_reduce bucket 0"
+    step: int = 0
     start_s: float = 0.0
     end_s: float = 0.0
 
@@ -79,6 +81,7 @@ class Program:
             index=len(self.ops),
             rank=rank,
             lane=lane,
+            kind=lane,
             duration_s=duration_s,
             deps=tuple(d for d in deps if d is not None),
             label=label,
@@ -93,9 +96,73 @@ class Program:
         return self.add(rank, "comm", duration_s, deps=deps, label=label)
 
 
-def simulate(program: Program) -> Timeline:
-    """Runs the program's lanes in issue order (see the module docstring); refuses a deadlock."""
-    ops = program.ops
+def simulate(program: Program, *, steps: int = 3, overlap: bool = True) -> Timeline:
+    """Runs `steps` copies of the program back to back and describes the middle one.
+
+    A rank starts its next step as soon as it has finished its own previous one (its step() returned:
+    its update done and its collectives waited for), with no barrier, so a pipeline's later stage may
+    start its step while the first stage still finishes the last one. The step's time is what ddlbench
+    measures: the latest end minus the earliest start over ranks. With `overlap` False a rank's
+    communication runs on its compute lane, in issue order: a CPU whose cores are all busy computing has
+    none left for the communication thread to progress on its own.
+    """
+    base_ops = program.ops
+    ranks = sorted({op.rank for op in base_ops})
+    ops: list[Op] = []
+    previous: dict[int, list[int]] = {rank: [] for rank in ranks}
+    starts: list[dict[int, int]] = []
+    for step in range(max(1, steps)):
+        boundary = {}
+        for rank in ranks:  # the rank's step begins once its previous step's ops have all ended
+            boundary[rank] = len(ops)
+            ops.append(
+                Op(
+                    index=len(ops),
+                    rank=rank,
+                    lane="compute",
+                    kind="step",
+                    duration_s=0.0,
+                    deps=tuple(previous[rank]),
+                    label=f"step {step}",
+                )
+            )
+        offset = len(ops)
+        mine: dict[int, list[int]] = {rank: [] for rank in ranks}
+        for op in base_ops:
+            index = len(ops)
+            ops.append(
+                Op(
+                    index=index,
+                    rank=op.rank,
+                    lane=op.lane if overlap else "compute",
+                    kind=op.kind,
+                    duration_s=op.duration_s,
+                    deps=(*(d + offset for d in op.deps), boundary[op.rank]),
+                    label=op.label,
+                    step=step,
+                )
+            )
+            mine[op.rank].append(index)
+        previous = mine
+        starts.append(boundary)
+    _run(ops)
+    middle = min(1, len(starts) - 1)
+    start = {rank: ops[starts[middle][rank]].end_s for rank in ranks}
+    step_ops = [op for op in ops if op.step == middle and op.kind != "step"]
+    end = {rank: max((op.end_s for op in step_ops if op.rank == rank), default=start[rank]) for rank in ranks}
+    window = (min(start.values()), max(end.values()))
+    step_s = window[1] - window[0]
+    return Timeline(
+        step_s=step_s,
+        ranks=tuple(
+            _rank_time([op for op in step_ops if op.rank == rank], rank, start[rank], step_s) for rank in ranks
+        ),
+        ops=tuple(step_ops),
+    )
+
+
+def _run(ops: list[Op]) -> None:
+    """List scheduling: each lane in issue order, each op once its lane is free and its deps have ended."""
     lanes: dict[tuple[int, Lane], list[Op]] = {}
     for op in ops:
         lanes.setdefault((op.rank, op.lane), []).append(op)
@@ -120,23 +187,22 @@ def simulate(program: Program) -> Timeline:
         if not progressed:
             stuck = [queue[position[key]].label for key, queue in lanes.items() if position[key] < len(queue)]
             raise ValueError(f"the step's ops wait on each other: {', '.join(stuck[:6])}")
-    step = max((op.end_s for op in ops), default=0.0)
-    ranks = sorted({op.rank for op in ops})
-    return Timeline(step_s=step, ranks=tuple(_rank_time(ops, rank, step) for rank in ranks), ops=tuple(ops))
 
 
-def _rank_time(ops: list[Op], rank: int, step: float) -> RankTime:
-    compute = sorted((op for op in ops if op.rank == rank and op.lane == "compute"), key=lambda op: op.start_s)
-    comm = [op for op in ops if op.rank == rank and op.lane == "comm" and op.duration_s > 0]
+def _rank_time(ops: list[Op], rank: int, start: float, step: float) -> RankTime:
+    compute = sorted((op for op in ops if op.kind == "compute"), key=lambda op: op.start_s)
+    comm = [op for op in ops if op.kind == "comm" and op.duration_s > 0]
     busy = _union([(op.start_s, op.end_s) for op in comm])
-    # the compute lane's idle spans: before the first op, between ops, after the last until the step ends
-    idle, previous_end = [], 0.0
+    # the rank's idle spans within its own step: before its first computation, between computations,
+    # after the last until its step ends; time outside its own step counts as bubble
+    end = max((op.end_s for op in ops), default=start)
+    idle, previous_end = [], start
     for op in compute:
         if op.start_s > previous_end:
             idle.append((previous_end, op.start_s))
         previous_end = max(previous_end, op.end_s)
-    if step > previous_end:
-        idle.append((previous_end, step))
+    if end > previous_end:
+        idle.append((previous_end, end))
     exposed = sum(_overlap(span, busy) for span in idle)
     compute_s = sum(op.duration_s for op in compute)
     comm_s = sum(op.duration_s for op in comm)

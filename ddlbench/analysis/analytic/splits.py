@@ -32,7 +32,7 @@ from ddlbench.analysis.analytic.data_parallel import (
 )
 from ddlbench.analysis.analytic.layout import Context, elements
 from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, rank_memory
-from ddlbench.analysis.analytic.simulate import Program, simulate
+from ddlbench.analysis.analytic.simulate import Program
 from ddlbench.catalog import MODELS
 from ddlbench.catalog.layer_table import predict_split_share
 
@@ -141,7 +141,7 @@ def model_tensor(ctx: Context, times_for) -> StrategyRun:
     what = f"{4 * len(transformer)} all-reduces of {activation / 1e6:.3g} MB over {t} ranks"
     if fsdp:
         what += f"; per block all-gathers and reduce-scatters over {len(dp)} replicas"
-    return StrategyRun(timeline=simulate(program), memory=memory, comm=what)
+    return StrategyRun(timeline=ctx.simulate(program), memory=memory, comm=what)
 
 
 def model_filter_channel(ctx: Context, times_for, *, kind: str) -> StrategyRun:
@@ -216,7 +216,7 @@ def model_filter_channel(ctx: Context, times_for, *, kind: str) -> StrategyRun:
         f"({share.flops_share:.0%} of the FLOPs); activations whole",
     )
     what = f"{len(names)} split layers: {fwd_op} forward and {bwd_op} backward each, over {p} ranks"
-    return StrategyRun(timeline=simulate(program), memory=memory, comm=what)
+    return StrategyRun(timeline=ctx.simulate(program), memory=memory, comm=what)
 
 
 def model_spatial(ctx: Context, times_for) -> StrategyRun:
@@ -297,4 +297,4 @@ def model_spatial(ctx: Context, times_for) -> StrategyRun:
         f"{sum(len(v) for v in norms.values())} norm-statistics "
         f"collectives each way, a slab gather, gradient all-reduces"
     )
-    return StrategyRun(timeline=simulate(program), memory=memory, comm=what)
+    return StrategyRun(timeline=ctx.simulate(program), memory=memory, comm=what)
