@@ -19,9 +19,10 @@ def test_a_collective_issued_during_backward_hides_under_the_rest_of_it():
     reduce = program.comm(0, 1.5, deps=(first,), label="all_reduce")
     program.compute(0, 0.5, deps=(reduce,), label="update")
     timeline = simulate(program)
-    assert timeline.step_s == pytest.approx(3.5)
+    assert timeline.step_s == pytest.approx(3.5)  # the all-reduce ends at 2.5, under B0 (ends at 3.0)
     serial = simulate(program, overlap=False)  # no core for the communication thread: nothing hides
-    assert serial.step_s == pytest.approx(5.0) and serial.ranks[0].exposed_comm_s == pytest.approx(1.5)  # the all-reduce ends at 2.5, under B0 (ends at 3.0)
+    assert serial.step_s == pytest.approx(5.0)
+    assert serial.ranks[0].exposed_comm_s == pytest.approx(1.5)
     rank = timeline.ranks[0]
     assert (rank.compute_s, rank.exposed_comm_s, rank.hidden_comm_s) == pytest.approx((3.5, 0.0, 1.5))
 

@@ -18,8 +18,8 @@ from ddlbench.config import SweepConfig
 from ddlbench.report.figures import Cell, interval_text, number
 
 PREDICTED_COLUMNS = [
-    "point_id", "strategy", "measured step", "predicted step", "time accuracy", "compute", "exposed comm", "bubble",
-    "measured peak", "predicted peak", "memory accuracy", "bottleneck",
+    "point_id", "strategy", "measured step (ms)", "predicted step", "time accuracy", "compute", "exposed comm",
+    "bubble", "measured peak", "predicted peak", "memory accuracy", "bottleneck",
 ]  # fmt: skip
 ACCURACY_COLUMNS = [
     "strategy",
@@ -54,15 +54,16 @@ def predicted_section(config: SweepConfig, table: pd.DataFrame) -> dict[str, Any
     joined = join(table, predictions)
     rows = []
     for row in joined.to_dict("records"):
-        measured = interval_text(
-            row.get("step_time_s_median"), row.get("step_time_s_ci_low"), row.get("step_time_s_ci_high"),
-            row.get("step_time_s_n"), unit="s",
-        )  # fmt: skip
+        ms = [
+            None if pd.isna(row.get(k)) else 1e3 * float(row[k])
+            for k in ("step_time_s_median", "step_time_s_ci_low", "step_time_s_ci_high")
+        ]
+        measured = interval_text(*ms, row.get("step_time_s_n"), unit="steps")
         rows.append(
             {
                 "point_id": Cell(text=str(row["point_id"]), is_text=True),
                 "strategy": Cell(text=str(row["strategy"]), is_text=True),
-                "measured step": Cell(text=measured),
+                "measured step (ms)": Cell(text=measured),
                 "predicted step": Cell(text=_ms(row["predicted_step_time_s"])),
                 "time accuracy": Cell(text=_pct(row["time_accuracy"])),
                 "compute": Cell(text=_ms(row.get("predicted_compute_s"))),

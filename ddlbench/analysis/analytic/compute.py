@@ -80,9 +80,10 @@ def block_times(
     return _from_rates(table, machine, batch=batch, precision=precision, threads=threads, factors=factors)
 
 
-def _from_rates(
-    table: ModelTable, machine: MachineModel, *, batch: float, precision: str, threads: int, factors: list[float]
-) -> BlockTimes:
+def layer_times(
+    table: ModelTable, machine: MachineModel, *, batch: float, precision: str, threads: int
+) -> tuple[list[tuple[float, float]], set[str], list[str]]:
+    """Each layer's roofline (forward, backward) seconds at `batch`, the rates used, and notes."""
     notes = []
     speedup = 1.0
     if machine.device_kind == "cpu" and threads != machine.threads_per_rank:
@@ -92,8 +93,7 @@ def _from_rates(
     if not bandwidth:
         bandwidth = math.inf
         notes.append("no memory bandwidth in the machine file: memory-bound layers cost nothing")
-    forward = [0.0] * len(table.blocks)
-    backward = [0.0] * len(table.blocks)
+    times = []
     used: set[str] = set()
     for layer in table.layers:
         rate, which = machine.flop_rate(layer.type, precision)
@@ -101,8 +101,38 @@ def _from_rates(
         rate *= speedup
         activations = (math.prod(layer.input_shape) + math.prod(layer.output_shape)) * FP32 * batch
         weights = layer.params * FP32
-        forward[layer.block] += max(layer.forward_flops * batch / rate, (activations + weights) / bandwidth)
-        backward[layer.block] += max(layer.backward_flops * batch / rate, (2 * activations + 2 * weights) / bandwidth)
+        forward = max(layer.forward_flops * batch / rate, (activations + weights) / bandwidth)
+        backward = max(layer.backward_flops * batch / rate, (2 * activations + 2 * weights) / bandwidth)
+        times.append((forward, backward))
+    return times, used, notes
+
+
+def split_time_shares(
+    table: ModelTable, machine: MachineModel, names: set[str], *, batch: float, precision: str, threads: int
+) -> list[float]:
+    """Per block, the share of its (roofline) time spent in the layers `names`: what a strategy that
+    splits those layers divides. Not their share of FLOPs: norms and activations have next to no FLOPs
+    but move as many bytes as a convolution's output, and they stay whole on every rank."""
+    times, _, _ = layer_times(table, machine, batch=batch, precision=precision, threads=threads)
+    total = [0.0] * len(table.blocks)
+    split = [0.0] * len(table.blocks)
+    for layer, (forward, backward) in zip(table.layers, times, strict=True):
+        total[layer.block] += forward + backward
+        if layer.name in names:
+            split[layer.block] += forward + backward
+    return [s / t if t > 0 else 0.0 for s, t in zip(split, total, strict=True)]
+
+
+def _from_rates(
+    table: ModelTable, machine: MachineModel, *, batch: float, precision: str, threads: int, factors: list[float]
+) -> BlockTimes:
+    times, used, notes = layer_times(table, machine, batch=batch, precision=precision, threads=threads)
+    forward = [0.0] * len(table.blocks)
+    backward = [0.0] * len(table.blocks)
+    for layer, (f, b) in zip(table.layers, times, strict=True):
+        forward[layer.block] += f
+        backward[layer.block] += b
+    bandwidth = machine.memory_bandwidth_bytes_per_s or math.inf
     last = table.blocks[-1]
     loss = LOSS_PASSES * math.prod(last.output_shape) * FP32 * batch / bandwidth
     return BlockTimes(

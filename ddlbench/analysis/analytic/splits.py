@@ -23,7 +23,7 @@ gradients over the strided dp group. Per step, as implemented:
 
 from __future__ import annotations
 
-from ddlbench.analysis.analytic.compute import BlockTimes
+from ddlbench.analysis.analytic.compute import BlockTimes, split_time_shares
 from ddlbench.analysis.analytic.data_parallel import (
     FIRST_BUCKET_BYTES,
     StrategyRun,
@@ -47,17 +47,13 @@ def _groups(ctx: Context) -> tuple[list[int], list[int]]:
 
 
 def block_scale(ctx: Context, split_layers: set[str], parts: int) -> list[float]:
-    """Share of each block's work one of `parts` ranks does when the FLOPs of `split_layers` are cut."""
-    table = ctx.table
-    split_flops = [0.0] * len(table.blocks)
-    for layer in table.layers:
-        if layer.name in split_layers:
-            split_flops[layer.block] += layer.forward_flops
-    out = []
-    for block, flops in zip(table.blocks, split_flops, strict=True):
-        share = flops / block.forward_flops if block.forward_flops else 0.0
-        out.append(1.0 - share + share / parts)
-    return out
+    """Share of each block's work one of `parts` ranks does when `split_layers` are cut: 1 − s + s/p with
+    s the share of the block's time in those layers (ddlbench.analysis.analytic.compute.split_time_shares)."""
+    s = ctx.setting
+    shares = split_time_shares(
+        ctx.table, ctx.machine, split_layers, batch=s.batch_size, precision=s.precision, threads=s.threads
+    )
+    return [1.0 - share + share / parts for share in shares]
 
 
 def model_tensor(ctx: Context, times_for) -> StrategyRun:
