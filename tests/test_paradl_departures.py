@@ -62,3 +62,22 @@ def test_the_full_model_hides_what_ddp_overlaps_and_counts_what_paradl_leaves_ou
     table = introspected_table("resnet50", "imagenet", (("norm", "batch"), ("stem", "auto")))
     assert full.optimizer_bytes == table.param_bytes and full.buffers_bytes == table.param_bytes
     assert full.resident_memory_bytes == 4 * table.param_bytes + table.buffer_bytes
+
+
+def test_paradl_reads_our_net_files_and_counts_the_same_convolution_flops():
+    """ParaDL's FLOP estimate of a convolution (2·C·F·K²·W·H from the .net shapes) is an independent count
+    of what torch's FlopCounterMode gave the model table."""
+    from ddlbench.analysis.analytic.layers import render_net
+    from ddlbench.analysis.analytic.paradl import layer_flops, parse_net
+
+    table = introspected_table("resnet50", "imagenet", (("norm", "batch"), ("stem", "auto")))
+    net = parse_net(render_net(table, dataset_size=1281167))
+    assert net.samples == 1281167 and all(layer.time_s is None for layer in net.layers)
+    # layer_flops is ParaDL's forward ×2 (the input gradient) + |w| (the weight gradient): take its forward
+    theirs = sum(
+        (layer_flops(layer) - layer.weight_items) // 2 for layer in net.layers if layer.name.startswith("CONV")
+    )
+    ours = sum(layer.forward_flops for layer in table.layers if layer.type == "Conv2d")
+    assert theirs == ours
+    figures = paradl_predict(net, ABCI, strategy="d", p=4, B=256)
+    assert figures.t_comp_s > 0 and figures.t_comm_s > 0

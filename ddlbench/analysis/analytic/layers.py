@@ -275,9 +275,10 @@ def render_net(table: ModelTable, *, times: Mapping[str, float] | None = None, d
     x and y channels first (a flat vector padded with 1s to the sample's rank), w as C×F×K×K for
     convolutions (C per group) and linear layers (K = 1), 0×0×K×K for pools, C×C×0×0 for layers without a
     weight ParaDL counts (norms included, as ParaDL writes BNORM). time is the layer's seconds from `times`
-    (by module path), else 0 — ParaDL then takes the layer as free, as in its own files every line after
-    the first. Functional operations that no module holds (the residual ADD) have no line; a module's own
-    operations (attention) are a line of the module's type.
+    (by module path; 0 for a layer not in it — ParaDL then takes the layer as free, as in its own
+    files every line after the first); without `times` no line has one, and ParaDL estimates each
+    layer's time from its FLOPs and the platform's speed. Functional operations that no module holds
+    (the residual ADD) have no line; a module's own operations (attention) are a line of the module's type.
     """
     spatial = len(table.sample_shape) - 1
     lines = [f"Dataset|{table.dataset}", f"Input|{dataset_size}x{shape_text(table.sample_shape)}"]
@@ -292,7 +293,9 @@ def render_net(table: ModelTable, *, times: Mapping[str, float] | None = None, d
         x, y = _net_shape(layer.input_shape, spatial), _net_shape(layer.output_shape, spatial)
         time = (times or {}).get(layer.name)
         fields = [name, shape_text(x), shape_text(_net_weight(layer, kind, x, spatial)), shape_text(y)]
-        lines.append("|".join([*fields, "0" if time is None else f"{time:.9g}"]))
+        if times is not None:
+            fields.append("0" if time is None else f"{time:.9g}")
+        lines.append("|".join(fields))
     return "\n".join(lines) + "\n"
 
 
