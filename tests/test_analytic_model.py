@@ -207,6 +207,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # starts the CLI as a process
 def test_predict_writes_the_csv_a_tool_reads(tmp_path):
     out = tmp_path / "p.csv"
     done = _cli("predict", "--machine", str(H100), "--format", "csv", "--out", str(out))
@@ -219,6 +220,7 @@ def test_predict_writes_the_csv_a_tool_reads(tmp_path):
     assert bad.returncode != 0 and "nonsense" in bad.stderr and "resnet8" in bad.stderr
 
 
+@pytest.mark.slow  # starts the CLI as a process
 def test_the_oracle_cli_names_a_recommendation_and_refuses_unknown_models(tmp_path):
     done = _cli(
         "oracle",

@@ -21,11 +21,15 @@ from ddlbench.catalog import DATASETS, MODELS, resolve_builder
 from ddlbench.cli import main
 from ddlbench.train.introspect import build_model_table
 
+# Every model on the datasets that change its layers' shapes; within CI's time budget the extra image sizes
+# (mnist's one channel, highres) run with one model, and the largest models on their reference dataset only
 PAIRS = [
     (model, dataset)
     for model in MODELS.names()
     for dataset in DATASETS.names()
     if MODELS.get(model).input_kind == DATASETS.get(dataset).input_kind
+    and (dataset not in {"mnist", "highres"} or model == "resnet18")
+    and (model not in {"resnet152", "gpt_small", "gpt_medium", "gpt_large"} or dataset in {"imagenet", "tokens"})
 ]
 # The quick set keeps each model once or twice: the image models on cifar10 (small stem) and imagenet (large
 # stem), except those whose table takes seconds on a 2-core machine (module count, not input size, sets the
