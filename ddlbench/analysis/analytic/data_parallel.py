@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddlbench.analysis.analytic.compute import BlockTimes
-from ddlbench.analysis.analytic.layout import Context, block_params, element_bytes, elements
+from ddlbench.analysis.analytic.layout import Context, block_params, elements
 from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, RankMemory, rank_memory
 from ddlbench.analysis.analytic.simulate import Program, Timeline
 
@@ -112,16 +112,11 @@ def model_ddp(ctx: Context, times: BlockTimes, *, horovod: bool = False) -> Stra
     _, backward, _ = add_passes(program, 0, times, blocks, first_deps=(first,) if first is not None else ())
     if horovod:
         cap = float(s.option("fusion_threshold_mb")) * 2**20
-        per_block = [
-            Bucket(bytes=table.blocks[i].params * FP32, ready_block=i)
+        # a block's gradients in fused all-reduces of at most the fusion threshold each
+        buckets = [
+            Bucket(bytes=int(min(cap, table.blocks[i].params * FP32 - start)), ready_block=i)
             for i in reversed(blocks)
-            if table.blocks[i].params
-        ]
-        buckets = [b for b in per_block if b.bytes <= cap] + [
-            Bucket(bytes=int(cap), ready_block=b.ready_block)
-            for b in per_block
-            if b.bytes > cap
-            for _ in range(int(b.bytes // cap))
+            for start in range(0, table.blocks[i].params * FP32, int(cap))
         ]
         what = f"{len(buckets)} fused all-reduce(s) of the gradients, one per block "
         what += f"(Horovod, fusion ≤ {cap / 2**20:g} MiB)"
@@ -258,8 +253,3 @@ def model_fsdp(ctx: Context, times: BlockTimes) -> StrategyRun:
     what = f"{2 * sum(1 for x in params if x) - 1} block all-gathers and "
     what += f"{sum(1 for x in params if x)} reduce-scatters per step"
     return StrategyRun(timeline=ctx.simulate(program), memory=memory, comm=what)
-
-
-def boundary_bytes(ctx: Context, block: int, batch: float) -> float:
-    """Bytes of block `block`'s output for `batch` samples, as sent between stages."""
-    return elements(ctx.table.blocks[block].output_shape) * element_bytes(ctx.setting.precision) * batch

@@ -9,7 +9,7 @@ are consecutive ranks, as ddlbench.train.strategies.common.build_mesh lays them 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ddlbench.analysis.analytic.layers import ModelTable
@@ -48,8 +48,12 @@ class Setting:
     def global_batch_size(self) -> int:
         return self.batch_size * self.replicas
 
+    def options(self) -> dict[str, str]:
+        """The strategy's options with its defaults filled in (as Point.resolved_strategy_options)."""
+        return STRATEGIES.get(self.strategy).default_options() | dict(self.strategy_options)
+
     def option(self, key: str) -> str:
-        return (STRATEGIES.get(self.strategy).default_options() | dict(self.strategy_options))[key]
+        return self.options()[key]
 
     @classmethod
     def of_point(cls, point) -> Setting:  # ddlbench.point.Point; not imported: analysis stays below launch
@@ -133,7 +137,3 @@ def element_bytes(precision: str) -> int:
 
 def elements(shape: Sequence[int]) -> int:
     return math.prod(shape) if shape else 1
-
-
-def layer_owner(table: ModelTable) -> Mapping[str, int]:
-    return {layer.name: layer.block for layer in table.layers}

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddlbench.analysis.analytic.compute import BlockTimes
-from ddlbench.analysis.analytic.data_parallel import FIRST_BUCKET_BYTES, StrategyRun, activation_terms, boundary_bytes
+from ddlbench.analysis.analytic.data_parallel import FIRST_BUCKET_BYTES, StrategyRun, activation_terms
 from ddlbench.analysis.analytic.layout import Context, element_bytes, elements
 from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, RankMemory, backward_peak
 from ddlbench.analysis.analytic.simulate import Program
@@ -88,15 +88,14 @@ def interleaved_order(rank: int, ranks: int, local_stages: int, micro: int) -> l
 
 
 def cut_stages(ctx: Context, stages: int) -> tuple[tuple[int, int], ...]:
-    rule = ctx.setting.option("balance") if "balance" in _options(ctx) else "flops"
+    rule = ctx.setting.options().get("balance", "flops")
     costs = [b.forward_flops if rule == "flops" else b.params for b in ctx.table.blocks]
     return partition(costs, stages)
 
 
-def _options(ctx: Context) -> dict[str, str]:
-    from ddlbench.catalog import STRATEGIES
-
-    return STRATEGIES.get(ctx.setting.strategy).default_options() | dict(ctx.setting.strategy_options)
+def boundary_bytes(ctx: Context, block: int, batch: float) -> float:
+    """Bytes of block `block`'s output for `batch` samples, as sent between stages (the autocast dtype)."""
+    return elements(ctx.table.blocks[block].output_shape) * element_bytes(ctx.setting.precision) * batch
 
 
 def model_pipeline(

@@ -186,7 +186,15 @@ def predict(
         bottleneck = max((("compute", compute), ("communication", exposed), ("bubble", bubble)), key=lambda kv: kv[1])[
             0
         ]
-    times = block_times(table, machine, batch=1, precision=setting.precision, threads=setting.threads)
+    # which compute figures the strategy's blocks were costed from (the same lookup, at the point's batch)
+    times = block_times(
+        table,
+        machine,
+        batch=setting.batch_size,
+        precision=setting.precision,
+        threads=setting.threads,
+        sharing=ctx.sharing,
+    )
     max_batch = None
     if search_batch and limit is not None:
         max_batch = largest_batch(setting, machine, table, limit)
