@@ -136,6 +136,16 @@ def test_a_measured_fit_is_used_as_it_is_and_gloo_is_preferred_on_a_cpu():
     assert "gloo" in cost.source
 
 
+def test_a_fit_that_resolved_no_bandwidth_gives_way_and_says_so_when_alone():
+    machine = dict(MACHINE, collectives=[dict(c) for c in MACHINE["collectives"]])
+    machine["collectives"][0].update(beta_s_per_byte=0.0, clamped="beta")  # gloo's slope came out negative
+    cost = MachineModel.from_dict(machine).collective("all_reduce", ranks=2, nodes=1)
+    assert "mpi" in cost.source and cost.time_s(1e6) == pytest.approx(5e-6 + 5e-4)
+    machine["collectives"] = machine["collectives"][:1]
+    cost = MachineModel.from_dict(machine).collective("all_reduce", ranks=2, nodes=1)
+    assert cost.time_s(1e6) == cost.time_s(1) == pytest.approx(2e-3) and "no bandwidth" in cost.source
+
+
 def test_a_fit_moves_to_other_group_sizes_by_the_ring_algorithm():
     cost = MachineModel.from_dict(MACHINE).collective("all_reduce", ranks=8, nodes=1)
     # at p=2: 2 steps of α/2 each, bus share 1 → β per bus byte 1e-9; at p=8: 14 steps, share 7/4

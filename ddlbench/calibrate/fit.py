@@ -3,8 +3,10 @@
 T(n) = α + β·n, n the message's bytes (ddlbench.calibrate.kernels says which bytes per collective), α in
 seconds, β in seconds per byte, bandwidth = 1/β in bytes per second. Times span orders of magnitude
 over the sizes, so the fit minimises the squared *relative* residuals Σ((Tᵢ − α − β·nᵢ)/Tᵢ)², a weighted
-least squares with weights 1/Tᵢ² (closed form); α and β are kept ≥ 0 (a negative one is set to 0 and the
-other refitted). Its error is the median and the largest |Tᵢ − T̂(nᵢ)| / Tᵢ over the sizes fitted.
+least squares with weights 1/Tᵢ² (closed form); α and β are kept ≥ 0: a negative one is set to 0 and the
+other refitted, and `clamped` names it. A negative slope means time did not grow with size over the sizes
+measured (noise larger than the transfer): the fit then resolved no bandwidth, and says so. Its error
+is the median and the largest |Tᵢ − T̂(nᵢ)| / Tᵢ over the sizes fitted.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class AlphaBeta:
     rel_error_median: float
     rel_error_max: float
     sizes: int  # message sizes the fit rests on
+    clamped: str | None = None  # "alpha" or "beta" when the unconstrained fit made it negative and it was set to 0
 
     @property
     def bandwidth_bytes_per_s(self) -> float | None:
@@ -43,10 +46,15 @@ def fit_alpha_beta(sizes: list[float], times: list[float]) -> AlphaBeta:
     swt = math.fsum(wi * t for wi, t in zip(w, times, strict=True))
     swnt = math.fsum(wi * n * t for wi, n, t in zip(w, sizes, times, strict=True))
     det = sw * swnn - swn * swn
-    alpha, beta = ((swt * swnn - swn * swnt) / det, (sw * swnt - swn * swt) / det) if det > 0 else (-1.0, -1.0)
-    if det <= 0 or alpha < 0 or beta < 0:
-        candidates = [(0.0, swnt / swnn), (swt / sw, 0.0)]  # through the origin; or a constant
-        alpha, beta = min(candidates, key=lambda ab: _loss(ab, sizes, times))
+    clamped = None
+    if det <= 0:  # one size only, repeated: a constant
+        alpha, beta, clamped = swt / sw, 0.0, "beta"
+    else:
+        alpha, beta = (swt * swnn - swn * swnt) / det, (sw * swnt - swn * swt) / det
+        if beta < 0:  # time falls with size: a constant
+            alpha, beta, clamped = swt / sw, 0.0, "beta"
+        elif alpha < 0:  # through the origin
+            alpha, beta, clamped = 0.0, swnt / swnn, "alpha"
     errors = sorted(abs(t - (alpha + beta * n)) / t for n, t in zip(sizes, times, strict=True))
     return AlphaBeta(
         alpha_s=alpha,
@@ -54,12 +62,8 @@ def fit_alpha_beta(sizes: list[float], times: list[float]) -> AlphaBeta:
         rel_error_median=percentile(errors, 50),
         rel_error_max=errors[-1],
         sizes=len(sizes),
+        clamped=clamped,
     )
-
-
-def _loss(ab: tuple[float, float], sizes: list[float], times: list[float]) -> float:
-    alpha, beta = ab
-    return math.fsum(((t - alpha - beta * n) / t) ** 2 for n, t in zip(sizes, times, strict=True))
 
 
 # nccl-tests' bus-bandwidth factors (doc/PERFORMANCE.md): busbw = (S / t) × factor, p ranks

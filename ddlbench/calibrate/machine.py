@@ -107,7 +107,14 @@ def measured_machine(records: list[CalibrationRecord], *, name: str | None, suit
         if entry["op"] == "send_recv" and link not in machine["links"]:
             machine["links"][link] = {
                 key: entry[key]
-                for key in ("alpha_s", "beta_s_per_byte", "bandwidth_bytes_per_s", "rel_error_median", "rel_error_max")
+                for key in (
+                    "alpha_s",
+                    "beta_s_per_byte",
+                    "bandwidth_bytes_per_s",
+                    "rel_error_median",
+                    "rel_error_max",
+                    "clamped",
+                )
             } | {"from": f"send_recv through {entry['library']}, layout {entry['layout']}, {entry['nodes']} host(s)"}
     return machine
 

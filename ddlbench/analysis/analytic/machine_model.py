@@ -14,7 +14,9 @@ of preference:
    and the per-byte cost β_bus = β/bus(p0) with bus(p) = 2(p−1)/p resp. (p−1)/p; then
    t = steps(p)·α_step + bus(p)·S·β_bus. Broadcast is taken as a binomial tree, ⌈log2 p⌉ steps of S;
 3. the link's point-to-point α–β (send_recv) with the same ring formulas.
-A datasheet gives no latency (alpha_s null): it is taken as 0 and the prediction says so.
+A datasheet gives no latency (alpha_s null): it is taken as 0 and the prediction says so. A fit whose
+slope came out negative and was set to 0 (`clamped: beta`, ddlbench.calibrate.fit) resolved no bandwidth:
+any other fit of the same rank is preferred to it, and a prediction that still rests on it says so.
 """
 
 from __future__ import annotations
@@ -246,7 +248,8 @@ class MachineModel:
                 for c in self.collectives
                 if c.get("op") == op and c.get("alpha_s") is not None and c.get("beta_s_per_byte") is not None
             ),
-            key=lambda c: self._library_rank(str(c.get("library", ""))),
+            # a fit whose slope came out negative and was set to 0 resolved no bandwidth: any other comes first
+            key=lambda c: (c.get("clamped") == "beta", self._library_rank(str(c.get("library", "")))),
         )
         for c in fits:
             if int(c.get("ranks", 0)) == ranks and int(c.get("nodes", 0)) == nodes:
@@ -255,7 +258,8 @@ class MachineModel:
                     ranks=ranks,
                     alpha_s=float(c["alpha_s"]),
                     beta_s_per_byte=float(c["beta_s_per_byte"]),
-                    source=f"measured {c.get('library')} {op} p={ranks} n={nodes}",
+                    source=f"measured {c.get('library')} {op} p={ranks} n={nodes}"
+                    + (" (its fit resolved no bandwidth: size-independent)" if c.get("clamped") == "beta" else ""),
                 )
         same_side = [c for c in fits if (int(c.get("nodes", 1)) > 1) == (nodes > 1) and int(c.get("ranks", 0)) > 1]
         if not same_side:
