@@ -101,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
 
     from ddlbench.cli_analytic import add_commands as add_analytic
     from ddlbench.cli_calibrate import add_commands as add_calibrate
+    from ddlbench.cli_fit import add_commands as add_fit
     from ddlbench.cli_predict import add_commands as add_predict
     from ddlbench.cli_slurm import add_commands
 
@@ -108,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     add_calibrate(commands, LAUNCHERS)
     add_analytic(commands)
     add_predict(commands, _add_sweep_options, _sweep)
+    add_fit(commands, _add_sweep_options, _sweep)
     return parser
 
 

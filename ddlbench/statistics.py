@@ -95,3 +95,53 @@ def is_noisy(median: float, ci: tuple[float, float] | None) -> bool:
     if ci is None or median == 0:
         return True
     return (ci[1] - ci[0]) / 2 > NOISE_HALF_WIDTH * abs(median)
+
+
+def student_t_quantile(probability: float, dof: float) -> float:
+    """The `probability` quantile of Student's t with `dof` degrees of freedom (e.g. 0.975 for a two-sided
+    95 % interval), by bisection on its cdf written with the regularised incomplete beta function:
+    P(|T| > t) = I_{ν/(ν+t²)}(ν/2, 1/2). Pure Python, no scipy on a login node."""
+    if not 0 < probability < 1 or dof <= 0:
+        raise ValueError(f"need 0 < probability < 1 and dof > 0, not {probability}, {dof}")
+    if probability == 0.5:
+        return 0.0
+    tail = 2 * (1 - probability) if probability > 0.5 else 2 * probability  # two-sided tail mass
+    low, high = 0.0, 1.0
+    while _beta_regularized(dof / (dof + high * high), dof / 2, 0.5) > tail:
+        high *= 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        if _beta_regularized(dof / (dof + mid * mid), dof / 2, 0.5) > tail:
+            low = mid
+        else:
+            high = mid
+    value = (low + high) / 2
+    return value if probability > 0.5 else -value
+
+
+def _beta_regularized(x: float, a: float, b: float) -> float:
+    """I_x(a, b), by Lentz's continued fraction (Press et al., Numerical Recipes, 3rd ed., §6.4)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast only below this point: use the symmetry
+        return 1.0 - _beta_regularized(1 - x, b, a)
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 500):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return front * result / a

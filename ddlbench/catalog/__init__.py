@@ -61,6 +61,7 @@ class DatasetSpec:
     num_outputs: int  # classes (classify), target values (regress), vocabulary size (language)
     description: str
     real_data: str = ""  # what a `data:` path may point at, in words; "" when only synthetic
+    train_samples: int | None = None  # the real training set's size (an epoch), when there is one
 
     @property
     def num_classes(self) -> int:

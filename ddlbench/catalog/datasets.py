@@ -15,6 +15,7 @@ DATASETS.register(
         num_outputs=10,
         description="MNIST-shaped images, 1×28×28, 10 classes",
         real_data="the MNIST IDX files (train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz]) in a folder",
+        train_samples=60_000,
     )
 )
 DATASETS.register(
@@ -26,6 +27,7 @@ DATASETS.register(
         num_outputs=10,
         description="CIFAR-10-shaped images, 3×32×32, 10 classes",
         real_data="the CIFAR-10 binary version (cifar-10-batches-bin/data_batch_*.bin)",
+        train_samples=50_000,
     )
 )
 DATASETS.register(
@@ -37,6 +39,7 @@ DATASETS.register(
         num_outputs=1000,
         description="ImageNet-shaped images, 3×224×224, 1000 classes",
         real_data=_IMAGE_FOLDER + ", resized and centre-cropped to 224×224",
+        train_samples=1_281_167,  # ILSVRC-2012's training set
     )
 )
 DATASETS.register(

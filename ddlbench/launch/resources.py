@@ -39,6 +39,8 @@ class Site:
     # other jobs shares their memory bandwidth, caches, network links and GPUs' hosts, and its figures say
     # nothing about the hardware. On by default, as benchmarking practice; off only to fit a busy queue.
     exclusive: bool = True
+    # what a node-hour costs here (any currency), for the cost models of `ddlbench fit`; None: not priced
+    price_per_node_hour: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +74,9 @@ def site_from_mapping(raw: object, *, source: str = "site settings") -> Site:
             f"{raw['gpus_per_rank']} is not accepted: a rank trains on one device; "
             "give 0 (CPU) or 1 (one GPU per rank)",
         )
+    price = raw.get("price_per_node_hour")
+    if price is not None and (isinstance(price, bool) or not isinstance(price, int | float) or price <= 0):
+        raise ConfigError("price_per_node_hour", f"{price!r} is not accepted; give a positive number")
     for key in ("require_account", "exclusive"):
         if not isinstance(raw.get(key, False), bool):
             raise ConfigError(key, f"{raw[key]!r} is not accepted; give true or false")

@@ -1,0 +1,125 @@
+"""A series modelled: the chosen hypothesis, its errors, and its predictions with bands at asked scales.
+
+What is written (models.json, `ddlbench fit --format json`) per series: the figure and its unit, what is
+held fixed, the parameters, the formula, the coefficients and terms, the points and observations it rests
+on, its in-sample SMAPE and leave-one-out SMAPE (percent), the residual standard deviation s (the
+figure's unit), the measured points (median and range of the repetitions) and the predictions with
+their 95 % prediction interval (ddlbench.analysis.empirical.regression), each flagged as inside the
+measured range or an extrapolation, with how far (largest ratio to the largest measured value of a
+parameter).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ddlbench.analysis.empirical.regression import Fit
+from ddlbench.analysis.empirical.search import search_extrap
+from ddlbench.analysis.empirical.series import Series
+from ddlbench.analysis.empirical.terms import term_text
+from ddlbench.errors import DdlbenchError
+
+METHODS = ("extrap", "ddlbench")
+
+
+# what each figure is, for the physical checks of ddlbench's search: a rate produced by the devices, or a
+# duration or cost that can only be positive
+FIGURE_KINDS = {
+    "samples_per_s": "throughput",
+    "speedup": "throughput",
+    "step_time_s": "time",
+    "cost_node_h_per_epoch": "time",
+    "cost_per_epoch": "time",
+}
+
+
+def search(
+    names: tuple[str, ...], x: np.ndarray, values: list[list[float]], method: str = "ddlbench", kind: str = "other"
+) -> Fit:
+    """The hypothesis `method` selects (see ddlbench.analysis.empirical.search and .extrapolation)."""
+    if method == "extrap":
+        return search_extrap(names, x, values)
+    if method == "ddlbench":
+        from ddlbench.analysis.empirical.extrapolation import search_ddlbench
+
+        return search_ddlbench(names, x, values, kind=kind)
+    raise DdlbenchError(f"method {method!r} unknown; methods: {', '.join(METHODS)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    x: tuple[float, ...]
+    value: float
+    low: float | None
+    high: float | None
+    extrapolation: float  # 1 inside the measured range, else the largest ratio beyond it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "x": list(self.x),
+            "value": self.value,
+            "low": self.low,
+            "high": self.high,
+            "beyond": self.extrapolation,
+        }
+
+
+def predict(fit: Fit, measured: np.ndarray, at: list[tuple[float, ...]]) -> list[Prediction]:
+    if not at:
+        return []
+    points = np.asarray(at, dtype=float).reshape(len(at), len(fit.names))
+    values = fit.predict(points)
+    band = fit.band(points)
+    largest = measured.max(axis=0)
+    out = []
+    for k, row in enumerate(points):
+        beyond = max(1.0, *(float(v / m) for v, m in zip(row, largest, strict=True) if m > 0))
+        out.append(
+            Prediction(
+                x=tuple(float(v) for v in row),
+                value=float(values[k]),
+                low=None if band is None else float(band[0][k]),
+                high=None if band is None else float(band[1][k]),
+                extrapolation=beyond,
+            )
+        )
+    return out
+
+
+def model_series(series: Series, *, method: str = "ddlbench", at: list[tuple[float, ...]] = ()) -> dict[str, Any]:
+    """The series' model as a plain mapping (see the module docstring)."""
+    x = series.array()
+    fit = search(series.parameters, x, series.lists(), method, FIGURE_KINDS.get(series.figure, "other"))
+    return {
+        "figure": series.figure,
+        "unit": series.unit,
+        "label": series.label,
+        "parameters": list(series.parameters),
+        "method": method,
+        **describe_fit(fit),
+        "measured": [
+            {"x": list(point), "median": float(np.median(reps)), "min": min(reps), "max": max(reps), "n": len(reps)}
+            for point, reps in zip(series.x, series.values, strict=True)
+        ],
+        "predictions": [p.to_dict() for p in predict(fit, x, list(at))],
+    }
+
+
+def describe_fit(fit: Fit) -> dict[str, Any]:
+    return {
+        "formula": fit.formula(),
+        "constant": fit.coefficients[0],
+        "terms": [
+            {"coefficient": c, "term": term_text(term, fit.names)}
+            for c, term in zip(fit.coefficients[1:], fit.terms, strict=True)
+        ],
+        "points": fit.points,
+        "observations": fit.observations,
+        "smape_percent": fit.smape,
+        "cv_smape_percent": fit.cv_smape,
+        "residual_sd": None if fit.residual_variance is None else math.sqrt(fit.residual_variance),
+    }

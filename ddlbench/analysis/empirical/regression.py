@@ -1,0 +1,137 @@
+"""One hypothesis fitted by linear least squares, with the uncertainty of what it predicts.
+
+A hypothesis is c₀ + Σ c_k·t_k(x) over terms t_k (ddlbench.analysis.empirical.terms). The data are points
+x (one row of parameter values each) with one or more repetitions y each. Formulas, with X the design
+matrix (a column of ones for c₀, then each term's values), n_k the repetitions of point k, N = Σ n_k
+observations and q the number of coefficients:
+
+- coefficients: least squares over all N observations, i.e. of the point means weighted by n_k
+  (with the same repetitions at every point, as a sweep has, this is Extra-P's fit of the means);
+- rss: Σ_k (ȳ_k − f(x_k))², over the point means, as Extra-P reports it (unit: the figure's, squared);
+- smape: 100/P · Σ_k 2|f(x_k) − ȳ_k| / (|ȳ_k| + |f(x_k)|) over the P points (percent, in-sample);
+- s² = (Σ_k Σ_r (y_kr − f(x_k))²) / (N − q): the residual variance of an observation, so both the
+  repetitions' spread and the model's misfit widen it;
+- band at x₀ (95 % prediction interval of one new measurement there): f(x₀) ± t_{0.975, N−q} ·
+  √(s² + x₀ᵀ·s²(XᵀWX)⁻¹·x₀), W = diag(n_k); None when N ≤ q (nothing is left to estimate s² from).
+The band holds *given the hypothesis*: that the form was chosen from the same data is not in it.
+
+`per_unit` (a parameter's index) models y/x_s instead of y and multiplies back: y = x_s·(c₀ + Σ c_k·t_k).
+A throughput over the devices that produce it is modelled per device that way, where its form is simple
+(constant under perfect scaling); rss and smape are then of y itself, the band is x_s times the
+per-unit one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ddlbench.analysis.empirical.terms import Term, evaluate_term, term_text
+from ddlbench.statistics import student_t_quantile
+
+
+def design(terms: tuple[Term, ...], x: np.ndarray) -> np.ndarray:
+    x = np.atleast_2d(np.asarray(x, dtype=float))
+    return np.column_stack([np.ones(x.shape[0]), *(evaluate_term(term, x) for term in terms)])
+
+
+def smape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """Symmetric mean absolute percentage error, 100/P·Σ 2|p − m|/(|m| + |p|) (percent); 0/0 counts 0."""
+    predicted, measured = np.asarray(predicted, float), np.asarray(measured, float)
+    denominator = np.abs(measured) + np.abs(predicted)
+    share = np.divide(
+        2 * np.abs(predicted - measured), denominator, out=np.zeros_like(denominator), where=denominator > 0
+    )
+    return float(100 * share.mean())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fit:
+    """A hypothesis with its coefficients, its errors and what is needed for its band."""
+
+    names: tuple[str, ...]
+    terms: tuple[Term, ...]
+    coefficients: tuple[float, ...]  # c0 first
+    points: int
+    observations: int
+    rss: float
+    smape: float
+    cv_smape: float | None = None  # leave-one-out, percent; set by the search
+    residual_variance: float | None = None  # s², None when N ≤ q
+    unscaled_covariance: tuple[tuple[float, ...], ...] = ()  # (XᵀWX)⁻¹
+    per_unit: int | None = None
+
+    def predict(self, x) -> np.ndarray:
+        rows = self._rows(x)
+        return design(self.terms, rows) @ np.asarray(self.coefficients) * self._unit(rows)
+
+    def _unit(self, rows: np.ndarray) -> np.ndarray:
+        return np.ones(rows.shape[0]) if self.per_unit is None else rows[:, self.per_unit]
+
+    def band(self, x, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray] | None:
+        """Lower and upper ends of the `confidence` prediction interval at each x; None without s²."""
+        if self.residual_variance is None:
+            return None
+        points = self._rows(x)
+        rows = design(self.terms, points)
+        leverage = np.einsum("ij,jk,ik->i", rows, np.asarray(self.unscaled_covariance), rows)
+        half = student_t_quantile(0.5 + confidence / 2, self.observations - len(self.coefficients)) * np.sqrt(
+            self.residual_variance * (1 + leverage)
+        )
+        centre = rows @ np.asarray(self.coefficients)
+        unit = self._unit(points)
+        return (centre - half) * unit, (centre + half) * unit
+
+    def formula(self, digits: int = 4) -> str:
+        """c₀ + c₁·term₁ + …, as Extra-P prints a function."""
+        text = f"{self.coefficients[0]:.{digits}g}"
+        for c, term in zip(self.coefficients[1:], self.terms, strict=True):
+            text += f" {'-' if c < 0 else '+'} {abs(c):.{digits}g}·{term_text(term, self.names)}"
+        return text if self.per_unit is None else f"{self.names[self.per_unit]}·({text})"
+
+    def _rows(self, x) -> np.ndarray:
+        x = np.asarray(x, dtype=float)
+        return x.reshape(-1, len(self.names)) if x.ndim < 2 else x
+
+
+def fit_hypothesis(
+    names: tuple[str, ...],
+    terms: tuple[Term, ...],
+    x: np.ndarray,
+    values: list[list[float]],
+    *,
+    per_unit: int | None = None,
+) -> Fit:
+    """Least squares of c₀ + Σ c_k·t_k over every repetition of every point (see the module docstring)."""
+    x = np.atleast_2d(np.asarray(x, dtype=float))
+    original = [list(map(float, reps)) for reps in values]
+    if per_unit is not None:
+        values = [[v / row[per_unit] for v in reps] for reps, row in zip(values, x, strict=True)]
+    counts = np.array([len(reps) for reps in values], dtype=float)
+    means = np.array([float(np.mean(reps)) for reps in values])
+    rows = design(terms, x)
+    weighted = rows * np.sqrt(counts)[:, None]
+    coefficients, *_ = np.linalg.lstsq(weighted, means * np.sqrt(counts), rcond=None)
+    fitted = rows @ coefficients
+    observations = int(counts.sum())
+    q = rows.shape[1]
+    residual_variance, unscaled = None, ()
+    if observations > q:
+        squares = sum(float(np.sum((np.asarray(reps) - f) ** 2)) for reps, f in zip(values, fitted, strict=True))
+        residual_variance = squares / (observations - q)
+        unscaled = tuple(map(tuple, np.linalg.pinv(weighted.T @ weighted)))
+    unit = np.ones(len(values)) if per_unit is None else x[:, per_unit]
+    original_means = np.array([float(np.mean(reps)) for reps in original])
+    return Fit(
+        names=names,
+        terms=terms,
+        coefficients=tuple(float(c) for c in coefficients),
+        points=len(values),
+        observations=observations,
+        rss=float(np.sum((original_means - fitted * unit) ** 2)),
+        smape=smape(fitted * unit, original_means),
+        residual_variance=residual_variance,
+        unscaled_covariance=unscaled,
+        per_unit=per_unit,
+    )

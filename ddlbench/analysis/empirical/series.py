@@ -1,0 +1,162 @@
+"""A sweep's records (its aggregated table) as series to model: one figure over one or more parameters,
+everything else held fixed, with every repetition kept.
+
+The figures, per repetition r of a configuration (its window throughput R_r = samples of the kept window ÷
+the window's wall time, samples_per_s_overall in the table; B the global batch; n the nodes):
+- samples_per_s: R_r (samples/s);
+- step_time_s: B / R_r (s), the mean step time of the window;
+- speedup: R_r / R̃₀ with R̃₀ the median over repetitions of the series' smallest scale (dimensionless);
+  for several parameters, the point where all are smallest (dimensionless);
+- efficiency: speedup / (s / s₀) with s the first modelled parameter (dimensionless);
+- cost_node_h_per_epoch: n · E / R_r / 3600 (node-hours per epoch of E samples; E from --epoch-samples or
+  the dataset's training-set size); times price_per_node_hour when one is given, cost_per_epoch (currency).
+Only successful records of this measurement version count; a failed point is absent, not zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ddlbench.analysis.keys import CONFIG_FIELDS, describe
+from ddlbench.errors import DdlbenchError
+
+FIGURES = {
+    "samples_per_s": ("samples/s", "R = samples of the kept window / its wall time"),
+    "step_time_s": ("s", "B / R, B the global batch"),
+    "speedup": ("", "R / R0, R0 the median at the series' smallest scale"),
+    "efficiency": ("", "speedup / (x / x0)"),
+    "cost_node_h_per_epoch": ("node-h", "nodes * epoch samples / R / 3600"),
+    "cost_per_epoch": ("currency", "cost_node_h_per_epoch * price per node-hour"),
+}
+# parameters a series may be modelled over: the numeric fields of a configuration
+NUMERIC_PARAMETERS = ("nodes", "ranks_per_node", "world_size", "batch_size", "threads", "micro_batches", "split")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Series:
+    """One figure of one configuration family over `parameters`, every repetition kept."""
+
+    figure: str
+    parameters: tuple[str, ...]
+    label: str  # what is held fixed, e.g. "ddp resnet8 cifar10 b32"
+    x: tuple[tuple[float, ...], ...]
+    values: tuple[tuple[float, ...], ...]
+    fixed: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def unit(self) -> str:
+        return FIGURES.get(self.figure, ("", ""))[0]
+
+    def array(self) -> np.ndarray:
+        return np.asarray(self.x, dtype=float)
+
+    def lists(self) -> list[list[float]]:
+        return [list(v) for v in self.values]
+
+
+def used_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The successful rows of this measurement version."""
+    if table.empty or "status" not in table.columns:
+        return table.iloc[0:0]
+    used = table["status"] == "ok"
+    if "other_measurement_version" in table.columns:
+        used &= table["other_measurement_version"].fillna(False).astype(bool) == False  # noqa: E712
+    return table[used & table["samples_per_s_overall"].notna()]
+
+
+def series_from_table(
+    table: pd.DataFrame,
+    *,
+    over: tuple[str, ...] = ("nodes",),
+    figures: tuple[str, ...] = ("step_time_s", "samples_per_s", "speedup", "efficiency", "cost_node_h_per_epoch"),
+    epoch_samples: int | None = None,
+    price_per_node_hour: float | None = None,
+    min_points: int = 2,
+) -> list[Series]:
+    """Every series of the table over `over` with at least `min_points` points, for each figure."""
+    for name in over:
+        if name not in NUMERIC_PARAMETERS:
+            raise DdlbenchError(f"cannot model over {name!r}; parameters: {', '.join(NUMERIC_PARAMETERS)}")
+    for figure in figures:
+        if figure not in FIGURES:
+            raise DdlbenchError(f"figure {figure!r} unknown; figures: {', '.join(FIGURES)}")
+    if "cost_per_epoch" in figures and price_per_node_hour is None:
+        raise DdlbenchError("cost_per_epoch needs a price per node-hour (--price-per-node-hour, or the site file's)")
+    rows = used_rows(table)
+    if rows.empty:
+        return []
+    implied = {"nodes", "ranks_per_node"} if "world_size" in over else set()
+    held = [
+        name
+        for name in CONFIG_FIELDS
+        if name in rows.columns and name not in over and name not in implied and not _follows(name, over)
+    ]
+    out: list[Series] = []
+    for _, family in rows.groupby([rows[name].astype(str) for name in held], sort=True, dropna=False):
+        first = family.iloc[0].to_dict()
+        grouped = family.groupby([family[name] for name in over], sort=True)
+        points = [
+            (tuple(float(v) for v in (key if isinstance(key, tuple) else (key,))), group) for key, group in grouped
+        ]
+        if len(points) < min_points:
+            continue
+        label = describe(first, held)
+        for figure in figures:
+            values = _figure_values(figure, points, over, first, epoch_samples, price_per_node_hour)
+            if values is None:
+                continue
+            out.append(
+                Series(
+                    figure=figure,
+                    parameters=over,
+                    label=label,
+                    x=tuple(p for p, _ in points),
+                    values=values,
+                    fixed={name: first.get(name) for name in held},
+                )
+            )
+    return out
+
+
+def _follows(name: str, over: tuple[str, ...]) -> bool:
+    # split grows with the world for strategies that cut one replica over all ranks: keys.series_key's rule
+    return name == "split" and ("nodes" in over or "world_size" in over)
+
+
+def _figure_values(figure, points, over, first, epoch_samples, price):
+    rates = [np.asarray(group["samples_per_s_overall"], dtype=float) for _, group in points]
+    if figure == "samples_per_s":
+        return tuple(tuple(r) for r in rates)
+    if figure == "step_time_s":
+        return tuple(
+            tuple(np.asarray(g["global_batch_size"], float) / r) for (_, g), r in zip(points, rates, strict=True)
+        )
+    if figure in ("speedup", "efficiency"):
+        base = float(np.median(rates[0]))
+        x0 = points[0][0][0]
+        return tuple(
+            tuple(r / base if figure == "speedup" else r / base / (p[0] / x0))
+            for (p, _), r in zip(points, rates, strict=True)
+        )
+    samples = epoch_samples or _dataset_samples(str(first.get("dataset")))
+    if samples is None:
+        return None  # the figure needs an epoch's size: skipped, the CLI says how to give it
+    node_hours = tuple(
+        tuple(np.asarray(g["nodes"], float) * samples / r / 3600) for (_, g), r in zip(points, rates, strict=True)
+    )
+    if figure == "cost_node_h_per_epoch":
+        return node_hours
+    return tuple(tuple(v * price for v in reps) for reps in node_hours)
+
+
+def _dataset_samples(name: str) -> int | None:
+    from ddlbench.catalog import DATASETS
+
+    try:
+        return DATASETS.get(name).train_samples
+    except (KeyError, AttributeError, DdlbenchError):
+        return None

@@ -1,0 +1,250 @@
+"""`ddlbench fit`: empirical scaling models (Extra-P's normal form) of a sweep's figures, or of any CSV.
+
+Three uses:
+- a sweep's records: `ddlbench fit [--configfile F | --table T] [--over nodes[,batch_size]] [--at nodes=8,16]`
+  models every series of every figure and prints (or writes, --out) the models with their bands;
+- any measurements: `ddlbench fit --x COL [--x COL2] --y COL [X ...] < data.csv` fits y over x from a CSV
+  on standard input (rows with the same x are repetitions) and prints one prediction per line for each X
+  (comma-separated for several x columns); the model and its band go to standard error;
+- the cheapest configuration: `--cheapest --target samples_per_s>=5000` (or step_time_s<=0.5,
+  epoch_time_s<=600) over the candidates of --at and the measured scales, by node-hours per epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ddlbench.errors import DdlbenchError
+
+
+def add_commands(commands: Any, add_sweep_options: Callable, read_sweep: Callable) -> None:
+    fit = commands.add_parser(
+        "fit",
+        help="empirical scaling models (PMNF) of a sweep's figures or of a CSV, with bands and extrapolation",
+    )
+    add_sweep_options(fit)
+    fit.add_argument("--table", type=Path, help="the sweep's aggregated table (default: the sweep's table.parquet)")
+    fit.add_argument("--over", default="nodes", help="parameters to model over, comma-separated (default: nodes)")
+    fit.add_argument(
+        "--figure",
+        action="append",
+        help="figures to model (repeatable; default: step_time_s samples_per_s speedup efficiency "
+        "cost_node_h_per_epoch, and cost_per_epoch when priced)",
+    )
+    fit.add_argument(
+        "--at", action="append", default=[], help="predict at these scales: nodes=8,16 (repeatable, one per parameter)"
+    )
+    fit.add_argument("--epoch-samples", type=int, help="samples in an epoch (default: the dataset's training set)")
+    fit.add_argument("--price-per-node-hour", type=float, help="price of a node-hour (default: the site file's)")
+    fit.add_argument("--site", type=Path, help="a site file (`ddlbench profile slurm`) to take the price from")
+    fit.add_argument("--method", choices=("ddlbench", "extrap"), default="ddlbench", help="model search")
+    fit.add_argument("--format", choices=("table", "json"), default="table")
+    fit.add_argument("--out", type=Path, help="write here instead of standard output")
+    fit.add_argument("--x", action="append", dest="x_columns", help="CSV mode: a parameter column (repeatable)")
+    fit.add_argument("--y", dest="y_column", help="CSV mode: the measured column")
+    fit.add_argument(
+        "--kind",
+        choices=("auto", "throughput", "time", "other"),
+        default="auto",
+        help="CSV mode: what y is, for ddlbench's physical checks (auto: other)",
+    )
+    fit.add_argument("values", nargs="*", help="CSV mode: where to predict (e.g. 64 128, or 8,256 for two x)")
+    fit.add_argument("--cheapest", action="store_true", help="the cheapest configuration meeting --target")
+    fit.add_argument("--target", help="samples_per_s>=N, step_time_s<=S or epoch_time_s<=S")
+    fit.set_defaults(handler=lambda args: _fit(args, read_sweep))
+
+
+def _fit(args: argparse.Namespace, read_sweep: Callable) -> int:
+    if args.x_columns or args.y_column:
+        return _fit_csv(args)
+    if args.values:
+        raise DdlbenchError(f"positional values {args.values} are for CSV mode (--x COL --y COL); use --at here")
+    import pandas as pd
+
+    from ddlbench.analysis.empirical.modelling import model_series
+    from ddlbench.analysis.empirical.series import series_from_table
+
+    over = tuple(name.strip() for name in args.over.split(",") if name.strip())
+    table_path = args.table or _sweep_table(read_sweep(args))
+    if not table_path.exists():
+        raise DdlbenchError(f"no table at {table_path}: run the sweep (or `ddlbench aggregate`) first")
+    table = pd.read_parquet(table_path) if table_path.suffix == ".parquet" else pd.read_csv(table_path)
+    price = _price(args)
+    figures = tuple(args.figure or ()) or (
+        "step_time_s",
+        "samples_per_s",
+        "speedup",
+        "efficiency",
+        "cost_node_h_per_epoch",
+        *(("cost_per_epoch",) if price else ()),
+    )
+    series = series_from_table(
+        table, over=over, figures=figures, epoch_samples=args.epoch_samples, price_per_node_hour=price
+    )
+    if not series:
+        raise DdlbenchError(
+            f"no series over {', '.join(over)} with 2 or more measured points in {table_path}; "
+            "a sweep needs several values of the parameter, each with a successful record"
+        )
+    at = _scales(args.at, over)
+    models = [model_series(s, method=args.method, at=at) for s in series]
+    if args.cheapest:
+        from ddlbench.analysis.empirical.cheapest import cheapest, parse_target
+
+        target = parse_target(args.target)
+        answer = cheapest(series, target, at=at, method=args.method, epoch_samples=args.epoch_samples)
+        _emit(json.dumps(answer, indent=2) + "\n" if args.format == "json" else _cheapest_text(answer), args.out)
+        return 0 if answer["choices"] else 1
+    if args.format == "json":
+        _emit(json.dumps({"over": list(over), "models": models}, indent=2) + "\n", args.out)
+    else:
+        _emit(_models_text(models), args.out)
+    return 0
+
+
+def _sweep_table(config) -> Path:
+    return config.sweep_dir / "table.parquet"
+
+
+def _price(args: argparse.Namespace) -> float | None:
+    if args.price_per_node_hour is not None:
+        if not args.price_per_node_hour > 0:
+            raise DdlbenchError(f"--price-per-node-hour {args.price_per_node_hour} must be positive")
+        return args.price_per_node_hour
+    if args.site:
+        from ddlbench.launch.resources import load_site
+
+        return load_site(args.site).price_per_node_hour
+    return None
+
+
+def _scales(specs: list[str], over: tuple[str, ...]) -> list[tuple[float, ...]]:
+    """--at nodes=8,16 [--at batch_size=64,128] → every combination, in `over`'s order."""
+    import itertools
+
+    if not specs:
+        return []
+    given: dict[str, list[float]] = {}
+    for spec in specs:
+        name, _, text = spec.partition("=")
+        name = name.strip()
+        if name not in over:
+            raise DdlbenchError(f"--at {spec!r}: {name!r} is not modelled; --over is {', '.join(over)}")
+        try:
+            given[name] = [float(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise DdlbenchError(f"--at {spec!r}: give numbers, e.g. {name}=8,16") from None
+        if not given[name] or min(given[name]) <= 0:
+            raise DdlbenchError(f"--at {spec!r}: give positive numbers, e.g. {name}=8,16")
+    missing = [name for name in over if name not in given]
+    if missing:
+        raise DdlbenchError(f"--at gives no value of {', '.join(missing)}; give each of {', '.join(over)}")
+    return list(itertools.product(*(given[name] for name in over)))
+
+
+def _fit_csv(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ddlbench.analysis.empirical.modelling import describe_fit, predict, search
+
+    if not args.x_columns or not args.y_column:
+        raise DdlbenchError("CSV mode needs both --x COL (one or more) and --y COL")
+    reader = csv.DictReader(sys.stdin)
+    columns = reader.fieldnames or []
+    for name in (*args.x_columns, args.y_column):
+        if name not in columns:
+            raise DdlbenchError(f"column {name!r} not in the CSV on standard input; its columns: {', '.join(columns)}")
+    grouped: dict[tuple[float, ...], list[float]] = {}
+    for line, row in enumerate(reader, start=2):
+        try:
+            key = tuple(float(row[name]) for name in args.x_columns)
+            value = float(row[args.y_column])
+        except (TypeError, ValueError):
+            raise DdlbenchError(
+                f"line {line}: {[row.get(n) for n in (*args.x_columns, args.y_column)]} are not numbers"
+            ) from None
+        if not all(math.isfinite(v) for v in (*key, value)) or min(key) <= 0:
+            raise DdlbenchError(f"line {line}: parameters must be positive and values finite")
+        grouped.setdefault(key, []).append(value)
+    if len(grouped) < 2:
+        raise DdlbenchError(f"{len(grouped)} distinct x in the CSV: a model needs at least 2")
+    keys = sorted(grouped)
+    x = np.asarray(keys, dtype=float)
+    names = tuple(args.x_columns)
+    fit = search(names, x, [grouped[k] for k in keys], args.method, "other" if args.kind == "auto" else args.kind)
+    at = []
+    for text in args.values:
+        try:
+            at.append(tuple(float(v) for v in text.split(",")))
+        except ValueError:
+            raise DdlbenchError(f"{text!r} is not a point: give numbers, comma-separated for several x") from None
+        if len(at[-1]) != len(names):
+            raise DdlbenchError(f"{text!r} has {len(at[-1])} values; give one per --x ({', '.join(names)})")
+    summary = describe_fit(fit)
+    print(
+        f"model ({args.method}): {args.y_column} = {summary['formula']}  [{summary['points']} points, "
+        f"{summary['observations']} observations, LOO SMAPE {_pct(summary['cv_smape_percent'])}, "
+        f"s = {_num(summary['residual_sd'])}; band: 95 % prediction interval]",
+        file=sys.stderr,
+    )
+    for prediction in predict(fit, x, at):
+        band = "" if prediction.low is None else f" {prediction.low:.6g} {prediction.high:.6g}"
+        print(f"{','.join(f'{v:g}' for v in prediction.x)} {prediction.value:.6g}{band}")
+    return 0
+
+
+def _models_text(models: list[dict[str, Any]]) -> str:
+    lines = []
+    for m in models:
+        lines.append(
+            f"{m['label']} — {m['figure']} ({m['unit'] or 'ratio'}) over {', '.join(m['parameters'])}: {m['formula']}"
+        )
+        lines.append(
+            f"  {m['points']} points, {m['observations']} observations; SMAPE {_pct(m['smape_percent'])} in-sample, "
+            f"{_pct(m['cv_smape_percent'])} leave-one-out; s = {_num(m['residual_sd'])}"
+        )
+        for p in m["predictions"]:
+            band = (
+                "no band (too few observations)" if p["low"] is None else f"95 % PI [{p['low']:.4g}, {p['high']:.4g}]"
+            )
+            where = "" if p["beyond"] <= 1 else f", extrapolated ×{p['beyond']:.3g}"
+            lines.append(f"  at {', '.join(f'{v:g}' for v in p['x'])}: {p['value']:.4g} {band}{where}")
+    return "\n".join(lines) + "\n"
+
+
+def _cheapest_text(answer: dict[str, Any]) -> str:
+    lines = [f"target: {answer['target']}"]
+    if not answer["choices"]:
+        lines.append("no candidate meets the target: " + answer.get("why", ""))
+    for choice in answer["choices"]:
+        lines.append(
+            f"{choice['label']} at {choice['x']}: {choice['figure']} {choice['value']:.4g} "
+            f"(95 % PI [{_num(choice['low'])}, {_num(choice['high'])}]), cost {choice['cost_node_h_per_epoch']:.4g} "
+            f"node-h/epoch; {'meets it across its band' if choice['sure'] else 'meets it on the central value only'}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} %"
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def _emit(text: str, out: Path | None) -> None:
+    if out is None:
+        print(text, end="")
+        return
+    from ddlbench.atomic import write_text_atomic
+
+    write_text_atomic(out, text)
+    print(f"written: {out}")
