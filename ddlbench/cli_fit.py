@@ -31,7 +31,9 @@ def add_commands(commands: Any, add_sweep_options: Callable, read_sweep: Callabl
     )
     add_sweep_options(fit)
     fit.add_argument("--table", type=Path, help="the sweep's aggregated table (default: the sweep's table.parquet)")
-    fit.add_argument("--over", default="nodes", help="parameters to model over, comma-separated (default: nodes)")
+    fit.add_argument(
+        "--over", help="parameters to model over, comma-separated (default: the sweep's scaling.over, else nodes)"
+    )
     fit.add_argument(
         "--figure",
         action="append",
@@ -44,7 +46,12 @@ def add_commands(commands: Any, add_sweep_options: Callable, read_sweep: Callabl
     fit.add_argument("--epoch-samples", type=int, help="samples in an epoch (default: the dataset's training set)")
     fit.add_argument("--price-per-node-hour", type=float, help="price of a node-hour (default: the site file's)")
     fit.add_argument("--site", type=Path, help="a site file (`ddlbench profile slurm`) to take the price from")
-    fit.add_argument("--method", choices=("ddlbench", "extrap"), default="ddlbench", help="model search")
+    fit.add_argument("--method", choices=("ddlbench", "extrap"), help="model search (default: ddlbench)")
+    fit.add_argument(
+        "--allow-none",
+        action="store_true",
+        help="no series to model is not an error: write an empty model list saying why (the workflow's use)",
+    )
     fit.add_argument("--format", choices=("table", "json"), default="table")
     fit.add_argument("--out", type=Path, help="write here instead of standard output")
     fit.add_argument("--x", action="append", dest="x_columns", help="CSV mode: a parameter column (repeatable)")
@@ -71,12 +78,18 @@ def _fit(args: argparse.Namespace, read_sweep: Callable) -> int:
     from ddlbench.analysis.empirical.modelling import model_series
     from ddlbench.analysis.empirical.series import series_from_table
 
-    over = tuple(name.strip() for name in args.over.split(",") if name.strip())
-    table_path = args.table or _sweep_table(read_sweep(args))
+    sweep = read_sweep(args) if (args.configfile or args.config_json or not args.table) else None
+    scaling = sweep.to_dict()["scaling"] if sweep else {}
+    over = tuple(
+        name.strip() for name in (args.over or ",".join(scaling.get("over", ["nodes"]))).split(",") if name.strip()
+    )
+    method = args.method or scaling.get("method", "ddlbench")
+    table_path = args.table or sweep.sweep_dir / "table.parquet"
     if not table_path.exists():
         raise DdlbenchError(f"no table at {table_path}: run the sweep (or `ddlbench aggregate`) first")
     table = pd.read_parquet(table_path) if table_path.suffix == ".parquet" else pd.read_csv(table_path)
-    price = _price(args)
+    price = _price(args) or scaling.get("price_per_node_hour")
+    epoch_samples = args.epoch_samples or scaling.get("epoch_samples")
     figures = tuple(args.figure or ()) or (
         "step_time_s",
         "samples_per_s",
@@ -86,20 +99,27 @@ def _fit(args: argparse.Namespace, read_sweep: Callable) -> int:
         *(("cost_per_epoch",) if price else ()),
     )
     series = series_from_table(
-        table, over=over, figures=figures, epoch_samples=args.epoch_samples, price_per_node_hour=price
+        table, over=over, figures=figures, epoch_samples=epoch_samples, price_per_node_hour=price
     )
     if not series:
-        raise DdlbenchError(
+        why = (
             f"no series over {', '.join(over)} with 2 or more measured points in {table_path}; "
             "a sweep needs several values of the parameter, each with a successful record"
         )
-    at = _scales(args.at, over)
-    models = [model_series(s, method=args.method, at=at) for s in series]
+        if not args.allow_none:
+            raise DdlbenchError(why)
+        _emit(json.dumps({"over": list(over), "models": [], "why": why}, indent=2) + "\n", args.out)
+        return 0
+    at_specs = args.at or [
+        f"{name}={','.join(str(v) for v in values)}" for name, values in scaling.get("at", {}).items()
+    ]
+    at = _scales(at_specs, over)
+    models = [model_series(s, method=method, at=at or _beyond(s)) for s in series]
     if args.cheapest:
         from ddlbench.analysis.empirical.cheapest import cheapest, parse_target
 
         target = parse_target(args.target)
-        answer = cheapest(series, target, at=at, method=args.method, epoch_samples=args.epoch_samples)
+        answer = cheapest(series, target, at=at, method=method, epoch_samples=epoch_samples)
         _emit(json.dumps(answer, indent=2) + "\n" if args.format == "json" else _cheapest_text(answer), args.out)
         return 0 if answer["choices"] else 1
     if args.format == "json":
@@ -109,8 +129,12 @@ def _fit(args: argparse.Namespace, read_sweep: Callable) -> int:
     return 0
 
 
-def _sweep_table(config) -> Path:
-    return config.sweep_dir / "table.parquet"
+def _beyond(series) -> list[tuple[float, ...]]:
+    """Without --at: one parameter is predicted at 2× and 4× its largest measured value."""
+    if len(series.parameters) != 1:
+        return []
+    largest = max(x[0] for x in series.x)
+    return [(2 * largest,), (4 * largest,)]
 
 
 def _price(args: argparse.Namespace) -> float | None:

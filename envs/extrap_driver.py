@@ -26,8 +26,10 @@ repr(), which round-trips every float exactly).
 
 Reply (stdout, JSON): extrap_version, modeler, measure, function (Extra-P's own to_string, as the
 CLI prints it), constant, terms [{coefficient, factors: [{parameter, exponent_poly, exponent_log}]}],
-smape, rss, rrss, nrss, re, ar2 (of the selected hypothesis: for the single-parameter modeler these
-are the leave-one-out costs it compared, see the docs of envs/extrap.sh), hypothesis (its class name),
+smape, rss, rrss, nrss, re, ar2 (Extra-P's costs of the selected hypothesis: for a one-parameter
+PMNF model with cross-validation, the leave-one-out costs it compared (rss = sum of squared LOO errors,
+smape = mean LOO SMAPE in %); for the constant model and multi-parameter models, costs over all points;
+nrss is not computed for multi-parameter models and reads 0), hypothesis (its class name),
 warnings (what Extra-P warned about, e.g. dropped log terms) and predictions (at predict_at).
 Non-finite numbers are written as null. Errors: a message on stderr and exit status 1 (2 for a bad request).
 """
@@ -63,8 +65,11 @@ def _read_request():
     values = req.get("values")
     predict_at = req.get("predict_at") or []
     options = dict(req.get("options") or {})
-    if not (isinstance(params, list) and 1 <= len(params) <= 4
-            and all(isinstance(p, str) and p and not any(c.isspace() for c in p) for p in params)):
+    if not (
+        isinstance(params, list)
+        and 1 <= len(params) <= 4
+        and all(isinstance(p, str) and p and not any(c.isspace() for c in p) for p in params)
+    ):
         _fail("'parameters' must be a list of 1 to 4 names without whitespace", 2)
     if len(set(params)) != len(params):
         _fail("'parameters' has duplicate names", 2)
@@ -84,7 +89,7 @@ def _read_request():
     if len(set(coords)) != len(coords):
         _fail("'points' has duplicate coordinates (give all repetitions of a point in one 'values' list)", 2)
     reps = []
-    for pt, vs in zip(points, values):
+    for pt, vs in zip(points, values, strict=True):
         if not isinstance(vs, list) or not vs:
             _fail(f"'values' for point {pt!r} must be a non-empty list of repetitions", 2)
         try:
@@ -176,8 +181,8 @@ def _configure(generator, options):
 def main():
     params, coords, reps, preds, options = _read_request()
 
-    import numpy
     import extrap
+    import numpy
     from extrap.entities.measurement import Measure
     from extrap.fileio.file_reader.text_file_reader import TextFileReader
     from extrap.modelers.model_generator import ModelGenerator
@@ -229,8 +234,13 @@ def main():
         "re": _num(hypothesis.RE),
         "ar2": _num(hypothesis.AR2),
         "predictions": [_num(v) for v in predictions],
-        "warnings": sorted({str(w.message) for w in caught
-                            if not issubclass(w.category, (DeprecationWarning, PendingDeprecationWarning))}),
+        "warnings": sorted(
+            {
+                str(w.message)
+                for w in caught
+                if not issubclass(w.category, (DeprecationWarning, PendingDeprecationWarning))
+            }
+        ),
     }
     json.dump(reply, sys.stdout)
     sys.stdout.write("\n")

@@ -74,6 +74,7 @@ class SweepConfig:
     trace_steps: int = 0
     machine: str = ""  # machine file the points are predicted on ("" none)
     calibrate: str = ""  # calibration suite run first into machine_path ("" none)
+    scaling_json: str = "{}"  # the `scaling` mapping (empirical models) as canonical JSON
 
     @property
     def machine_path(self) -> Path | None:
@@ -89,6 +90,7 @@ class SweepConfig:
         data["exclude"] = [dict(entry) for entry in self.exclude]
         data["strategy_options"] = {strategy: dict(options) for strategy, options in self.strategy_options}
         data["data"] = dict(self.data)
+        data["scaling"] = json.loads(data.pop("scaling_json"))
         slurm = {"partition": data.pop("slurm_partition"), "mem_per_rank_mb": data.pop("slurm_mem_per_rank_mb")}
         data["slurm"] = {key: value for key, value in slurm.items() if value is not None}
         for key in AXES:
@@ -156,6 +158,7 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
         trace_steps=data["trace_steps"],
         machine=data["machine"],
         calibrate=data["calibrate"],
+        scaling_json=json.dumps(data["scaling"], sort_keys=True),
     )
 
 

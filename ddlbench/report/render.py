@@ -27,6 +27,7 @@ from ddlbench.report.figures import Cell, figure_cell, missing, number, point_no
 from ddlbench.report.inside import INSIDE_COLUMNS, RANK_COLUMNS, inside_rows, step_drawings, study_plots
 from ddlbench.report.plots import figure_level, level_caption, strategy_comparison_svg, throughput_vs_nodes_svg
 from ddlbench.report.predicted import predicted_section
+from ddlbench.report.scaling import scaling_section
 from ddlbench.sweep import expand_sweep
 from ddlbench.templating import template_environment
 
@@ -115,6 +116,7 @@ def render_report(
         ],
         "study_plots": {axis: Markup(svg) for axis, svg in study_plots(configs).items()},
         "predicted": predicted_section(config, table),
+        "scaling": scaling_section(config),
     }
     return template_environment(autoescape=True).get_template("report.html.j2").render(**context)
 

@@ -37,6 +37,8 @@ CALIBRATE_SUITE = PLAN.config.calibrate
 MACHINE_FILE = str(PLAN.config.machine_path or "")
 PREDICTIONS = f"{SWEEP_DIR}/predictions.csv" if MACHINE_FILE else ""
 CALIBRATE_CORES = calibration_cores(CALIBRATE_SUITE) if CALIBRATE_SUITE else 1
+# empirical scaling models of the measured figures (workflow/rules/scaling.smk), which the report draws
+SCALING_MODELS = f"{SWEEP_DIR}/models.json"
 
 
 wildcard_constraints:

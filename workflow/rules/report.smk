@@ -19,6 +19,7 @@ rule report:
     input:
         table=rules.aggregate.output.parquet,
         predictions=PREDICTIONS or [],
+        models=SCALING_MODELS,
     output:
         html=REPORT,
     log:

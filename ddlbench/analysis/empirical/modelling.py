@@ -106,7 +106,18 @@ def model_series(series: Series, *, method: str = "ddlbench", at: list[tuple[flo
             for point, reps in zip(series.x, series.values, strict=True)
         ],
         "predictions": [p.to_dict() for p in predict(fit, x, list(at))],
+        "curve": _curve(fit, x, list(at)),
     }
+
+
+def _curve(fit: Fit, x: np.ndarray, at: list[tuple[float, ...]], steps: int = 48) -> list[dict[str, Any]]:
+    """One parameter: the model and its band on a log-spaced grid from the smallest measured value to the
+    largest measured or predicted one, for drawing."""
+    if x.shape[1] != 1:
+        return []
+    low, high = float(x[:, 0].min()), max(float(x[:, 0].max()), *(float(p[0]) for p in at))
+    grid = [(float(v),) for v in np.geomspace(low, high, steps)] if high > low else [(low,)]
+    return [{k: v for k, v in p.to_dict().items() if k != "beyond"} for p in predict(fit, x, grid)]
 
 
 def describe_fit(fit: Fit) -> dict[str, Any]:

@@ -1,0 +1,144 @@
+"""Empirical scaling models (ddlbench.analysis.empirical): the normal form's search recovers the law that
+made the data, its bands cover what they claim, and `ddlbench fit` reads a CSV as documented."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ddlbench.analysis.empirical.extrapolation import forward_error, search_ddlbench
+from ddlbench.analysis.empirical.regression import fit_hypothesis, smape
+from ddlbench.analysis.empirical.search import loo_smape, search_extrap
+from ddlbench.analysis.empirical.terms import Factor
+from ddlbench.statistics import student_t_quantile
+from tests.conftest import REPO
+
+P = np.array([2.0, 4, 8, 16, 32, 64])
+
+
+def test_student_t_quantiles_are_the_tables():
+    # two-sided 95 % and 99 % critical values (any statistics table, e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2)
+    for dof, value in ((1, 12.706), (2, 4.303), (5, 2.571), (10, 2.228), (30, 2.042)):
+        assert student_t_quantile(0.975, dof) == pytest.approx(value, abs=5e-4)
+    assert student_t_quantile(0.995, 3) == pytest.approx(5.841, abs=5e-4)
+    assert student_t_quantile(0.025, 5) == pytest.approx(-2.571, abs=5e-4)
+    assert student_t_quantile(0.975, 1e6) == pytest.approx(1.95996, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("law", "formula"),
+    [
+        (lambda p: 3 + 0.5 * p * np.log2(p), "3 + 0.5·p·log2(p)"),
+        (lambda p: 1 + 2 * p**1.5, "1 + 2·p^(3/2)"),
+        (lambda p: 7 + 0.25 * np.log2(p) ** 2, "7 + 0.25·log2(p)^2"),
+    ],
+)
+def test_the_extrap_search_recovers_the_law_of_exact_data(law, formula):
+    fit = search_extrap(("p",), P[:, None], [[v] for v in law(P)])
+    assert fit.formula() == formula
+    assert fit.predict([[256.0]])[0] == pytest.approx(law(np.array([256.0]))[0], rel=1e-9)
+
+
+def test_a_constant_is_kept_unless_a_term_predicts_better_out_of_sample():
+    noise = np.array([1.0, -1.0, 0.5, -0.5, 1.0, -1.0]) * 1e-3
+    fit = search_extrap(("p",), P[:, None], [[5.0 + e] for e in noise])
+    assert fit.terms == () and fit.coefficients[0] == pytest.approx(5.0, abs=1e-3)
+
+
+def test_two_parameters_combine_each_ones_best_term():
+    p, b = np.meshgrid([2.0, 4, 8, 16, 32], [16.0, 32, 64, 128, 256])
+    x = np.column_stack([p.ravel(), b.ravel()])
+    fit = search_extrap(("p", "b"), x, [[1 + 0.01 * pp * bb] for pp, bb in x])
+    assert fit.formula() == "1 + 0.01·p·b"
+    fit = search_extrap(("p", "b"), x, [[2 + 3 * np.log2(pp) + 0.5 * bb] for pp, bb in x])
+    assert fit.formula() == "2 + 3·log2(p) + 0.5·b"
+
+
+def test_leave_one_out_and_smape_are_their_definitions():
+    x, y = np.array([[1.0], [2.0], [3.0], [5.0]]), np.array([1.0, 2.5, 2.9, 5.2])
+    terms = ((Factor(0, 1),),)
+    by_hand = []
+    for k in range(4):
+        keep = [i for i in range(4) if i != k]
+        slope, intercept = np.polyfit(x[keep, 0], y[keep], 1)
+        by_hand.append(slope * x[k, 0] + intercept)
+    expected = 100 * np.mean([2 * abs(p - m) / (abs(p) + abs(m)) for p, m in zip(by_hand, y, strict=True)])
+    assert loo_smape(terms, x, y) == pytest.approx(expected, rel=1e-12)
+    assert smape(np.array([0.0, 2.0]), np.array([0.0, 1.0])) == pytest.approx(100 * (0 + 2 / 3) / 2)
+
+
+def test_the_prediction_band_covers_new_measurements_as_often_as_it_claims():
+    # y = 2 + 0.3·p with normal noise (σ = 0.5), 3 repetitions at 6 points; a new measurement at p = 128
+    # (2× beyond) must fall in the 95 % interval in 95 % of 2000 seeded trials: ±1.5 points is > 3 binomial SDs
+    rng = np.random.default_rng(12)
+    terms = ((Factor(0, 1),),)
+    inside = 0
+    trials = 2000
+    for _ in range(trials):
+        values = [list(2 + 0.3 * p + 0.5 * rng.standard_normal(3)) for p in P]
+        fit = fit_hypothesis(("p",), terms, P[:, None], values)
+        low, high = fit.band([[128.0]])
+        new = 2 + 0.3 * 128 + 0.5 * rng.standard_normal()
+        inside += bool(low[0] <= new <= high[0])
+    assert abs(inside / trials - 0.95) < 0.015
+
+
+def test_no_band_without_observations_to_spare():
+    fit = fit_hypothesis(("p",), ((Factor(0, 1),),), np.array([[1.0], [2.0]]), [[1.0], [2.0]])
+    assert fit.band([[4.0]]) is None and fit.residual_variance is None
+
+
+def test_a_throughput_is_modelled_per_device_and_stays_physical():
+    p = np.array([1.0, 2, 4, 8, 16, 32])
+    rate = 100 * p * (1 - 0.1 * (p - 1) / p)  # the ring's share of time grows to 10 %
+    fit = search_ddlbench(("p",), p[:, None], [[v] for v in rate], kind="throughput")
+    assert fit.per_unit == 0 and fit.formula().startswith("p·(")
+    truth = 100 * 128 * (1 - 0.1 * 127 / 128)
+    assert fit.predict([[128.0]])[0] == pytest.approx(truth, rel=1e-9)
+    assert forward_error(fit.terms, p[:, None], rate, per_unit=0) == pytest.approx(0, abs=1e-12)
+
+
+def _fit_csv(csv_text: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ddlbench", "-q", "fit", *args],
+        input=csv_text,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+def test_fit_reads_a_csv_and_prints_a_prediction_per_value():
+    rows = ["p,t"] + [f"{p:g},{2 + 0.3 * p + d:g}" for p in P for d in (-0.1, 0.1)]
+    done = _fit_csv("\n".join(rows) + "\n", "--x", "p", "--y", "t", "128", "256")
+    assert done.returncode == 0, done.stderr
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert [line[0] for line in lines] == ["128", "256"]
+    for (_, value, low, high), p in zip(lines, (128, 256), strict=True):
+        assert float(low) < float(value) < float(high)
+        assert float(value) == pytest.approx(2 + 0.3 * p, rel=1e-6)
+    assert "t = 2 + 0.3·p" in done.stderr and "95 % prediction interval" in done.stderr
+    # two parameters, values comma-separated
+    rows = ["p,b,t"] + [f"{p:g},{b},{1 + 0.01 * p * b:g}" for p in (2, 4, 8, 16, 32) for b in (16, 32, 64, 128, 256)]
+    done = _fit_csv("\n".join(rows) + "\n", "--x", "p", "--x", "b", "--y", "t", "64,512")
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[1]) == pytest.approx(1 + 0.01 * 64 * 512, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("csv_text", "args", "message"),
+    [
+        ("p,t\n1,2\n2,3\n", ("--x", "p", "--y", "q"), "column 'q' not in the CSV"),
+        ("p,t\n1,2\n1,3\n", ("--x", "p", "--y", "t"), "1 distinct x"),
+        ("p,t\n1,2\nx,3\n", ("--x", "p", "--y", "t"), "line 3"),
+        ("p,t\n1,2\n2,3\n", ("--x", "p", "--y", "t", "4,5"), "give one per --x"),
+        ("p,t\n0,2\n2,3\n", ("--x", "p", "--y", "t"), "must be positive"),
+    ],
+)
+def test_bad_csv_input_is_refused_by_name(csv_text, args, message):
+    done = _fit_csv(csv_text, *args)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
