@@ -58,9 +58,10 @@ def add_commands(commands: Any, add_sweep_options: Callable, read_sweep: Callabl
     fit.add_argument("--y", dest="y_column", help="CSV mode: the measured column")
     fit.add_argument(
         "--kind",
-        choices=("auto", "throughput", "time", "other"),
-        default="auto",
-        help="CSV mode: what y is, for ddlbench's physical checks (auto: other)",
+        choices=("throughput", "per_device", "time", "other"),
+        default="other",
+        help="CSV mode: what y is, for ddlbench's search: throughput (over the devices, Amdahl's law), "
+        "per_device (a rate per device or an efficiency), time (positive), other (default)",
     )
     fit.add_argument("values", nargs="*", help="CSV mode: where to predict (e.g. 64 128, or 8,256 for two x)")
     fit.add_argument("--cheapest", action="store_true", help="the cheapest configuration meeting --target")
@@ -202,7 +203,8 @@ def _fit_csv(args: argparse.Namespace) -> int:
     keys = sorted(grouped)
     x = np.asarray(keys, dtype=float)
     names = tuple(args.x_columns)
-    fit = search(names, x, [grouped[k] for k in keys], args.method, "other" if args.kind == "auto" else args.kind)
+    method = args.method or "ddlbench"
+    fit = search(names, x, [grouped[k] for k in keys], method, args.kind)
     at = []
     for text in args.values:
         try:
@@ -213,7 +215,7 @@ def _fit_csv(args: argparse.Namespace) -> int:
             raise DdlbenchError(f"{text!r} has {len(at[-1])} values; give one per --x ({', '.join(names)})")
     summary = describe_fit(fit)
     print(
-        f"model ({args.method}): {args.y_column} = {summary['formula']}  [{summary['points']} points, "
+        f"model ({method}): {args.y_column} = {summary['formula']}  [{summary['points']} points, "
         f"{summary['observations']} observations, LOO SMAPE {_pct(summary['cv_smape_percent'])}, "
         f"s = {_num(summary['residual_sd'])}; band: 95 % prediction interval]",
         file=sys.stderr,

@@ -4,7 +4,7 @@
 Runs INSIDE the Extra-P venv made by `envs/extrap.sh VENV` (imports only extrap, numpy and the
 standard library), e.g. `VENV/bin/python envs/extrap_driver.py < request.json`.
 
-Request (stdin, JSON):
+Request (stdin, JSON), or a JSON list of such requests (answered by a list, in one process):
     {"parameters": ["p"] | ["p", "b"],            # 1 to 4 names, no whitespace
      "points": [[x1] | [x1, x2], ...],            # one coordinate per measurement point, no duplicates
      "values": [[rep1, rep2, ...], ...],          # the repetitions measured at each point
@@ -53,11 +53,18 @@ def _num(x):
     return x if math.isfinite(x) else None
 
 
-def _read_request():
+def _read_requests():
+    """The request, or a list of them (answered in one process: Extra-P's imports take seconds)."""
     try:
         req = json.load(sys.stdin)
     except json.JSONDecodeError as e:
         _fail(f"stdin is not JSON: {e}", 2)
+    if isinstance(req, list):
+        return [_parse(one) for one in req], True
+    return [_parse(req)], False
+
+
+def _parse(req):
     if not isinstance(req, dict):
         _fail("the request must be a JSON object", 2)
     params = req.get("parameters")
@@ -179,8 +186,13 @@ def _configure(generator, options):
 
 
 def main():
-    params, coords, reps, preds, options = _read_request()
+    requests, several = _read_requests()
+    replies = [_model(*request) for request in requests]
+    json.dump(replies if several else replies[0], sys.stdout)
+    sys.stdout.write("\n")
 
+
+def _model(params, coords, reps, preds, options):
     import extrap
     import numpy
     from extrap.entities.measurement import Measure
@@ -242,8 +254,7 @@ def main():
             }
         ),
     }
-    json.dump(reply, sys.stdout)
-    sys.stdout.write("\n")
+    return reply
 
 
 if __name__ == "__main__":

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
-from ddlbench.analysis.empirical.extrapolation import forward_error, search_ddlbench
+from ddlbench.analysis.empirical.extrapolation import forward_error, search_ddlbench, serial_fraction
 from ddlbench.analysis.empirical.regression import fit_hypothesis, smape
 from ddlbench.analysis.empirical.search import loo_smape, search_extrap
 from ddlbench.analysis.empirical.terms import Factor
@@ -91,14 +92,40 @@ def test_no_band_without_observations_to_spare():
     assert fit.band([[4.0]]) is None and fit.residual_variance is None
 
 
-def test_a_throughput_is_modelled_per_device_and_stays_physical():
+def test_a_throughput_follows_amdahls_law_and_other_figures_the_forward_validated_normal_form():
     p = np.array([1.0, 2, 4, 8, 16, 32])
-    rate = 100 * p * (1 - 0.1 * (p - 1) / p)  # the ring's share of time grows to 10 %
+    rate = p / (0.01 + 0.0002 * p)  # 100 samples/s per device alone, a 2 % serial fraction
     fit = search_ddlbench(("p",), p[:, None], [[v] for v in rate], kind="throughput")
-    assert fit.per_unit == 0 and fit.formula().startswith("p·(")
-    truth = 100 * 128 * (1 - 0.1 * 127 / 128)
-    assert fit.predict([[128.0]])[0] == pytest.approx(truth, rel=1e-9)
-    assert forward_error(fit.terms, p[:, None], rate, per_unit=0) == pytest.approx(0, abs=1e-12)
+    assert fit.formula() == "p/(0.01 + 0.0002·p)"
+    assert fit.predict([[128.0]])[0] == pytest.approx(128 / (0.01 + 0.0002 * 128), rel=1e-9)
+    assert serial_fraction(fit) == pytest.approx(0.0002 / 0.0102, rel=1e-9)
+    efficiency = search_ddlbench(
+        ("p",), p[:, None], [[v / p0 / 98.0392156862745] for v, p0 in zip(rate, p, strict=True)], kind="per_device"
+    )
+    assert efficiency.formula().startswith("1/(")
+    # forward validation: a law fitted on the first points predicts the later ones exactly
+    law = 2 + 0.1 * p * np.log2(p)
+    assert forward_error(((Factor(0, Fraction(1), 1),),), p[:, None], law) == pytest.approx(0, abs=1e-12)
+    fit = search_ddlbench(("p",), p[:, None], [[v] for v in law], kind="time")
+    assert fit.formula() == "2 + 0.1·p·log2(p)"
+
+
+def test_bands_of_a_transformed_fit_are_the_transformed_band():
+    p = np.array([1.0, 2, 4, 8])
+    values = [[v * 0.99, v * 1.01] for v in p / (0.01 + 0.001 * p)]
+    fit = search_ddlbench(("p",), p[:, None], values, kind="throughput")
+    low, high = fit.band([[16.0], [32.0]])
+    centre = fit.predict([[16.0], [32.0]])
+    assert np.all(low < centre) and np.all(centre < high)
+    # the band is p / (the band of p/R): recompute it from the linear fit of the device-seconds per sample
+    linear = fit_hypothesis(
+        ("p",),
+        ((Factor(0, Fraction(1)),),),
+        p[:, None],
+        [[q / v for v in reps] for q, reps in zip(p, values, strict=True)],
+    )
+    g_low, g_high = linear.band([[16.0], [32.0]])
+    assert np.allclose(low, [16 / g_high[0], 32 / g_high[1]]) and np.allclose(high, [16 / g_low[0], 32 / g_low[1]])
 
 
 def _fit_csv(csv_text: str, *args: str) -> subprocess.CompletedProcess:

@@ -1,20 +1,24 @@
 """ddlbench's model search, for predicting beyond the measured scales (method "ddlbench").
 
-Extra-P picks the hypothesis that best predicts each measured point from the others (leave-one-out), a
-test of interpolation. Asked for a scale beyond all of them, what matters is how a hypothesis fitted on
-the smaller scales predicts the larger ones. Three changes, each for a failure seen on real scaling data
-(benchmarks/empirical_accuracy.py says by how much each helps):
+Extra-P picks, among 42 one-term hypotheses, the one that best predicts each measured point from the
+others (leave-one-out), a test of interpolation. Asked for a scale beyond all of them, with the four or
+five points a scaling study affords, that choice is mostly noise. Where the figure's physics is known,
+ddlbench fits its form instead of searching (benchmarks/empirical_accuracy.py measures both on public
+scaling tables):
 
-1. **Forward validation.** Sorted by the parameter, each hypothesis is fitted on the first k points and
-   scored on the points after them (k from max(3, P−3) to P−1), the score the mean relative error
-   |ŷ − y|/|y| of those predictions; leave-one-out SMAPE breaks ties and decides with fewer than 4 points.
-2. **A wider set.** Extra-P's 42 building blocks, their negative-exponent twins (a strong-scaling time
-   falls as 1/p), and the ring's saturating share (p−1)/p (ddlbench.analysis.empirical.terms).
-3. **Throughput per device.** A throughput (kind "throughput": samples/s over the devices producing them)
-   is modelled as p·u(p), u the per-device rate, constant under perfect scaling and falling as
-   communication grows, a form the normal form captures with one term where the throughput's own does not;
-   a hypothesis whose per-device rate turns negative, or grows beyond the best measured one by more than
-   the measurements' own spread, by 4× the largest scale is not physical and is dropped.
+- **throughput** (samples/s, or a speedup, over the devices p that produce it): Amdahl's law,
+  R(p) = p / (a + b·p), fitted as the device-seconds per sample p/R = a + b·p (least squares over every
+  repetition; regression.py's `inverse` with `per_unit`). The a is the per-sample work of a device, b·p
+  what grows with the group: a ring all-reduce's latency term, 2(p−1)·α (Thakur, Rabenseifner and Gropp,
+  IJHPCA 2005), or any serial part; R saturates at 1/b. The serial fraction f = b/(a + b) is Amdahl's:
+  speedup R(p)/R(1) = 1/((1 − f)/p + f).
+- **per_device** (a scaling efficiency, or any throughput per device): the same law per device,
+  e(p) = 1/(a + b·p).
+- **time** and **other**: the normal form's hypotheses (Extra-P's 42, their negative-exponent twins,
+  the ring's saturating share (p−1)/p), chosen by *forward* validation: sorted by the parameter, each
+  hypothesis is fitted on the first k points and scored on those after (k from max(3, P−3) to P−1), by
+  the mean relative error; leave-one-out SMAPE breaks ties and decides below 4 points. A time (kind
+  "time") must stay positive up to 4× the largest scale.
 
 Several parameters: Extra-P's multi-parameter search (ddlbench.analysis.empirical.search).
 """
@@ -22,81 +26,101 @@ Several parameters: Extra-P's multi-parameter search (ddlbench.analysis.empirica
 from __future__ import annotations
 
 from dataclasses import replace
+from fractions import Fraction
 
 import numpy as np
 
-from ddlbench.analysis.empirical.regression import Fit, design, fit_hypothesis
+from ddlbench.analysis.empirical.regression import Fit, design, fit_hypothesis, smape
 from ddlbench.analysis.empirical.search import loo_smape, search_extrap
 from ddlbench.analysis.empirical.terms import Factor, Term, extrap_building_blocks
 
-KINDS = ("auto", "throughput", "time", "other")
-HORIZON = 4.0  # the physical checks look this far beyond the largest measured scale
+KINDS = ("throughput", "per_device", "time", "other")
+HORIZON = 4.0  # a time must stay positive this far beyond the largest measured scale
+LINEAR: tuple[Term, ...] = ((Factor(0, Fraction(1)),),)
 
 
 def building_blocks(parameter: int, *, logs: bool) -> list[Factor]:
-    return [
-        *extrap_building_blocks(parameter, logs=logs, negative=True),
-        Factor(parameter, saturating=True),
-    ]
+    base = extrap_building_blocks(parameter, logs=logs)
+    return [*base, *(Factor(parameter, -f.poly, f.log) for f in base if f.poly), Factor(parameter, saturating=True)]
 
 
-def forward_error(
-    terms: tuple[Term, ...], x: np.ndarray, means: np.ndarray, *, per_unit: int | None = None
-) -> float | None:
+def search_ddlbench(names: tuple[str, ...], x: np.ndarray, values: list[list[float]], *, kind: str = "other") -> Fit:
+    x = np.atleast_2d(np.asarray(x, dtype=float))
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r} unknown; kinds: {', '.join(KINDS)}")
+    if len(names) > 1:
+        return search_extrap(names, x, values)
+    if kind in ("throughput", "per_device") and len(values) >= 2:
+        return amdahl(names, x, values, per_device=kind == "per_device")
+    return _forward_search(names, x, values, kind)
+
+
+def amdahl(names: tuple[str, ...], x: np.ndarray, values: list[list[float]], *, per_device: bool = False) -> Fit:
+    """Amdahl's law fitted to a throughput (p/(a + b·p)) or a per-device rate (1/(a + b·p))."""
+    fit = fit_hypothesis(names, LINEAR, x, values, per_unit=None if per_device else 0, inverse=True)
+    means = np.array([float(np.mean(v)) for v in values])
+    loo = _loo_back(fit, x, means) if len(values) > 2 else None
+    return replace(fit, cv_smape=loo)
+
+
+def serial_fraction(fit: Fit) -> float | None:
+    """Amdahl's serial fraction b/(a + b) of a fit by `amdahl` (None for any other fit)."""
+    if not fit.inverse or fit.terms != LINEAR:
+        return None
+    a, b = fit.coefficients
+    return b / (a + b) if a + b else None
+
+
+def _loo_back(fit: Fit, x: np.ndarray, means: np.ndarray) -> float:
+    """Leave-one-out SMAPE of a transformed fit, on the figure itself."""
+    predicted = np.empty(len(means))
+    for k in range(len(means)):
+        keep = np.arange(len(means)) != k
+        again = fit_hypothesis(
+            fit.names, fit.terms, x[keep], [[v] for v in means[keep]], per_unit=fit.per_unit, inverse=fit.inverse
+        )
+        predicted[k] = again.predict(x[k : k + 1])[0]
+    return smape(np.nan_to_num(predicted, nan=0.0), means)
+
+
+def forward_error(terms: tuple[Term, ...], x: np.ndarray, means: np.ndarray) -> float | None:
     """Mean relative error of predicting each later point from the earlier ones (see the docstring)."""
     order = np.argsort(x[:, 0], kind="stable")
     x, means = x[order], means[order]
-    target = means / x[:, per_unit] if per_unit is not None else means
-    unit = x[:, per_unit] if per_unit is not None else np.ones(len(means))
     rows = design(terms, x)
     count = len(means)
     errors = []
     for k in range(max(3, count - 3), count):
-        if k <= rows.shape[1] - 1:
+        if k < rows.shape[1]:
             continue
-        coefficients, *_ = np.linalg.lstsq(rows[:k], target[:k], rcond=None)
-        predicted = rows[k:] @ coefficients * unit[k:]
-        errors.extend(np.abs(predicted - means[k:]) / np.abs(means[k:]))
+        coefficients, *_ = np.linalg.lstsq(rows[:k], means[:k], rcond=None)
+        errors.extend(np.abs(rows[k:] @ coefficients - means[k:]) / np.abs(means[k:]))
     if not errors or not np.all(np.isfinite(errors)):
         return None
     return float(np.mean(errors))
 
 
-def search_ddlbench(names: tuple[str, ...], x: np.ndarray, values: list[list[float]], *, kind: str = "auto") -> Fit:
-    x = np.atleast_2d(np.asarray(x, dtype=float))
-    if len(names) > 1:
-        return search_extrap(names, x, values)
-    per_unit = 0 if kind == "throughput" else None
+def _forward_search(names: tuple[str, ...], x: np.ndarray, values: list[list[float]], kind: str) -> Fit:
     means = np.array([float(np.mean(v)) for v in values])
     logs = bool(np.all(x[:, 0] >= 1))
-    candidates: list[tuple[Term, ...]] = [(), *(((block,),) for block in building_blocks(0, logs=logs))]
     scored = []
-    for terms in candidates:
-        if len(values) <= len(terms) + 1 and terms:
+    for terms in [(), *(((block,),) for block in building_blocks(0, logs=logs))]:
+        if terms and len(values) <= 2:
             continue
-        fit = fit_hypothesis(names, terms, x, values, per_unit=per_unit)
+        rows = design(terms, x)
+        if not np.all(np.isfinite(rows)):
+            continue
+        fit = fit_hypothesis(names, terms, x, values)
         if not all(np.isfinite(fit.coefficients)) or (terms and fit.coefficients[-1] == 0):
             continue
-        if not _physical(fit, x, values, kind):
-            continue
-        forward = forward_error(terms, x, means, per_unit=per_unit) if len(values) >= 4 else None
-        target = means / x[:, 0] if per_unit is not None else means
-        loo = loo_smape(terms, x, target) if len(values) > len(terms) + 1 else None
-        scored.append((forward if forward is not None else float("inf"), loo if loo is not None else float("inf"), fit))
+        if kind == "time":
+            ahead = np.linspace(x[:, 0].min(), HORIZON * x[:, 0].max(), 64)
+            if np.any(fit.predict(ahead[:, None]) <= 0):
+                continue
+        forward = forward_error(terms, x, means) if len(values) >= 4 else None
+        loo = loo_smape(terms, x, means) if len(values) > len(terms) + 1 else None
+        scored.append((float("inf") if forward is None else forward, float("inf") if loo is None else loo, fit))
     if not scored:
         return search_extrap(names, x, values)
-    forward, loo, best = min(scored, key=lambda item: (item[0], item[1]))
+    _, loo, best = min(scored, key=lambda item: (item[0], item[1]))
     return replace(best, cv_smape=loo if np.isfinite(loo) else None)
-
-
-def _physical(fit: Fit, x: np.ndarray, values: list[list[float]], kind: str) -> bool:
-    if kind not in ("throughput", "time"):
-        return True
-    ahead = np.linspace(x[:, 0].min(), HORIZON * x[:, 0].max(), 64)
-    predicted = fit.predict(ahead[:, None])
-    if np.any(predicted <= 0):
-        return False
-    if kind == "throughput":
-        per_device = [max(reps) / row[0] for reps, row in zip(values, x, strict=True)]
-        return bool(np.all(predicted / ahead <= 1.05 * max(per_device)))
-    return True

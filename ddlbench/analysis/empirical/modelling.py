@@ -31,6 +31,7 @@ METHODS = ("extrap", "ddlbench")
 FIGURE_KINDS = {
     "samples_per_s": "throughput",
     "speedup": "throughput",
+    "efficiency": "per_device",
     "step_time_s": "time",
     "cost_node_h_per_epoch": "time",
     "cost_per_epoch": "time",

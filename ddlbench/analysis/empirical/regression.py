@@ -15,10 +15,12 @@ observations and q the number of coefficients:
   √(s² + x₀ᵀ·s²(XᵀWX)⁻¹·x₀), W = diag(n_k); None when N ≤ q (nothing is left to estimate s² from).
 The band holds *given the hypothesis*: that the form was chosen from the same data is not in it.
 
-`per_unit` (a parameter's index) models y/x_s instead of y and multiplies back: y = x_s·(c₀ + Σ c_k·t_k).
-A throughput over the devices that produce it is modelled per device that way, where its form is simple
-(constant under perfect scaling); rss and smape are then of y itself, the band is x_s times the
-per-unit one.
+Two transformations, for figures whose simple form is not additive in y itself (the fit, s² and the band
+are then of the transformed figure z; rss and smape stay of y):
+- `per_unit` (a parameter's index s): z = y/x_s, y = x_s·g(x), g = c₀ + Σ c_k·t_k; a throughput per device;
+- `inverse`: z = u/y, y = u/g(x), with u = x_s under `per_unit`, else 1; e.g. Amdahl's law in throughput
+  form, R(p) = p/(a + b·p): the device-seconds per sample, p/R, grow linearly with p. The band of y is
+  u/g's band reversed, open above (NaN) where g's lower end is not positive.
 """
 
 from __future__ import annotations
@@ -61,10 +63,18 @@ class Fit:
     residual_variance: float | None = None  # s², None when N ≤ q
     unscaled_covariance: tuple[tuple[float, ...], ...] = ()  # (XᵀWX)⁻¹
     per_unit: int | None = None
+    inverse: bool = False
 
     def predict(self, x) -> np.ndarray:
         rows = self._rows(x)
-        return design(self.terms, rows) @ np.asarray(self.coefficients) * self._unit(rows)
+        return self._back(design(self.terms, rows) @ np.asarray(self.coefficients), rows)
+
+    def _back(self, g: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        unit = self._unit(rows)
+        if not self.inverse:
+            return g * unit
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(g > 0, unit / np.where(g > 0, g, 1.0), np.nan)
 
     def _unit(self, rows: np.ndarray) -> np.ndarray:
         return np.ones(rows.shape[0]) if self.per_unit is None else rows[:, self.per_unit]
@@ -80,15 +90,19 @@ class Fit:
             self.residual_variance * (1 + leverage)
         )
         centre = rows @ np.asarray(self.coefficients)
-        unit = self._unit(points)
-        return (centre - half) * unit, (centre + half) * unit
+        if self.inverse:
+            return self._back(centre + half, points), self._back(centre - half, points)
+        return self._back(centre - half, points), self._back(centre + half, points)
 
     def formula(self, digits: int = 4) -> str:
         """c₀ + c₁·term₁ + …, as Extra-P prints a function."""
         text = f"{self.coefficients[0]:.{digits}g}"
         for c, term in zip(self.coefficients[1:], self.terms, strict=True):
             text += f" {'-' if c < 0 else '+'} {abs(c):.{digits}g}·{term_text(term, self.names)}"
-        return text if self.per_unit is None else f"{self.names[self.per_unit]}·({text})"
+        unit = "1" if self.per_unit is None else self.names[self.per_unit]
+        if self.inverse:
+            return f"{unit}/({text})"
+        return text if self.per_unit is None else f"{unit}·({text})"
 
     def _rows(self, x) -> np.ndarray:
         x = np.asarray(x, dtype=float)
@@ -102,12 +116,16 @@ def fit_hypothesis(
     values: list[list[float]],
     *,
     per_unit: int | None = None,
+    inverse: bool = False,
 ) -> Fit:
     """Least squares of c₀ + Σ c_k·t_k over every repetition of every point (see the module docstring)."""
     x = np.atleast_2d(np.asarray(x, dtype=float))
     original = [list(map(float, reps)) for reps in values]
-    if per_unit is not None:
-        values = [[v / row[per_unit] for v in reps] for reps, row in zip(values, x, strict=True)]
+    units = np.ones(len(values)) if per_unit is None else x[:, per_unit]
+    if inverse:
+        values = [[u / v for v in reps] for reps, u in zip(values, units, strict=True)]
+    elif per_unit is not None:
+        values = [[v / u for v in reps] for reps, u in zip(values, units, strict=True)]
     counts = np.array([len(reps) for reps in values], dtype=float)
     means = np.array([float(np.mean(reps)) for reps in values])
     rows = design(terms, x)
@@ -121,17 +139,29 @@ def fit_hypothesis(
         squares = sum(float(np.sum((np.asarray(reps) - f) ** 2)) for reps, f in zip(values, fitted, strict=True))
         residual_variance = squares / (observations - q)
         unscaled = tuple(map(tuple, np.linalg.pinv(weighted.T @ weighted)))
-    unit = np.ones(len(values)) if per_unit is None else x[:, per_unit]
     original_means = np.array([float(np.mean(reps)) for reps in original])
+    shape = Fit(
+        names=names,
+        terms=terms,
+        coefficients=(),
+        points=0,
+        observations=0,
+        rss=0.0,
+        smape=0.0,
+        per_unit=per_unit,
+        inverse=inverse,
+    )
+    back = shape._back(fitted, x)
     return Fit(
         names=names,
         terms=terms,
         coefficients=tuple(float(c) for c in coefficients),
         points=len(values),
         observations=observations,
-        rss=float(np.sum((original_means - fitted * unit) ** 2)),
-        smape=smape(fitted * unit, original_means),
+        rss=float(np.sum((original_means - back) ** 2)),
+        smape=smape(back, original_means),
         residual_variance=residual_variance,
         unscaled_covariance=unscaled,
         per_unit=per_unit,
+        inverse=inverse,
     )

@@ -8,10 +8,12 @@ multi_parameter/multi_parameter_modeler.py; Calotoiu et al., SC13):
   hypothesis replaces the incumbent only with a strictly lower SMAPE; it is rejected if a coefficient is 0,
   if its term contributes less than 0.0005 of y at every point, or if its error is not finite. Log terms
   are left out when a parameter value is below 1. The winner is refitted on all points.
-- several parameters: each parameter's best single term is found on a line of points where the others
-  are fixed (the longest such line; ties to the smallest other values); then the combinations of those
-  terms (two parameters: a·b, a+b, a·b+a, a·b+b; more: the full sum and the full product) are fitted
-  on all points and the lowest in-sample SMAPE wins.
+- several parameters: each parameter's best single term is found on its lines of points (the others
+  fixed; the longest lines, averaged value by value); parameters whose model is constant drop out. One
+  left: its term, with its own coefficients or refitted on all points, whichever has the lower SMAPE.
+  Two: a·b first, then a+b, a+a·b, b+a·b, each fitted on all points and taken only with a strictly lower
+  in-sample SMAPE and every term contributing. Three or more: the full product, then the full sum (Extra-P
+  also tries 21 mixes of three parameters, which this leaves out).
 
 Fits are of the point means, as Extra-P's default; every repetition enters the band (regression.py).
 """
@@ -25,7 +27,7 @@ from dataclasses import replace
 import numpy as np
 
 from ddlbench.analysis.empirical.regression import Fit, design, fit_hypothesis, smape
-from ddlbench.analysis.empirical.terms import Factor, Term, extrap_building_blocks
+from ddlbench.analysis.empirical.terms import Term, extrap_building_blocks
 from ddlbench.errors import DdlbenchError
 
 # a term whose share of y stays below this at every point is noise (Extra-P's phi/epsilon: 0.0005)
@@ -39,6 +41,10 @@ def loo_smape(terms: tuple[Term, ...], x: np.ndarray, means: np.ndarray) -> floa
     for k in range(len(means)):
         keep = np.arange(len(means)) != k
         coefficients, *_ = np.linalg.lstsq(rows[keep], means[keep], rcond=None)
+        smallest = float(np.min(means[keep]))
+        # Extra-P zeroes a negligible constant in each fold (hypotheses.py, clean_constant_coefficient)
+        if abs(coefficients[0]) < MIN_TERM_SHARE * (abs(smallest) if smallest != 0 else 1.0):
+            coefficients[0] = 0.0
         predicted[k] = rows[k] @ coefficients
     if not np.all(np.isfinite(predicted)):
         return None
@@ -86,37 +92,61 @@ def search_extrap(names: tuple[str, ...], x: np.ndarray, values: list[list[float
         raise DdlbenchError(f"a model needs at least 2 points, got {len(values)}")
     if len(names) == 1:
         return search_single(names[0], x[:, 0], values, names=names)
-    singles: list[Factor | None] = []
+    means = np.array([float(np.mean(v)) for v in values])
+    singles: list[Fit] = []
     for parameter in range(len(names)):
-        line = _line(x, parameter)
-        fit = search_single(
-            names[parameter], x[line, parameter], [values[i] for i in line], parameter=parameter, names=names
-        )
-        singles.append(fit.terms[0][0] if fit.terms else None)
-    factors = [f for f in singles if f is not None]
-    if not factors:
+        line_x, line_y = _lines(x, means, parameter)
+        fit = search_single(names[parameter], line_x, [[v] for v in line_y], parameter=parameter, names=names)
+        if fit.terms:
+            singles.append(fit)
+    if not singles:
         return fit_hypothesis(names, (), x, values)
-    candidates: list[tuple[Term, ...]] = [tuple((f,) for f in factors), (tuple(factors),)]
+    factors = [fit.terms[0][0] for fit in singles]
+    if len(factors) == 1:
+        refit = fit_hypothesis(names, singles[0].terms, x, values)
+        reused = _on(singles[0], x, values)
+        return _with_cv(min((reused, refit), key=lambda fit: fit.smape), None)
     if len(factors) == 2:
         a, b = factors
-        candidates += [((a, b), (a,)), ((a, b), (b,))]
-    if len(factors) == 1:
-        candidates = [((factors[0],),)]
-    means = np.array([float(np.mean(v)) for v in values])
-    fits = [fit_hypothesis(names, terms, x, values) for terms in candidates]
-    kept = [fit for fit in fits if _contributes(fit, x, means)] or fits
-    best = min(kept, key=lambda fit: fit.smape)
-    return _with_cv(best, loo_smape(best.terms, x, means) if len(values) > len(best.coefficients) else None)
+        candidates = [((a, b),), ((a,), (b,)), ((a,), (a, b)), ((b,), (a, b))]
+    else:
+        candidates = [(tuple(factors),), tuple((f,) for f in factors)]
+    best = fit_hypothesis(names, candidates[0], x, values)  # the product, kept without the contribution test
+    for terms in candidates[1:]:
+        fit = fit_hypothesis(names, terms, x, values)
+        if _contributes(fit, x, means) and fit.smape < best.smape:
+            best = fit
+    return _with_cv(best, None)
 
 
-def _line(x: np.ndarray, parameter: int) -> list[int]:
-    """Indices of the longest line of points along `parameter` (the others fixed), smallest others first."""
+def _lines(x: np.ndarray, means: np.ndarray, parameter: int) -> tuple[np.ndarray, list[float]]:
+    """Extra-P's point selection for one parameter ('auto', as 'all'): the longest lines of points along it
+    (the other parameters fixed), averaged value by value."""
     others = [c for c in range(x.shape[1]) if c != parameter]
     groups: dict[tuple[float, ...], list[int]] = {}
     for i, row in enumerate(x):
         groups.setdefault(tuple(row[others]), []).append(i)
-    key = min(groups, key=lambda k: (-len({x[i, parameter] for i in groups[k]}), k))
-    return sorted(groups[key], key=lambda i: x[i, parameter])
+    longest = max(len(members) for members in groups.values())
+    by_value: dict[float, list[float]] = {}
+    for members in groups.values():
+        if len(members) == longest:
+            for i in members:
+                by_value.setdefault(float(x[i, parameter]), []).append(float(means[i]))
+    ordered = sorted(by_value)
+    return np.array(ordered), [float(np.mean(by_value[v])) for v in ordered]
+
+
+def _on(single: Fit, x: np.ndarray, values: list[list[float]]) -> Fit:
+    """A single-parameter model's own coefficients, scored on all points."""
+    means = np.array([float(np.mean(v)) for v in values])
+    predicted = design(single.terms, x) @ np.asarray(single.coefficients)
+    refit = fit_hypothesis(single.names, single.terms, x, values)
+    return replace(
+        refit,
+        coefficients=single.coefficients,
+        rss=float(np.sum((means - predicted) ** 2)),
+        smape=smape(predicted, means),
+    )
 
 
 def _with_cv(fit: Fit, cv: float | None) -> Fit:

@@ -16,16 +16,15 @@ from fractions import Fraction
 
 import numpy as np
 
-
-# Extra-P 4.2's default single-parameter building blocks (extrap/modelers/single_parameter/basic.py,
-# create_default_building_blocks): 19 polynomial exponents without log, 13 with log2, 10 with log2²
-def _fractions(text: str) -> tuple[Fraction, ...]:
-    return tuple(Fraction(word) for word in text.split(" "))
-
-
-POLY_ONLY = _fractions("1/4 1/3 1/2 2/3 3/4 4/5 1 5/4 4/3 3/2 5/3 7/4 2 9/4 7/3 5/2 8/3 11/4 3")
-WITH_LOG = _fractions("0 1/4 1/3 1/2 2/3 3/4 1 5/4 4/3 3/2 2 5/2 3")
-WITH_LOG2 = _fractions("0 1/4 1/3 1/2 2/3 3/4 1 3/2 2 5/2")
+# Extra-P 4.2.5's default single-parameter building blocks, in its order (the order breaks ties):
+# (i, j, k) is x^(i/j)·log2(x)^k (extrap/modelers/single_parameter/basic.py, create_default_building_blocks)
+EXTRAP_EXPONENTS = (
+    (0, 1, 1), (0, 1, 2), (1, 4, 0), (1, 3, 0), (1, 4, 1), (1, 3, 1), (1, 4, 2), (1, 3, 2), (1, 2, 0),
+    (1, 2, 1), (1, 2, 2), (2, 3, 0), (3, 4, 0), (2, 3, 1), (3, 4, 1), (4, 5, 0), (2, 3, 2), (3, 4, 2),
+    (1, 1, 0), (1, 1, 1), (1, 1, 2), (5, 4, 0), (5, 4, 1), (4, 3, 0), (4, 3, 1), (3, 2, 0), (3, 2, 1),
+    (3, 2, 2), (5, 3, 0), (7, 4, 0), (2, 1, 0), (2, 1, 1), (2, 1, 2), (9, 4, 0), (7, 3, 0), (5, 2, 0),
+    (5, 2, 1), (5, 2, 2), (8, 3, 0), (11, 4, 0), (3, 1, 0), (3, 1, 1),
+)  # fmt: skip
 
 
 @dataclass(frozen=True, order=True)
@@ -42,7 +41,7 @@ class Factor:
         if self.saturating:
             return (x - 1.0) / x
         value = np.power(x, float(self.poly)) if self.poly else np.ones_like(x)
-        if self.log:
+        if self.log:  # a negative log exponent (Extra-P's mirrored set) divides by log2(x)
             value = value * np.power(np.log2(x), self.log)
         return value
 
@@ -80,11 +79,10 @@ def term_text(term: Term, names: tuple[str, ...]) -> str:
 
 
 def extrap_building_blocks(parameter: int = 0, *, logs: bool = True, negative: bool = False) -> list[Factor]:
-    """Extra-P's default set for one parameter: 42 factors (19 without logs when `logs` is False);
-    `negative` adds each with its polynomial exponent negated, as Extra-P's allow_negative_exponents."""
-    blocks = [Factor(parameter, i, 0) for i in POLY_ONLY]
-    if logs:
-        blocks += [Factor(parameter, i, 1) for i in WITH_LOG] + [Factor(parameter, i, 2) for i in WITH_LOG2]
+    """Extra-P's default set for one parameter, in its order: 42 factors, the 19 without a log when `logs`
+    is False; `negative` appends each mirrored, x^(−i/j)·log2(x)^(−k), as its allow_negative_exponents."""
+    chosen = [(i, j, k) for i, j, k in EXTRAP_EXPONENTS if logs or k == 0]
+    blocks = [Factor(parameter, Fraction(i, j), k) for i, j, k in chosen]
     if negative:
-        blocks += [Factor(parameter, -f.poly, f.log) for f in blocks if f.poly]
+        blocks += [Factor(parameter, -Fraction(i, j), -k) for i, j, k in chosen]
     return blocks
