@@ -72,6 +72,11 @@ bench: venv
 bench-analytic: venv
 	$(BIN)/python benchmarks/analytic_accuracy.py
 
+# empirical models' extrapolation on public scaling tables: ddlbench beside Extra-P 4.2.5 (its own venv)
+.PHONY: bench-empirical
+bench-empirical: venv
+	$(BIN)/python benchmarks/empirical_accuracy.py
+
 # ddlbench's kernel against a bare hand-written DDP loop, alternated; prints samples/s and the ratio
 .PHONY: bench-overhead
 bench-overhead: venv

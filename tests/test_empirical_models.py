@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ddlbench.analysis.empirical.extrapolation import forward_error, search_ddlbench, serial_fraction
+from ddlbench.analysis.empirical.holdout import hold_out
 from ddlbench.analysis.empirical.regression import fit_hypothesis, smape
 from ddlbench.analysis.empirical.search import loo_smape, search_extrap
 from ddlbench.analysis.empirical.terms import Factor
@@ -169,3 +170,20 @@ def test_fit_reads_a_csv_and_prints_a_prediction_per_value():
 def test_bad_csv_input_is_refused_by_name(csv_text, args, message):
     done = _fit_csv(csv_text, *args)
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_hold_out_fits_the_smaller_scales_and_scores_the_larger_ones():
+    data = {1.0: [10.0], 2.0: [19.0, 21.0], 4.0: [40.0], 8.0: [80.0], 16.0: [150.0], 32.0: [330.0]}
+    seen = {}
+
+    def search(x, values):
+        seen["x"], seen["values"] = x[:, 0].tolist(), values
+        return fit_hypothesis(("p",), ((Factor(0, Fraction(1)),),), x, values)
+
+    first, second = hold_out(data, search)
+    assert seen["x"] == [1.0, 2.0, 4.0, 8.0] and seen["values"][1] == [19.0, 21.0]
+    assert (first.scale, first.beyond, second.beyond) == (16.0, 2.0, 4.0)
+    assert first.predicted == pytest.approx(160.0) and second.predicted == pytest.approx(320.0)  # 10·p exactly
+    assert first.accuracy == pytest.approx(1 - 10 / 150) and second.accuracy == pytest.approx(1 - 10 / 330)
+    with pytest.raises(ValueError, match="fewer than 2"):
+        hold_out({1.0: [1.0], 2.0: [2.0], 4.0: [4.0]}, search)
