@@ -103,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     from ddlbench.cli_calibrate import add_commands as add_calibrate
     from ddlbench.cli_fit import add_commands as add_fit
     from ddlbench.cli_predict import add_commands as add_predict
+    from ddlbench.cli_sample import add_commands as add_sample
     from ddlbench.cli_slurm import add_commands
 
     add_commands(commands, _add_sweep_options, _sweep)
@@ -110,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     add_analytic(commands)
     add_predict(commands, _add_sweep_options, _sweep)
     add_fit(commands, _add_sweep_options, _sweep)
+    add_sample(commands, _add_sweep_options, _sweep)
     return parser
 
 

@@ -75,6 +75,7 @@ class SweepConfig:
     machine: str = ""  # machine file the points are predicted on ("" none)
     calibrate: str = ""  # calibration suite run first into machine_path ("" none)
     scaling_json: str = "{}"  # the `scaling` mapping (empirical models) as canonical JSON
+    adaptive_json: str = "{}"  # the `adaptive` mapping (ddlbench.sampling.settings) as canonical JSON
 
     @property
     def machine_path(self) -> Path | None:
@@ -91,6 +92,7 @@ class SweepConfig:
         data["strategy_options"] = {strategy: dict(options) for strategy, options in self.strategy_options}
         data["data"] = dict(self.data)
         data["scaling"] = json.loads(data.pop("scaling_json"))
+        data["adaptive"] = json.loads(data.pop("adaptive_json"))
         slurm = {"partition": data.pop("slurm_partition"), "mem_per_rank_mb": data.pop("slurm_mem_per_rank_mb")}
         data["slurm"] = {key: value for key, value in slurm.items() if value is not None}
         for key in AXES:
@@ -134,6 +136,10 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
     strategy_options = _resolve_strategy_options(data["strategies"], data["strategy_options"])
     _check_data(data["datasets"], data["data"])
     _check_exclude(data)
+    if data["adaptive"]:
+        from ddlbench.sampling.settings import adaptive_settings
+
+        adaptive_settings(data["adaptive"])  # refused here, with the key, before anything runs
     if data["machine"] and data["calibrate"]:
         raise ConfigError(
             "calibrate", "give either `machine` (a machine file) or `calibrate` (a suite to measure one), not both"
@@ -159,6 +165,7 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
         machine=data["machine"],
         calibrate=data["calibrate"],
         scaling_json=json.dumps(data["scaling"], sort_keys=True),
+        adaptive_json=json.dumps(data["adaptive"], sort_keys=True),
     )
 
 

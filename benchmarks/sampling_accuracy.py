@@ -1,0 +1,107 @@
+"""Sparse sampling against the full sweep, both measured here: profiling cost saved, accuracy lost.
+
+    python benchmarks/sampling_accuracy.py            # runs both sweeps (about 10 minutes on 2 cores)
+    python benchmarks/sampling_accuracy.py --reuse    # recompute from the records already there
+
+1. Snakemake runs benchmarks/sampling/sweep.yaml in full: every configuration, every repetition;
+2. Snakemake runs workflow/adaptive.smk on the same file: short runs of a few configurations, round by
+   round, until the band target or the rounds run out (ddlbench.sampling);
+3. prints, from the records:
+   - cost (node-seconds, nodes × launch wall time, measured) of each, and saved = 1 − adaptive / full;
+   - at every configuration the adaptive sweep did not measure, the accuracy of its model's prediction
+     against the full sweep's median over repetitions, 1 − |predicted − measured| / measured;
+   - the full sweep's own repeatability there, the mean over its repetitions of 1 − |rep − median| /
+     median (what one more measurement would score: the floor no prediction can beat);
+   - accuracy lost = repeatability − prediction accuracy, in points; issue 13's targets: ≥ 95 % of the
+     cost saved at ≤ 2 points lost.
+Nothing else should run meanwhile: both sweeps' timings are what is compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from ddlbench.config import sweep_config_from_mapping  # noqa: E402
+from ddlbench.records import read_record  # noqa: E402
+from ddlbench.sampling.plan import node_seconds  # noqa: E402
+
+SWEEP = REPO / "benchmarks" / "sampling" / "sweep.yaml"
+
+
+def run(*command: str) -> None:
+    print("$", " ".join(command), flush=True)
+    subprocess.run(command, check=True, cwd=REPO)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reuse", action="store_true", help="use the records already measured")
+    args = parser.parse_args()
+    config = sweep_config_from_mapping(yaml.safe_load(SWEEP.read_text()))
+    sweep_dir = REPO / config.sweep_dir
+    snakemake = str(Path(sys.executable).with_name("snakemake"))
+    if not args.reuse:
+        run(snakemake, "--cores", "2", "--configfile", str(SWEEP), "--forceall")
+        run(snakemake, "-s", "workflow/adaptive.smk", "--cores", "2", "--configfile", str(SWEEP), "--forceall")
+    full = [read_record(p) for p in sorted((sweep_dir / "points").glob("*/record.json"))]
+    sampled = [read_record(p) for p in sorted((sweep_dir / "adaptive" / "points").glob("*/record.json"))]
+    summary = json.loads((sweep_dir / "adaptive" / "sampling.json").read_text())
+    full_cost = sum(node_seconds(r) for r in full)
+    sampled_cost = sum(node_seconds(r) for r in sampled)
+    print(f"full sweep: {len(full)} runs, {full_cost:.1f} node-s (measured)")
+    print(f"adaptive:   {len(sampled)} runs in {len(summary['rounds'])} rounds, {sampled_cost:.1f} node-s (measured)")
+    print(f"            stopped: {summary['rounds'][-1]['why']}")
+    print(f"saved: {100 * (1 - sampled_cost / full_cost):.1f} % of the profiling cost (target ≥ 95 %)")
+    print(
+        f"       (the adaptive sweep's estimate of the full cost: {summary['full_sweep_node_s_estimated']:.1f} node-s)"
+    )
+    measured_batches = {r.point.batch_size for r in sampled}
+    figure = summary["settings"]["figure"]
+    print(f"\n{figure} at the configurations the adaptive sweep did not measure:")
+    print(f"{'batch':>6} {'full median':>12} {'predicted':>10} {'95 % PI':>22} {'accuracy':>9} {'repeatability':>14}")
+    accuracies, floors = [], []
+    (model,) = summary["models"]
+    predicted = {p["x"][0]: p for p in model["predictions"]}
+    for batch in sorted({r.point.batch_size for r in full} - measured_batches):
+        reps = [_figure(r, figure) for r in full if r.point.batch_size == batch and r.status == "ok"]
+        median = statistics.median(reps)
+        p = predicted[float(batch)]
+        accuracy = 1 - abs(p["value"] - median) / median
+        floor = statistics.fmean(1 - abs(v - median) / median for v in reps)
+        accuracies.append(accuracy)
+        floors.append(floor)
+        band = "–" if p["low"] is None else f"[{p['low']:.4g}, {p['high']:.4g}]"
+        print(
+            f"{batch:>6} {median:>12.4g} {p['value']:>10.4g} {band:>22} {100 * accuracy:>8.1f}% {100 * floor:>13.1f}%"
+        )
+    if accuracies:
+        lost = 100 * (statistics.fmean(floors) - statistics.fmean(accuracies))
+        print(
+            f"\nmean accuracy {100 * statistics.fmean(accuracies):.2f} % against the full sweep's repeatability "
+            f"{100 * statistics.fmean(floors):.2f} %: {lost:.2f} points lost (target ≤ 2)"
+        )
+        print(f"model: {figure} = {model['formula']} (LOO SMAPE {model['cv_smape_percent']})")
+    return 0
+
+
+def _figure(record, figure: str) -> float:
+    metrics = record.metrics
+    if figure == "step_time_s":
+        return record.point.global_batch_size / metrics.samples_per_s_overall
+    if figure == "samples_per_s":
+        return metrics.samples_per_s_overall
+    raise SystemExit(f"this benchmark compares step_time_s or samples_per_s, not {figure}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""One round of the adaptive sweep: which points to measure next, or why to stop.
+
+The candidates are the sweep's configurations; a *series* is those alike in everything but the
+modelled parameter (settings.over). Each sampled point is its configuration run for settings.steps
+measured steps after settings.warmup_steps, settings.repetitions times (Extra-Deep's few short steps
+instead of full runs), into <sweep>/adaptive/points/<id>/record.json.
+
+- Round 0 (Extra-P's measurement-point advisor, "base" mode): every series' `initial` smallest values,
+  the cheapest.
+- Later rounds: each series' model of settings.figure (ddlbench.analysis.empirical, method "ddlbench")
+  over its measured points; for every unmeasured candidate, the 95 % prediction interval's relative
+  half-width w = (high − low) / 2 / value (∞ without a band) and its cost c, node-seconds:
+  nodes × (o + (warmup + steps) × t̂), t̂ the step-time model's prediction there and o the median
+  launch overhead of the points measured so far (wall time − warmup and measured steps at their mean
+  step time). The `per_round` candidates with the largest w / c among those with w > target_band are
+  chosen: most uncertainty removed per node-second.
+- Stop when no candidate is left with w > target_band (every unmeasured value is known to ±target),
+  when the measured points have cost budget_node_s, or after max_rounds rounds.
+The profiling cost of a measured point is nodes × (end − start of its launch), node-seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ddlbench.analysis.aggregate import record_row
+from ddlbench.analysis.empirical.modelling import FIGURE_KINDS, search
+from ddlbench.analysis.empirical.series import series_from_table
+from ddlbench.point import Point
+from ddlbench.records import PointRecord
+from ddlbench.sampling.settings import AdaptiveSettings
+
+
+def series_of(points: tuple[Point, ...], over: str) -> dict[Point, list[Point]]:
+    """The sweep's configurations (repetition 0) grouped by everything but `over`, each sorted by it."""
+    groups: dict[Point, list[Point]] = {}
+    for point in points:
+        if point.repetition != 0:
+            continue
+        groups.setdefault(dataclasses.replace(point, **{over: 1}), []).append(point)
+    return {key: sorted(members, key=lambda p: getattr(p, over)) for key, members in groups.items()}
+
+
+def sampled(point: Point, settings: AdaptiveSettings) -> list[Point]:
+    """The short runs that stand for a configuration."""
+    return [
+        dataclasses.replace(point, steps=settings.steps, warmup_steps=settings.warmup_steps, repetition=r)
+        for r in range(settings.repetitions)
+    ]
+
+
+def node_seconds(record: PointRecord) -> float:
+    start = datetime.fromisoformat(record.provenance.start_time)
+    end = datetime.fromisoformat(record.provenance.end_time)
+    return record.point.nodes * max(0.0, (end - start).total_seconds())
+
+
+def plan_round(
+    round_number: int,
+    series: dict[Point, list[Point]],
+    records: list[PointRecord],
+    settings: AdaptiveSettings,
+) -> dict[str, Any]:
+    """The round's choice (see the module docstring) as a plain mapping."""
+    spent = sum(node_seconds(r) for r in records)
+    measured_configs = {_config(r.point) for r in records}
+    if round_number == 0:
+        chosen = [p for members in series.values() for p in members[: settings.initial]]
+        return _round(round_number, chosen, settings, spent, "the smallest values of every series", [])
+    scored = []
+    overhead = _overhead(records)
+    for members in series.values():
+        done = [r for r in records if _config(r.point) in {_config(p) for p in members}]
+        left = [p for p in members if _config(p) not in measured_configs]
+        if not left:
+            continue
+        scored += _score(members, left, done, settings, overhead)
+    if settings.budget_node_s is not None and spent >= settings.budget_node_s:
+        return _round(
+            round_number, [], settings, spent, f"budget spent: {spent:.1f} ≥ {settings.budget_node_s:g} node-s", scored
+        )
+    open_ = [s for s in scored if s["half_width"] > settings.target_band]
+    if not open_:
+        why = (
+            f"every unmeasured value within ±{100 * settings.target_band:g} %" if scored else "every candidate measured"
+        )
+        return _round(round_number, [], settings, spent, why, scored)
+    if round_number >= settings.max_rounds:
+        return _round(round_number, [], settings, spent, f"{settings.max_rounds} rounds run", scored)
+    best = sorted(open_, key=lambda s: -s["score"])[: settings.per_round]
+    chosen = [Point.from_dict(s["point"]) for s in best]
+    return _round(round_number, chosen, settings, spent, "widest band per node-second", scored)
+
+
+def _round(number, chosen, settings, spent, why, scored) -> dict[str, Any]:
+    return {
+        "round": number,
+        "stop": not chosen,
+        "why": why,
+        "spent_node_s": spent,
+        "configurations": [p.to_dict() for p in chosen],
+        "points": [s.to_dict() for p in chosen for s in sampled(p, settings)],
+        "candidates": [{k: _finite(v) for k, v in s.items()} for s in scored],
+    }
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no infinity: an unknown band width or score is written as null."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _config(point: Point) -> Point:
+    return dataclasses.replace(point, steps=0, warmup_steps=0, repetition=0)
+
+
+def _overhead(records: list[PointRecord]) -> float:
+    """Median launch overhead, seconds: a point's wall time less its steps at their mean step time."""
+    values = []
+    for record in records:
+        if record.status != "ok" or record.metrics is None:
+            continue
+        start = datetime.fromisoformat(record.provenance.start_time)
+        end = datetime.fromisoformat(record.provenance.end_time)
+        steps = record.point.warmup_steps + record.point.steps
+        values.append(max(0.0, (end - start).total_seconds() - steps * record.metrics.step_time_s.mean))
+    return statistics.median(values) if values else 0.0
+
+
+def _score(members, left, done, settings: AdaptiveSettings, overhead: float) -> list[dict[str, Any]]:
+    rows = pd.DataFrame([record_row(r) for r in done]) if done else pd.DataFrame()
+    figures = tuple(dict.fromkeys((settings.figure, "step_time_s")))
+    found = {s.figure: s for s in series_from_table(rows, over=(settings.over,), figures=figures)} if done else {}
+    x = np.asarray([[float(getattr(p, settings.over))] for p in left])
+    band_of = _band(found.get(settings.figure), x)
+    step_of = _centre(found.get("step_time_s"), x)
+    out = []
+    for k, point in enumerate(left):
+        value, low, high = band_of[k]
+        half = (high - low) / 2 / abs(value) if low is not None and value else math.inf
+        step = step_of[k] if step_of[k] is not None and step_of[k] > 0 else 1.0
+        cost = point.nodes * (overhead + (settings.warmup_steps + settings.steps) * step) * settings.repetitions
+        out.append(
+            {
+                "point": point.to_dict(),
+                settings.over: getattr(point, settings.over),
+                "value": value,
+                "low": low,
+                "high": high,
+                "half_width": half,
+                "cost_node_s": cost,
+                "score": half / cost if cost > 0 else math.inf,
+            }
+        )
+    return out
+
+
+def _band(series, x: np.ndarray) -> list[tuple[float | None, float | None, float | None]]:
+    if series is None or len(series.x) < 2:
+        return [(None, None, None)] * len(x)
+    fit = search(
+        series.parameters, series.array(), series.lists(), "ddlbench", FIGURE_KINDS.get(series.figure, "other")
+    )
+    centre = fit.predict(x)
+    band = fit.band(x)
+    return [
+        (float(c), None if band is None or not np.isfinite(band[0][k]) else float(band[0][k]),
+         None if band is None or not np.isfinite(band[1][k]) else float(band[1][k]))
+        for k, c in enumerate(centre)
+    ]  # fmt: skip
+
+
+def _centre(series, x: np.ndarray) -> list[float | None]:
+    return [v for v, _, _ in _band(series, x)]
