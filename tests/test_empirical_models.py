@@ -10,11 +10,14 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from ddlbench.analysis.empirical.cheapest import cheapest, parse_target
 from ddlbench.analysis.empirical.extrapolation import forward_error, search_ddlbench, serial_fraction
 from ddlbench.analysis.empirical.holdout import hold_out
 from ddlbench.analysis.empirical.regression import fit_hypothesis, smape
 from ddlbench.analysis.empirical.search import loo_smape, search_extrap
+from ddlbench.analysis.empirical.series import Series
 from ddlbench.analysis.empirical.terms import Factor
+from ddlbench.errors import DdlbenchError
 from ddlbench.statistics import student_t_quantile
 from tests.conftest import REPO
 
@@ -187,3 +190,29 @@ def test_hold_out_fits_the_smaller_scales_and_scores_the_larger_ones():
     assert first.accuracy == pytest.approx(1 - 10 / 150) and second.accuracy == pytest.approx(1 - 10 / 330)
     with pytest.raises(ValueError, match="fewer than 2"):
         hold_out({1.0: [1.0], 2.0: [2.0], 4.0: [4.0]}, search)
+
+
+def test_the_cheapest_configuration_meets_a_deadline_at_the_fewest_node_hours():
+    nodes = [1.0, 2.0, 4.0, 8.0]
+    rate = [n / (0.01 + 0.0005 * n) for n in nodes]  # Amdahl: 100 samples/s alone, saturating at 2000
+    series = Series(
+        figure="samples_per_s",
+        parameters=("nodes",),
+        label="ddp resnet8 cifar10 b32",
+        x=tuple((n,) for n in nodes),
+        values=tuple((r * 0.99, r * 1.01) for r in rate),
+        fixed={"dataset": "cifar10", "batch_size": 32, "ranks_per_node": 1},
+    )
+    # an epoch of CIFAR-10 (50 000 samples) within 60 s needs R ≥ 833.3: 8 nodes give 800, 16 give 1143
+    answer = cheapest([series], parse_target("epoch_time_s<=60"), at=[(16.0,), (32.0,)])
+    best = answer["cheapest"]
+    assert best["x"] == 16.0 and best["value"] == pytest.approx(50_000 / best["samples_per_s"])
+    # the fit averages the repetitions' device-seconds per sample, p/R: ±1 % in R moves the centre by 0.01 %
+    assert best["samples_per_s"] == pytest.approx(16 / (0.01 + 0.0005 * 16), rel=2e-4)
+    assert best["cost_node_h_per_epoch"] == pytest.approx(16 * 50_000 / best["samples_per_s"] / 3600)
+    assert [c["x"] for c in answer["choices"]] == [16.0, 32.0]  # cheapest first: 32 nodes cost more per epoch
+    # a step-time target divides the global batch (32 per rank × 1 rank per node × nodes) by R
+    answer = cheapest([series], parse_target("step_time_s<=0.02"), at=[(16.0,)])
+    assert all(c["value"] == pytest.approx(32 * c["x"] / c["samples_per_s"]) for c in answer["choices"])
+    with pytest.raises(DdlbenchError, match="samples_per_s>=N"):
+        parse_target("samples_per_s<=5")

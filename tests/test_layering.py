@@ -26,6 +26,15 @@ LIGHT_MODULES = [
     "ddlbench.analysis.analytic.oracle",
     "ddlbench.analysis.analytic.render",
     "ddlbench.report.predicted",
+    "ddlbench.analysis.empirical.modelling",  # empirical models: numpy only
+    "ddlbench.analysis.empirical.extrapolation",
+    "ddlbench.analysis.empirical.cheapest",
+    "ddlbench.analysis.empirical.holdout",
+    "ddlbench.sampling.plan",
+    "ddlbench.sampling.summary",
+    "ddlbench.report.scaling",
+    "ddlbench.cli_fit",
+    "ddlbench.cli_sample",
 ]
 
 

@@ -75,7 +75,7 @@ def plan_round(
         chosen = [p for members in series.values() for p in members[: settings.initial]]
         return _round(round_number, chosen, settings, spent, "the smallest values of every series", [])
     scored = []
-    overhead = _overhead(records)
+    overhead = launch_overhead(records)
     for members in series.values():
         done = [r for r in records if _config(r.point) in {_config(p) for p in members}]
         left = [p for p in members if _config(p) not in measured_configs]
@@ -120,7 +120,7 @@ def _config(point: Point) -> Point:
     return dataclasses.replace(point, steps=0, warmup_steps=0, repetition=0)
 
 
-def _overhead(records: list[PointRecord]) -> float:
+def launch_overhead(records: list[PointRecord]) -> float:
     """Median launch overhead, seconds: a point's wall time less its steps at their mean step time."""
     values = []
     for record in records:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -19,9 +20,10 @@ import pandas as pd
 from ddlbench.analysis.aggregate import record_row
 from ddlbench.analysis.empirical.modelling import model_series
 from ddlbench.analysis.empirical.series import series_from_table
+from ddlbench.analysis.keys import point_columns
 from ddlbench.point import Point
 from ddlbench.records import PointRecord
-from ddlbench.sampling.plan import _overhead, node_seconds, series_of
+from ddlbench.sampling.plan import launch_overhead, node_seconds, series_of
 from ddlbench.sampling.settings import AdaptiveSettings
 
 
@@ -33,7 +35,7 @@ def summarize(
     figures = tuple(dict.fromkeys((settings.figure, "step_time_s")))
     found = series_from_table(table, over=(settings.over,), figures=figures) if records else []
     models = []
-    overhead = _overhead(records)
+    overhead = launch_overhead(records)
     full = 0.0
     for members in series_of(points, settings.over).values():
         values = sorted({float(getattr(p, settings.over)) for p in members})
@@ -64,17 +66,20 @@ def summarize(
     }
 
 
-def _same_series(point: Point, member: Point, over: str) -> bool:
-    import dataclasses
+# fields a sampled short run changes: the rest say which sweep configuration it stands for
+SAMPLING_FIELDS = ("steps", "warmup_steps", "repetition")
 
+
+def _same_series(point: Point, member: Point, over: str) -> bool:
     strip = {over: 1, "repetition": 0}
     return dataclasses.replace(point, **strip) == dataclasses.replace(member, **strip)
 
 
 def _matches(series, member: Point, over: str) -> bool:
-    fixed = series.fixed
+    """Whether a series of sampled records stands for the sweep series of `member`."""
+    columns = point_columns(member)
     return all(
-        str(fixed.get(name)) == str(getattr(member, name))
-        for name in ("model", "dataset", "strategy", "nodes", "ranks_per_node", "batch_size", "threads")
-        if name != over and name in fixed
+        str(series.fixed[name]) == str(columns[name])
+        for name in series.fixed
+        if name not in (over, *SAMPLING_FIELDS) and name in columns
     )
