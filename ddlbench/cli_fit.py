@@ -221,7 +221,9 @@ def _fit_csv(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     for prediction in predict(fit, x, at):
-        band = "" if prediction.low is None else f" {prediction.low:.6g} {prediction.high:.6g}"
+        band = (
+            "" if prediction.low is None and prediction.high is None else f" {_g(prediction.low)} {_g(prediction.high)}"
+        )
         print(f"{','.join(f'{v:g}' for v in prediction.x)} {prediction.value:.6g}{band}")
     return 0
 
@@ -238,7 +240,9 @@ def _models_text(models: list[dict[str, Any]]) -> str:
         )
         for p in m["predictions"]:
             band = (
-                "no band (too few observations)" if p["low"] is None else f"95 % PI [{p['low']:.4g}, {p['high']:.4g}]"
+                "no band (too few observations)"
+                if p["low"] is None and p["high"] is None
+                else f"95 % PI [{_num(p['low'])}, {'∞' if p['high'] is None else _num(p['high'])}]"
             )
             where = "" if p["beyond"] <= 1 else f", extrapolated ×{p['beyond']:.3g}"
             lines.append(f"  at {', '.join(f'{v:g}' for v in p['x'])}: {p['value']:.4g} {band}{where}")
@@ -256,6 +260,10 @@ def _cheapest_text(answer: dict[str, Any]) -> str:
             f"node-h/epoch; {'meets it across its band' if choice['sure'] else 'meets it on the central value only'}"
         )
     return "\n".join(lines) + "\n"
+
+
+def _g(value: float | None) -> str:
+    return "nan" if value is None else f"{value:.6g}"
 
 
 def _pct(value: float | None) -> str:

@@ -65,7 +65,7 @@ def read_sampled(folder: Path, rounds: list[dict[str, Any]]):
 
 def _sample(args: argparse.Namespace, read_sweep: Callable) -> int:
     from ddlbench.atomic import write_text_atomic
-    from ddlbench.sampling.plan import plan_round, series_of
+    from ddlbench.sampling.plan import plan_round
     from ddlbench.sampling.settings import adaptive_settings
     from ddlbench.sampling.summary import summarize
     from ddlbench.sweep import expand_sweep
@@ -91,7 +91,7 @@ def _sample(args: argparse.Namespace, read_sweep: Callable) -> int:
                 f"round {earlier[-1]['round']} already stopped the adaptive sweep: {earlier[-1]['why']}"
             )
         records = read_sampled(folder, earlier)
-        result = plan_round(args.round, series_of(plan.points, settings.over), records, settings)
+        result = plan_round(args.round, plan.points, records, settings)
         out = args.out or folder / "rounds" / f"{args.round}.json"
     write_text_atomic(out, json.dumps(result, indent=2) + "\n")
     print(f"written: {out}")

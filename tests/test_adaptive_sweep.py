@@ -14,7 +14,7 @@ from ddlbench.config import sweep_config_from_mapping
 from ddlbench.errors import ConfigError
 from ddlbench.point import Point
 from ddlbench.records import read_record
-from ddlbench.sampling.plan import plan_round, series_of
+from ddlbench.sampling.plan import plan_round
 from ddlbench.sampling.settings import AdaptiveSettings
 from ddlbench.sweep import expand_sweep
 from tests.conftest import run_snakemake
@@ -56,10 +56,10 @@ def test_each_round_measures_where_the_band_is_widest_per_node_second(adaptive):
     rounds = [json.loads(p.read_text()) for p in sorted((folder / "rounds").glob("*.json"), key=lambda p: int(p.stem))]
     assert [r["round"] for r in rounds] == list(range(len(rounds))) and rounds[-1]["stop"]
     assert not any(r["stop"] for r in rounds[:-1])
-    # round 0: the two smallest batches, each as a short run (2 steps after 1 warm-up, one repetition)
-    assert [c["batch_size"] for c in rounds[0]["configurations"]] == [4, 8]
+    # round 0: both ends of the series, each as a short run (2 steps after 1 warm-up, one repetition)
+    assert [c["batch_size"] for c in rounds[0]["configurations"]] == [4, 32]
     assert all((p["steps"], p["warmup_steps"], p["repetition"]) == (2, 1, 0) for p in rounds[0]["points"])
-    measured = {4, 8}
+    measured = {4, 32}
     for entry in rounds[1:-1]:
         (config,) = entry["configurations"]
         open_ = [c for c in entry["candidates"] if c["half_width"] is None or c["half_width"] > 0.001]
@@ -98,8 +98,8 @@ def test_a_spent_budget_stops_the_next_round(adaptive):
     plan = expand_sweep(sweep_config_from_mapping(yaml.safe_load(path.read_text())))
     records = [read_record(p / "record.json") for p in (folder / "points").iterdir()]
     settings = AdaptiveSettings(over="batch_size", initial=2, budget_node_s=1.0, target_band=0.001)
-    entry = plan_round(1, series_of(plan.points, "batch_size"), records[:2], settings)
-    assert entry["stop"] and entry["why"].startswith("budget spent") and entry["points"] == []
+    entry = plan_round(1, plan.points, records[:2], settings)
+    assert entry["stop"] and entry["why"].startswith("budget:") and entry["points"] == []
 
 
 @pytest.mark.parametrize(

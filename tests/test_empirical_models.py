@@ -143,6 +143,7 @@ def _fit_csv(csv_text: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_fit_reads_a_csv_and_prints_a_prediction_per_value():
     rows = ["p,t"] + [f"{p:g},{2 + 0.3 * p + d:g}" for p in P for d in (-0.1, 0.1)]
     done = _fit_csv("\n".join(rows) + "\n", "--x", "p", "--y", "t", "128", "256")
@@ -160,6 +161,7 @@ def test_fit_reads_a_csv_and_prints_a_prediction_per_value():
     assert float(done.stdout.split()[1]) == pytest.approx(1 + 0.01 * 64 * 512, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("csv_text", "args", "message"),
     [

@@ -46,7 +46,7 @@ def scaling_section(config: SweepConfig) -> dict[str, Any] | None:
 
 def _prediction(model: dict[str, Any], p: dict[str, Any]) -> str:
     where = ", ".join(f"{name}={value:g}" for name, value in zip(model["parameters"], p["x"], strict=True))
-    band = "no band" if p["low"] is None else f"[{p['low']:.4g}, {p['high']:.4g}]"
+    band = _band_text(p["low"], p["high"])
     return f"{where}: {p['value']:.4g} {band}"
 
 
@@ -59,8 +59,11 @@ def _svg(model: dict[str, Any]) -> str:
     xs = [c["x"][0] for c in curve]
     inside = [i for i, v in enumerate(xs) if v <= largest * (1 + 1e-9)]
     beyond = [i for i, v in enumerate(xs) if v >= largest * (1 - 1e-9)]
-    if curve[0]["low"] is not None:
-        axes.fill_between(xs, [c["low"] for c in curve], [c["high"] for c in curve], alpha=0.2, label="95 % PI")
+    if any(c["low"] is not None for c in curve):
+        nan = float("nan")  # an open end is left undrawn
+        lows = [nan if c["low"] is None else c["low"] for c in curve]
+        highs = [nan if c["high"] is None else c["high"] for c in curve]
+        axes.fill_between(xs, lows, highs, alpha=0.2, label="95 % PI")
     axes.plot([xs[i] for i in inside], [curve[i]["value"] for i in inside], "-", color="C0", label="model")
     if len(beyond) > 1:
         axes.plot([xs[i] for i in beyond], [curve[i]["value"] for i in beyond], "--", color="C0", label="extrapolated")
@@ -79,3 +82,9 @@ def _svg(model: dict[str, Any]) -> str:
     axes.legend(fontsize=7)
     figure.tight_layout()
     return svg_text(figure)
+
+
+def _band_text(low: float | None, high: float | None) -> str:
+    if low is None and high is None:
+        return "no band"
+    return f"[{'−∞' if low is None else f'{low:.4g}'}, {'∞' if high is None else f'{high:.4g}'}]"

@@ -5,8 +5,10 @@ modelled parameter (settings.over). Each sampled point is its configuration run 
 measured steps after settings.warmup_steps, settings.repetitions times (Extra-Deep's few short steps
 instead of full runs), into <sweep>/adaptive/points/<id>/record.json.
 
-- Round 0 (Extra-P's measurement-point advisor, "base" mode): every series' `initial` smallest values,
-  the cheapest.
+- Round 0: every series' `initial` values spread evenly over its range, both ends included. Extra-P's
+  measurement-point advisor ("base" mode) takes the smallest, the cheapest; but a model of the smallest
+  batch sizes extrapolated to 16× them predicted a step time 6× too short (benchmarks/sampling_accuracy.py,
+  first run), and the far end costs a short run only a few seconds more.
 - Later rounds: each series' model of settings.figure (ddlbench.analysis.empirical, method "ddlbench")
   over its measured points; for every unmeasured candidate, the 95 % prediction interval's relative
   half-width w = (high − low) / 2 / value (∞ without a band) and its cost c, node-seconds:
@@ -15,7 +17,8 @@ instead of full runs), into <sweep>/adaptive/points/<id>/record.json.
   step time). The `per_round` candidates with the largest w / c among those with w > target_band are
   chosen: most uncertainty removed per node-second.
 - Stop when no candidate is left with w > target_band (every unmeasured value is known to ±target),
-  when the measured points have cost budget_node_s, or after max_rounds rounds.
+  when no candidate's predicted cost fits in what is left of the budget (budget_node_s, or budget_share
+  of what the full sweep would cost, estimated_full_cost: never overrun), or after max_rounds rounds.
 The profiling cost of a measured point is nodes × (end − start of its launch), node-seconds.
 """
 
@@ -33,6 +36,7 @@ import pandas as pd
 from ddlbench.analysis.aggregate import record_row
 from ddlbench.analysis.empirical.modelling import FIGURE_KINDS, search
 from ddlbench.analysis.empirical.series import series_from_table
+from ddlbench.analysis.keys import point_columns
 from ddlbench.point import Point
 from ddlbench.records import PointRecord
 from ddlbench.sampling.settings import AdaptiveSettings
@@ -46,6 +50,14 @@ def series_of(points: tuple[Point, ...], over: str) -> dict[Point, list[Point]]:
             continue
         groups.setdefault(dataclasses.replace(point, **{over: 1}), []).append(point)
     return {key: sorted(members, key=lambda p: getattr(p, over)) for key, members in groups.items()}
+
+
+def spread(members: list[Point], count: int) -> list[Point]:
+    """`count` of a sorted series, evenly spaced by position, both ends included."""
+    if count >= len(members):
+        return list(members)
+    picks = sorted({round(k * (len(members) - 1) / (count - 1)) for k in range(count)})
+    return [members[i] for i in picks]
 
 
 def sampled(point: Point, settings: AdaptiveSettings) -> list[Point]:
@@ -64,16 +76,17 @@ def node_seconds(record: PointRecord) -> float:
 
 def plan_round(
     round_number: int,
-    series: dict[Point, list[Point]],
+    points: tuple[Point, ...],
     records: list[PointRecord],
     settings: AdaptiveSettings,
 ) -> dict[str, Any]:
-    """The round's choice (see the module docstring) as a plain mapping."""
+    """The round's choice (see the module docstring) as a plain mapping; `points` are the sweep's."""
+    series = series_of(points, settings.over)
     spent = sum(node_seconds(r) for r in records)
     measured_configs = {_config(r.point) for r in records}
     if round_number == 0:
-        chosen = [p for members in series.values() for p in members[: settings.initial]]
-        return _round(round_number, chosen, settings, spent, "the smallest values of every series", [])
+        chosen = [p for members in series.values() for p in spread(members, settings.initial)]
+        return _round(round_number, chosen, settings, spent, "values spread over every series' range", [])
     scored = []
     overhead = launch_overhead(records)
     for members in series.values():
@@ -82,10 +95,12 @@ def plan_round(
         if not left:
             continue
         scored += _score(members, left, done, settings, overhead)
-    if settings.budget_node_s is not None and spent >= settings.budget_node_s:
-        return _round(
-            round_number, [], settings, spent, f"budget spent: {spent:.1f} ≥ {settings.budget_node_s:g} node-s", scored
-        )
+    budget = math.inf
+    if settings.budget_node_s is not None:
+        budget = settings.budget_node_s
+    if settings.budget_share is not None:
+        full = estimated_full_cost(points, records, settings)
+        budget = min(budget, settings.budget_share * full) if full else budget
     open_ = [s for s in scored if s["half_width"] > settings.target_band]
     if not open_:
         why = (
@@ -94,7 +109,15 @@ def plan_round(
         return _round(round_number, [], settings, spent, why, scored)
     if round_number >= settings.max_rounds:
         return _round(round_number, [], settings, spent, f"{settings.max_rounds} rounds run", scored)
-    best = sorted(open_, key=lambda s: -s["score"])[: settings.per_round]
+    # the budget is never overrun: a candidate is taken only if its predicted cost still fits
+    best, planned = [], spent
+    for candidate in sorted(open_, key=lambda s: -s["score"]):
+        if len(best) < settings.per_round and planned + candidate["cost_node_s"] <= budget:
+            best.append(candidate)
+            planned += candidate["cost_node_s"]
+    if not best:
+        why = f"budget: {spent:.1f} node-s spent of {budget:.1f}, and no candidate fits in the rest"
+        return _round(round_number, [], settings, spent, why, scored)
     chosen = [Point.from_dict(s["point"]) for s in best]
     return _round(round_number, chosen, settings, spent, "widest band per node-second", scored)
 
@@ -114,6 +137,49 @@ def _round(number, chosen, settings, spent, why, scored) -> dict[str, Any]:
 def _finite(value: Any) -> Any:
     """JSON has no infinity: an unknown band width or score is written as null."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def estimated_full_cost(
+    points: tuple[Point, ...], records: list[PointRecord], settings: AdaptiveSettings
+) -> float | None:
+    """What the sweep's own points would cost, node-seconds: Σ nodes × (o + (warmup + steps) × t̂), o the
+    sampled points' median launch overhead and t̂ their step-time model at the point (None without one)."""
+    if not records:
+        return None
+    rows = pd.DataFrame([record_row(r) for r in records])
+    found = [s for s in series_from_table(rows, over=(settings.over,), figures=("step_time_s",))]
+    overhead = launch_overhead(records)
+    total = 0.0
+    for members in series_of(points, settings.over).values():
+        step = next((s for s in found if stands_for(s, members[0], settings.over)), None)
+        if step is None or len(step.x) < 2:
+            return None
+        fit = search(step.parameters, step.array(), step.lists(), "ddlbench", "time")
+        mine = [p for p in points if _same_series(p, members[0], settings.over)]
+        predicted = fit.predict(np.asarray([[float(getattr(p, settings.over))] for p in mine]))
+        total += sum(
+            p.nodes * (overhead + (p.warmup_steps + p.steps) * t) for p, t in zip(mine, predicted, strict=True)
+        )
+    return float(total) if math.isfinite(total) else None
+
+
+# fields a sampled short run changes: the rest say which sweep configuration it stands for
+SAMPLING_FIELDS = ("steps", "warmup_steps", "repetition")
+
+
+def _same_series(point: Point, member: Point, over: str) -> bool:
+    strip = {over: 1, "repetition": 0}
+    return dataclasses.replace(point, **strip) == dataclasses.replace(member, **strip)
+
+
+def stands_for(series, member: Point, over: str) -> bool:
+    """Whether a series of sampled records stands for the sweep series of `member`."""
+    columns = point_columns(member)
+    return all(
+        str(series.fixed[name]) == str(columns[name])
+        for name in series.fixed
+        if name not in (over, *SAMPLING_FIELDS) and name in columns
+    )
 
 
 def _config(point: Point) -> Point:

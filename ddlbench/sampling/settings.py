@@ -18,6 +18,7 @@ class AdaptiveSettings:
     max_rounds: int = 8
     target_band: float = 0.05  # stop when every unmeasured value's 95 % interval is within ±this share
     budget_node_s: float | None = None  # stop once the measured points cost this many node-seconds
+    budget_share: float | None = None  # … or this share of the full sweep's estimated cost
     steps: int = 4  # measured steps per sampled point (the sweep's own count is the full sweep's)
     warmup_steps: int = 1
     repetitions: int = 1
@@ -56,5 +57,10 @@ def adaptive_settings(raw: dict[str, Any] | None) -> AdaptiveSettings:
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0):
         raise ConfigError(
             "adaptive.budget_node_s", f"{budget!r} is not accepted; give a positive number of node-seconds"
+        )
+    share = raw.get("budget_share")
+    if share is not None and (isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1):
+        raise ConfigError(
+            "adaptive.budget_share", f"{share!r} is not accepted; give a share between 0 and 1, e.g. 0.05"
         )
     return AdaptiveSettings(**raw)

@@ -11,19 +11,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from ddlbench.analysis.aggregate import record_row
 from ddlbench.analysis.empirical.modelling import model_series
 from ddlbench.analysis.empirical.series import series_from_table
-from ddlbench.analysis.keys import point_columns
 from ddlbench.point import Point
 from ddlbench.records import PointRecord
-from ddlbench.sampling.plan import launch_overhead, node_seconds, series_of
+from ddlbench.sampling.plan import estimated_full_cost, launch_overhead, node_seconds, series_of, stands_for
 from ddlbench.sampling.settings import AdaptiveSettings
 
 
@@ -35,22 +32,15 @@ def summarize(
     figures = tuple(dict.fromkeys((settings.figure, "step_time_s")))
     found = series_from_table(table, over=(settings.over,), figures=figures) if records else []
     models = []
-    overhead = launch_overhead(records)
-    full = 0.0
     for members in series_of(points, settings.over).values():
         values = sorted({float(getattr(p, settings.over)) for p in members})
-        mine = [s for s in found if _matches(s, members[0], settings.over)]
-        step = next((s for s in mine if s.figure == "step_time_s"), None)
-        for s in mine:
-            if s.figure == settings.figure:
-                models.append(model_series(s, at=[(v,) for v in values]))
-        predicted_step = {}
-        if step is not None:
-            model = model_series(step, at=[(v,) for v in values])
-            predicted_step = {p["x"][0]: p["value"] for p in model["predictions"]}
-        for point in (p for p in points if _same_series(p, members[0], settings.over)):
-            t = predicted_step.get(float(getattr(point, settings.over)), float("nan"))
-            full += point.nodes * (overhead + (point.warmup_steps + point.steps) * t)
+        models += [
+            model_series(s, at=[(v,) for v in values])
+            for s in found
+            if s.figure == settings.figure and stands_for(s, members[0], settings.over)
+        ]
+    overhead = launch_overhead(records)
+    full = estimated_full_cost(points, records, settings)
     return {
         "settings": settings.__dict__,
         "rounds": [
@@ -60,26 +50,7 @@ def summarize(
         "measured_node_s": measured,
         "launch_overhead_s": overhead,
         "full_sweep_points": len(points),
-        "full_sweep_node_s_estimated": full if np.isfinite(full) else None,
-        "saved_estimated": 1 - measured / full if np.isfinite(full) and full > 0 else None,
+        "full_sweep_node_s_estimated": full,
+        "saved_estimated": 1 - measured / full if full else None,
         "models": models,
     }
-
-
-# fields a sampled short run changes: the rest say which sweep configuration it stands for
-SAMPLING_FIELDS = ("steps", "warmup_steps", "repetition")
-
-
-def _same_series(point: Point, member: Point, over: str) -> bool:
-    strip = {over: 1, "repetition": 0}
-    return dataclasses.replace(point, **strip) == dataclasses.replace(member, **strip)
-
-
-def _matches(series, member: Point, over: str) -> bool:
-    """Whether a series of sampled records stands for the sweep series of `member`."""
-    columns = point_columns(member)
-    return all(
-        str(series.fixed[name]) == str(columns[name])
-        for name in series.fixed
-        if name not in (over, *SAMPLING_FIELDS) and name in columns
-    )

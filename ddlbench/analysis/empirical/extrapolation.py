@@ -18,7 +18,9 @@ scaling tables):
   the ring's saturating share (p−1)/p), chosen by *forward* validation: sorted by the parameter, each
   hypothesis is fitted on the first k points and scored on those after (k from max(3, P−3) to P−1), by
   the mean relative error; leave-one-out SMAPE breaks ties and decides below 4 points. A time (kind
-  "time") must stay positive up to 4× the largest scale.
+  "time") must stay positive up to 4× the largest scale. The hypotheses that validated about as well
+  (within twice the best error, or 1 % of it) widen the band: few points leave many forms possible,
+  and they part ways beyond the measured range, which is where an adaptive sweep should measure.
 
 Several parameters: Extra-P's multi-parameter search (ddlbench.analysis.empirical.search).
 """
@@ -36,6 +38,9 @@ from ddlbench.analysis.empirical.terms import Factor, Term, extrap_building_bloc
 
 KINDS = ("throughput", "per_device", "time", "other")
 HORIZON = 4.0  # a time must stay positive this far beyond the largest measured scale
+# a hypothesis is as plausible as the best when its validation error is within twice the best's, or
+# within this much (a relative error: 1 %) of it, whichever is larger
+PLAUSIBLE_ERROR = 0.01
 LINEAR: tuple[Term, ...] = ((Factor(0, Fraction(1)),),)
 
 
@@ -122,5 +127,14 @@ def _forward_search(names: tuple[str, ...], x: np.ndarray, values: list[list[flo
         scored.append((float("inf") if forward is None else forward, float("inf") if loo is None else loo, fit))
     if not scored:
         return search_extrap(names, x, values)
-    _, loo, best = min(scored, key=lambda item: (item[0], item[1]))
-    return replace(best, cv_smape=loo if np.isfinite(loo) else None)
+    forward, loo, best = min(scored, key=lambda item: (item[0], item[1]))
+    # the forms the data cannot tell from the best one widen its band (regression.Fit.alternatives)
+    if np.isfinite(forward):
+        plausible = [
+            fit for f, _, fit in scored if fit is not best and f <= max(2 * forward, forward + PLAUSIBLE_ERROR)
+        ]
+    else:
+        plausible = [
+            fit for _, cv, fit in scored if fit is not best and cv <= max(2 * loo, loo + 100 * PLAUSIBLE_ERROR)
+        ]
+    return replace(best, cv_smape=loo if np.isfinite(loo) else None, alternatives=tuple(plausible))

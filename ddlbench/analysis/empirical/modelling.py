@@ -55,8 +55,8 @@ def search(
 class Prediction:
     x: tuple[float, ...]
     value: float
-    low: float | None
-    high: float | None
+    low: float | None  # None: no band (too few observations), or open below
+    high: float | None  # None: no band, or open above (an inverse fit whose denominator's band reaches 0)
     extrapolation: float  # 1 inside the measured range, else the largest ratio beyond it
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,12 +83,19 @@ def predict(fit: Fit, measured: np.ndarray, at: list[tuple[float, ...]]) -> list
             Prediction(
                 x=tuple(float(v) for v in row),
                 value=float(values[k]),
-                low=None if band is None else float(band[0][k]),
-                high=None if band is None else float(band[1][k]),
+                low=_end(band, 0, k),
+                high=_end(band, 1, k),
                 extrapolation=beyond,
             )
         )
     return out
+
+
+def _end(band, side: int, k: int) -> float | None:
+    """One end of a band; None where it is open (a transformed band whose end is not finite)."""
+    if band is None or not np.isfinite(band[side][k]):
+        return None
+    return float(band[side][k])
 
 
 def model_series(series: Series, *, method: str = "ddlbench", at: list[tuple[float, ...]] = ()) -> dict[str, Any]:

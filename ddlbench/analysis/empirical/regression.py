@@ -13,7 +13,9 @@ observations and q the number of coefficients:
   repetitions' spread and the model's misfit widen it;
 - band at x₀ (95 % prediction interval of one new measurement there): f(x₀) ± t_{0.975, N−q} ·
   √(s² + x₀ᵀ·s²(XᵀWX)⁻¹·x₀), W = diag(n_k); None when N ≤ q (nothing is left to estimate s² from).
-The band holds *given the hypothesis*: that the form was chosen from the same data is not in it.
+The band holds *given the hypothesis*. That the form was chosen from the same data is in it only as
+far as the search names `alternatives` (hypotheses that predicted the measured points about as well):
+the band is then the union of their intervals, wide wherever the forms part ways.
 
 Two transformations, for figures whose simple form is not additive in y itself (the fit, s² and the band
 are then of the transformed figure z; rss and smape stay of y):
@@ -64,6 +66,9 @@ class Fit:
     unscaled_covariance: tuple[tuple[float, ...], ...] = ()  # (XᵀWX)⁻¹
     per_unit: int | None = None
     inverse: bool = False
+    # hypotheses that predicted the measured points about as well (the search says which): the band spans
+    # theirs too, so that where the data cannot tell the forms apart, the band says so
+    alternatives: tuple[Fit, ...] = ()
 
     def predict(self, x) -> np.ndarray:
         rows = self._rows(x)
@@ -80,7 +85,19 @@ class Fit:
         return np.ones(rows.shape[0]) if self.per_unit is None else rows[:, self.per_unit]
 
     def band(self, x, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray] | None:
-        """Lower and upper ends of the `confidence` prediction interval at each x; None without s²."""
+        """Lower and upper ends of the `confidence` prediction interval at each x, widened to the intervals
+        of the alternatives; None without s²."""
+        own = self._own_band(x, confidence)
+        if own is None:
+            return None
+        low, high = own
+        for other in self.alternatives:
+            theirs = other._own_band(x, confidence)
+            if theirs is not None:
+                low, high = np.fmin(low, theirs[0]), np.fmax(high, theirs[1])
+        return low, high
+
+    def _own_band(self, x, confidence: float) -> tuple[np.ndarray, np.ndarray] | None:
         if self.residual_variance is None:
             return None
         points = self._rows(x)
