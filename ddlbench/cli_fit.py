@@ -58,10 +58,11 @@ def add_commands(commands: Any, add_sweep_options: Callable, read_sweep: Callabl
     fit.add_argument("--y", dest="y_column", help="CSV mode: the measured column")
     fit.add_argument(
         "--kind",
-        choices=("throughput", "per_device", "time", "other"),
+        choices=("throughput", "per_device", "amdahl_time", "time", "other"),
         default="other",
         help="CSV mode: what y is, for ddlbench's search: throughput (over the devices, Amdahl's law), "
-        "per_device (a rate per device or an efficiency), time (positive), other (default)",
+        "per_device (a rate per device or an efficiency), amdahl_time (p/R-like: linear), time (positive), "
+        "other (default)",
     )
     fit.add_argument("values", nargs="*", help="CSV mode: where to predict (e.g. 64 128, or 8,256 for two x)")
     fit.add_argument("--cheapest", action="store_true", help="the cheapest configuration meeting --target")

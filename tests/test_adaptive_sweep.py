@@ -102,6 +102,13 @@ def test_a_spent_budget_stops_the_next_round(adaptive):
     assert entry["stop"] and entry["why"].startswith("budget:") and entry["points"] == []
 
 
+@pytest.mark.slow
+def test_the_adaptive_workflow_lints_clean(adaptive):
+    path, _ = adaptive
+    lint = run_snakemake("-s", "workflow/adaptive.smk", "--lint", "--cores", "2", "--configfile", str(path))
+    assert lint.returncode == 0 and "Lints for" not in lint.stdout + lint.stderr, lint.stdout + lint.stderr
+
+
 @pytest.mark.parametrize(
     ("settings", "key"),
     [

@@ -103,6 +103,8 @@ checkpoint choose_round:
     params:
         sweep=CONFIG_JSON,
     localrule: True
+    conda:
+        "../envs/report.yaml"
     shell:
         "ddlbench sample --config-json {params.sweep:q} --round {wildcards.round} --out {output.plan:q} > {log:q} 2>&1"
 
@@ -131,5 +133,7 @@ rule summary:
     params:
         sweep=CONFIG_JSON,
     localrule: True
+    conda:
+        "../envs/report.yaml"
     shell:
         "ddlbench sample --config-json {params.sweep:q} --summarize --out {output.summary:q} > {log:q} 2>&1"

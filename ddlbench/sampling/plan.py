@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from ddlbench.analysis.aggregate import record_row
-from ddlbench.analysis.empirical.modelling import FIGURE_KINDS, search
+from ddlbench.analysis.empirical.modelling import figure_kind, search
 from ddlbench.analysis.empirical.series import series_from_table
 from ddlbench.analysis.keys import point_columns
 from ddlbench.point import Point
@@ -154,7 +154,9 @@ def estimated_full_cost(
         step = next((s for s in found if stands_for(s, members[0], settings.over)), None)
         if step is None or len(step.x) < 2:
             return None
-        fit = search(step.parameters, step.array(), step.lists(), "ddlbench", "time")
+        fit = search(
+            step.parameters, step.array(), step.lists(), "ddlbench", figure_kind("step_time_s", step.parameters)
+        )
         mine = [p for p in points if _same_series(p, members[0], settings.over)]
         predicted = fit.predict(np.asarray([[float(getattr(p, settings.over))] for p in mine]))
         total += sum(
@@ -231,7 +233,7 @@ def _band(series, x: np.ndarray) -> list[tuple[float | None, float | None, float
     if series is None or len(series.x) < 2:
         return [(None, None, None)] * len(x)
     fit = search(
-        series.parameters, series.array(), series.lists(), "ddlbench", FIGURE_KINDS.get(series.figure, "other")
+        series.parameters, series.array(), series.lists(), "ddlbench", figure_kind(series.figure, series.parameters)
     )
     centre = fit.predict(x)
     band = fit.band(x)

@@ -14,6 +14,8 @@ scaling tables):
   speedup R(p)/R(1) = 1/((1 − f)/p + f).
 - **per_device** (a scaling efficiency, or any throughput per device): the same law per device,
   e(p) = 1/(a + b·p).
+- **amdahl_time** (a step time under weak scaling, node-hours per epoch: proportional to p/R): by the
+  same law, linear, a + b·p.
 - **time** and **other**: the normal form's hypotheses (Extra-P's 42, their negative-exponent twins,
   the ring's saturating share (p−1)/p), chosen by *forward* validation: sorted by the parameter, each
   hypothesis is fitted on the first k points and scored on those after (k from max(3, P−3) to P−1), by
@@ -36,7 +38,7 @@ from ddlbench.analysis.empirical.regression import Fit, design, fit_hypothesis, 
 from ddlbench.analysis.empirical.search import loo_smape, search_extrap
 from ddlbench.analysis.empirical.terms import Factor, Term, extrap_building_blocks
 
-KINDS = ("throughput", "per_device", "time", "other")
+KINDS = ("throughput", "per_device", "amdahl_time", "time", "other")
 HORIZON = 4.0  # a time must stay positive this far beyond the largest measured scale
 # a hypothesis is as plausible as the best when its validation error is within twice the best's, or
 # within this much (a relative error: 1 %) of it, whichever is larger
@@ -57,6 +59,10 @@ def search_ddlbench(names: tuple[str, ...], x: np.ndarray, values: list[list[flo
         return search_extrap(names, x, values)
     if kind in ("throughput", "per_device") and len(values) >= 2:
         return amdahl(names, x, values, per_device=kind == "per_device")
+    if kind == "amdahl_time" and len(values) >= 2:
+        fit = fit_hypothesis(names, LINEAR, x, values)
+        means = np.array([float(np.mean(v)) for v in values])
+        return replace(fit, cv_smape=loo_smape(LINEAR, x, means) if len(values) > 2 else None)
     return _forward_search(names, x, values, kind)
 
 

@@ -26,16 +26,27 @@ from ddlbench.errors import DdlbenchError
 METHODS = ("extrap", "ddlbench")
 
 
-# what each figure is, for the physical checks of ddlbench's search: a rate produced by the devices, or a
-# duration or cost that can only be positive
+# What each figure is over a count of devices (nodes, ranks), for ddlbench's search: a throughput
+# (Amdahl's law), a rate per device, or a duration or cost per sample proportional to p/R, which
+# Amdahl's law makes linear in p (ddlbench.analysis.empirical.extrapolation). Over other parameters
+# (a batch size, threads) every figure gets the forward-validated normal form, kept positive if a time.
+DEVICE_PARAMETERS = ("nodes", "world_size", "ranks_per_node")
 FIGURE_KINDS = {
     "samples_per_s": "throughput",
     "speedup": "throughput",
     "efficiency": "per_device",
-    "step_time_s": "time",
-    "cost_node_h_per_epoch": "time",
-    "cost_per_epoch": "time",
+    "step_time_s": "amdahl_time",
+    "cost_node_h_per_epoch": "amdahl_time",
+    "cost_per_epoch": "amdahl_time",
 }
+
+
+def figure_kind(figure: str, parameters: tuple[str, ...]) -> str:
+    """The kind ddlbench's search models `figure` as, over `parameters`."""
+    kind = FIGURE_KINDS.get(figure, "other")
+    if len(parameters) == 1 and parameters[0] in DEVICE_PARAMETERS:
+        return kind
+    return "time" if kind == "amdahl_time" else "other"
 
 
 def search(
@@ -101,7 +112,7 @@ def _end(band, side: int, k: int) -> float | None:
 def model_series(series: Series, *, method: str = "ddlbench", at: list[tuple[float, ...]] = ()) -> dict[str, Any]:
     """The series' model as a plain mapping (see the module docstring)."""
     x = series.array()
-    fit = search(series.parameters, x, series.lists(), method, FIGURE_KINDS.get(series.figure, "other"))
+    fit = search(series.parameters, x, series.lists(), method, figure_kind(series.figure, series.parameters))
     return {
         "figure": series.figure,
         "unit": series.unit,

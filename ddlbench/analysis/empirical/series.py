@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ddlbench.analysis.keys import CONFIG_FIELDS, describe
+from ddlbench.analysis.keys import CONFIG_FIELDS, describe, varying_fields
 from ddlbench.errors import DdlbenchError
 
 FIGURES = {
@@ -95,16 +95,21 @@ def series_from_table(
         for name in CONFIG_FIELDS
         if name in rows.columns and name not in over and name not in implied and not _follows(name, over)
     ]
-    out: list[Series] = []
+    families = []
     for _, family in rows.groupby([rows[name].astype(str) for name in held], sort=True, dropna=False):
-        first = family.iloc[0].to_dict()
         grouped = family.groupby([family[name] for name in over], sort=True)
         points = [
             (tuple(float(v) for v in (key if isinstance(key, tuple) else (key,))), group) for key, group in grouped
         ]
-        if len(points) < min_points:
-            continue
-        label = describe(first, held)
+        if len(points) >= min_points:
+            families.append((family.iloc[0].to_dict(), points))
+    # a label names what tells the series apart, after the model, dataset and strategy
+    varying = varying_fields([first for first, _ in families], leave_out=(*over, "model", "dataset", "strategy"))
+    out: list[Series] = []
+    for first, points in families:
+        label = (
+            describe(first, ["strategy", "model", "dataset", *varying]).replace("model=", "").replace("dataset=", "")
+        )
         for figure in figures:
             values = _figure_values(figure, points, over, first, epoch_samples, price_per_node_hour)
             if values is None:
