@@ -15,7 +15,8 @@ import pytest
 
 from ddlbench.analysis.analytic.layout import Setting
 from ddlbench.analysis.analytic.machine_model import MachineModel
-from ddlbench.analysis.analytic.paradl import BYTES_PER_ITEM, network_factor, paradl_predict, read_net, read_platform
+from ddlbench.analysis.analytic.paradl import BYTES_PER_ITEM, network_factor, paradl_predict
+from ddlbench.analysis.analytic.paradl_inputs import read_net, read_platform
 from ddlbench.analysis.analytic.predict import introspected_table, predict
 
 DATA = Path(__file__).parent / "data" / "paradl"
@@ -68,7 +69,7 @@ def test_paradl_reads_our_net_files_and_counts_the_same_convolution_flops():
     """ParaDL's FLOP estimate of a convolution (2·C·F·K²·W·H from the .net shapes) is an independent count
     of what torch's FlopCounterMode gave the model table."""
     from ddlbench.analysis.analytic.layers import render_net
-    from ddlbench.analysis.analytic.paradl import layer_flops, parse_net
+    from ddlbench.analysis.analytic.paradl_inputs import layer_flops, parse_net
 
     table = introspected_table("resnet50", "imagenet", (("norm", "batch"), ("stem", "auto")))
     net = parse_net(render_net(table, dataset_size=1281167))

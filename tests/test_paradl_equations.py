@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ddlbench.analysis.analytic.paradl import (
+from ddlbench.analysis.analytic.paradl import max_micro_batch, network_factor, paradl_predict
+from ddlbench.analysis.analytic.paradl_inputs import (
     ParadlError,
     layer_flops,
-    max_micro_batch,
-    network_factor,
-    paradl_predict,
     parse_net,
     read_mask,
     read_net,

@@ -273,3 +273,22 @@ def test_bad_submissions_are_refused_before_anything_is_queued(
         assert fragment in snakemake.stderr and "Traceback" not in snakemake.stderr
     assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
     assert not (tmp_path / "results" / "refused" / "points").exists()
+
+
+def test_the_adaptive_sweep_submits_its_short_runs_as_slurm_jobs(slurm_env, write_sweep, tmp_path):
+    """workflow/adaptive.smk under `--profile slurm`: each sampled point is a SLURM job with its
+    configuration's allocation (2 nodes for the 2-node point), and the loop still stops and summarises."""
+    adaptive = {"over": "nodes", "figure": "samples_per_s", "initial": 2, "max_rounds": 1, "steps": 2}
+    sweep_file = sweep(write_sweep, "adaptive", steps=20, repetitions=3, adaptive=adaptive)
+    result = run_snakemake(
+        "-s", "workflow/adaptive.smk", "--profile", "slurm", "--configfile", str(sweep_file), env=slurm_env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = tmp_path / "results" / "adaptive" / "adaptive"
+    records = records_of(folder)
+    assert sorted(r.point.nodes for r in records.values()) == [1, 2]
+    assert all(r.status == "ok" and r.point.steps == 2 for r in records.values())
+    for record in records.values():
+        assert record.provenance.launcher == "srun" and record.provenance.slurm.num_nodes == record.point.nodes
+    summary = json.loads((folder / "sampling.json").read_text())
+    assert summary["measured_points"] == 2 and summary["rounds"][-1]["stop"]

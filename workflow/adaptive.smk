@@ -1,30 +1,47 @@
 # ddlbench's adaptive sweep (sparse sampling): a checkpoint loop over rounds instead of every point.
 #   snakemake -s workflow/adaptive.smk --cores 2 --configfile my-sweep.yaml   # its `adaptive:` key
+#   snakemake -s workflow/adaptive.smk --profile slurm --configfile my-sweep.yaml  # points as SLURM jobs
 # Round N (checkpoint choose_round) reads the records of rounds < N, models them and writes which short
 # runs to measure next, or why to stop (ddlbench.sampling.plan); the records are measured; the loop goes
 # on until a round stops; then the summary: cost, savings and the models (ddlbench.sampling.summary).
 # Everything lands in <results_dir>/<name>/adaptive/.
+import dataclasses
 import json
 import os
 import sys
 
 from ddlbench.errors import DdlbenchError
+from ddlbench.launch.resources import load_site
+from ddlbench.launch.submission import point_resources
 from ddlbench.point import POINT_ID_PATTERN, Point
 from ddlbench.sampling.settings import adaptive_settings
 from ddlbench.sweep import plan_sweep
 
-config.pop("slurm_site", None)  # SLURM submission of sampled points: not yet (they run on this host)
+# `--profile slurm` names its site file: each sampled point is then a SLURM job with the allocation
+# its configuration gets in the full sweep (same layout, same time limit)
+SITE_FILE = config.pop("slurm_site", None)
 if not config:
 
     configfile: "workflow/config/default.yaml"
+
+    config.pop("slurm_site", None)
 
 
 try:
     PLAN = plan_sweep(config)
     SETTINGS = adaptive_settings(PLAN.config.to_dict()["adaptive"])
+    SITE = load_site(SITE_FILE) if SITE_FILE else None
+    RESOURCES = point_resources(PLAN, SITE) if SITE else {}
 except DdlbenchError as error:
     sys.stderr.write(f"ddlbench: invalid sweep config: {error}\n")
     sys.exit(2)
+
+# a sampled point's allocation is its configuration's: found by everything but steps and repetition
+BY_CONFIGURATION = {
+    dataclasses.replace(point, steps=0, warmup_steps=0, repetition=0): RESOURCES[point.point_id]
+    for point in PLAN.points
+    if point.point_id in RESOURCES
+}
 
 FOLDER = f"{PLAN.config.sweep_dir}/adaptive"
 CONFIG_JSON = json.dumps(PLAN.config.to_dict(), sort_keys=True)
@@ -88,6 +105,14 @@ def sampled_threads(wildcards):
     return point.world_size * point.cores_per_rank
 
 
+def sampled_resource(key):
+    def value(wildcards):
+        point = sampled(wildcards)
+        return BY_CONFIGURATION[dataclasses.replace(point, steps=0, warmup_steps=0, repetition=0)][key]
+
+    return value
+
+
 rule all:
     input:
         f"{FOLDER}/sampling.json",
@@ -117,6 +142,8 @@ rule sampled_point:
     params:
         spec=sampled_spec,
     threads: sampled_threads
+    resources:
+        **{key: sampled_resource(key) for key in next(iter(RESOURCES.values()), {})},
     conda:
         "../envs/compute.yaml"
     shell:
