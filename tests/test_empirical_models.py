@@ -3,6 +3,7 @@ made the data, its bands cover what they claim, and `ddlbench fit` reads a CSV a
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from fractions import Fraction
@@ -75,6 +76,7 @@ def test_leave_one_out_and_smape_are_their_definitions():
     assert smape(np.array([0.0, 2.0]), np.array([0.0, 1.0])) == pytest.approx(100 * (0 + 2 / 3) / 2)
 
 
+@pytest.mark.slow
 def test_the_prediction_band_covers_new_measurements_as_often_as_it_claims():
     # y = 2 + 0.3·p with normal noise (σ = 0.5), 3 repetitions at 6 points; a new measurement at p = 128
     # (2× beyond) must fall in the 95 % interval in 95 % of 2000 seeded trials: ±1.5 points is > 3 binomial SDs
@@ -218,3 +220,22 @@ def test_the_cheapest_configuration_meets_a_deadline_at_the_fewest_node_hours():
     assert all(c["value"] == pytest.approx(32 * c["x"] / c["samples_per_s"]) for c in answer["choices"])
     with pytest.raises(DdlbenchError, match="samples_per_s>=N"):
         parse_target("samples_per_s<=5")
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_points_all_failed_has_no_series_and_the_workflow_goes_on(tmp_path):
+    import pandas as pd
+
+    from ddlbench.analysis.empirical.series import series_from_table
+
+    failed = pd.DataFrame({"point_id": ["a", "b"], "status": ["oom", "failed"], "nodes": [1, 2], "reason": ["x", "y"]})
+    assert series_from_table(failed) == []
+    failed.to_parquet(tmp_path / "table.parquet")
+    done = subprocess.run(
+        [sys.executable, "-m", "ddlbench", "-q", "fit", "--table", str(tmp_path / "table.parquet"), "--allow-none",
+         "--format", "json", "--out", str(tmp_path / "models.json")],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = json.loads((tmp_path / "models.json").read_text())
+    assert written["models"] == [] and "no series over nodes" in written["why"]

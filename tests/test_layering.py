@@ -26,7 +26,10 @@ LIGHT_MODULES = [
     "ddlbench.analysis.analytic.oracle",
     "ddlbench.analysis.analytic.render",
     "ddlbench.report.predicted",
-    "ddlbench.analysis.empirical.modelling",  # empirical models: numpy only
+]
+# empirical models and sampling: numpy only (checked in one interpreter: each import is a second or so)
+LIGHT_EMPIRICAL = [
+    "ddlbench.analysis.empirical.modelling",
     "ddlbench.analysis.empirical.extrapolation",
     "ddlbench.analysis.empirical.cheapest",
     "ddlbench.analysis.empirical.holdout",
@@ -42,6 +45,11 @@ LIGHT_MODULES = [
 def test_module_does_not_import_torch(module):
     code = f"import sys, {module}; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0, f"{module} imports torch"
+
+
+def test_the_empirical_modules_do_not_import_torch():
+    code = f"import sys, {', '.join(LIGHT_EMPIRICAL)}; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0, "an empirical module imports torch"
 
 
 def test_plan_aggregate_and_report_commands_do_not_import_torch(tmp_path):

@@ -60,8 +60,8 @@ class Series:
 
 def used_rows(table: pd.DataFrame) -> pd.DataFrame:
     """The successful rows of this measurement version."""
-    if table.empty or "status" not in table.columns:
-        return table.iloc[0:0]
+    if table.empty or "status" not in table.columns or "samples_per_s_overall" not in table.columns:
+        return table.iloc[0:0]  # nothing measured: a sweep whose every point failed has no figure columns
     used = table["status"] == "ok"
     if "other_measurement_version" in table.columns:
         used &= table["other_measurement_version"].fillna(False).astype(bool) == False  # noqa: E712
