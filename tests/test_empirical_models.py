@@ -79,18 +79,18 @@ def test_leave_one_out_and_smape_are_their_definitions():
 @pytest.mark.slow
 def test_the_prediction_band_covers_new_measurements_as_often_as_it_claims():
     # y = 2 + 0.3·p with normal noise (σ = 0.5), 3 repetitions at 6 points; a new measurement at p = 128
-    # (2× beyond) must fall in the 95 % interval in 95 % of 2000 seeded trials: ±1.5 points is > 3 binomial SDs
+    # (2× beyond) must fall in the 95 % interval in 95 % of 1000 seeded trials: ±2.5 points is 3.6 binomial SDs
     rng = np.random.default_rng(12)
     terms = ((Factor(0, 1),),)
     inside = 0
-    trials = 2000
+    trials = 1000
     for _ in range(trials):
         values = [list(2 + 0.3 * p + 0.5 * rng.standard_normal(3)) for p in P]
         fit = fit_hypothesis(("p",), terms, P[:, None], values)
         low, high = fit.band([[128.0]])
         new = 2 + 0.3 * 128 + 0.5 * rng.standard_normal()
         inside += bool(low[0] <= new <= high[0])
-    assert abs(inside / trials - 0.95) < 0.015
+    assert abs(inside / trials - 0.95) < 0.025
 
 
 def test_no_band_without_observations_to_spare():

@@ -276,19 +276,19 @@ def test_bad_submissions_are_refused_before_anything_is_queued(
 
 
 def test_the_adaptive_sweep_submits_its_short_runs_as_slurm_jobs(slurm_env, write_sweep, tmp_path):
-    """workflow/adaptive.smk under `--profile slurm`: each sampled point is a SLURM job with its
-    configuration's allocation (2 nodes for the 2-node point), and the loop still stops and summarises."""
-    adaptive = {"over": "nodes", "figure": "samples_per_s", "initial": 2, "max_rounds": 1, "steps": 2}
-    sweep_file = sweep(write_sweep, "adaptive", steps=20, repetitions=3, adaptive=adaptive)
+    """workflow/adaptive.smk under `--profile slurm`: a sampled point is a SLURM job with its
+    configuration's allocation (2 nodes for a 2-node point), and the loop still stops and summarises.
+    One configuration (over batch size, at 2 nodes) keeps it to one job."""
+    adaptive = {"over": "batch_size", "figure": "samples_per_s", "initial": 2, "max_rounds": 1, "steps": 2}
+    sweep_file = sweep(write_sweep, "adaptive", nodes=[2], steps=20, repetitions=3, adaptive=adaptive)
     result = run_snakemake(
         "-s", "workflow/adaptive.smk", "--profile", "slurm", "--configfile", str(sweep_file), env=slurm_env
     )
     assert result.returncode == 0, result.stderr[-3000:]
     folder = tmp_path / "results" / "adaptive" / "adaptive"
-    records = records_of(folder)
-    assert sorted(r.point.nodes for r in records.values()) == [1, 2]
-    assert all(r.status == "ok" and r.point.steps == 2 for r in records.values())
-    for record in records.values():
-        assert record.provenance.launcher == "srun" and record.provenance.slurm.num_nodes == record.point.nodes
+    (record,) = records_of(folder).values()
+    assert record.status == "ok" and (record.point.nodes, record.point.steps) == (2, 2)
+    assert record.provenance.launcher == "srun" and record.provenance.slurm.num_nodes == 2
     summary = json.loads((folder / "sampling.json").read_text())
-    assert summary["measured_points"] == 2 and summary["rounds"][-1]["stop"]
+    assert summary["measured_points"] == 1 and summary["rounds"][-1]["stop"]
+    assert summary["rounds"][-1]["why"] == "every candidate measured"
