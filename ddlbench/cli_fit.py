@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ddlbench.cli_predict import emit_text
 from ddlbench.errors import DdlbenchError
 
 
@@ -110,24 +111,24 @@ def _fit(args: argparse.Namespace, read_sweep: Callable) -> int:
         )
         if not args.allow_none:
             raise DdlbenchError(why)
-        _emit(json.dumps({"over": list(over), "models": [], "why": why}, indent=2) + "\n", args.out)
+        emit_text(json.dumps({"over": list(over), "models": [], "why": why}, indent=2) + "\n", args.out)
         return 0
     at_specs = args.at or [
         f"{name}={','.join(str(v) for v in values)}" for name, values in scaling.get("at", {}).items()
     ]
     at = _scales(at_specs, over)
-    models = [model_series(s, method=method, at=at or _beyond(s)) for s in series]
     if args.cheapest:
         from ddlbench.analysis.empirical.cheapest import cheapest, parse_target
 
         target = parse_target(args.target)
         answer = cheapest(series, target, at=at, method=method, epoch_samples=epoch_samples)
-        _emit(json.dumps(answer, indent=2) + "\n" if args.format == "json" else _cheapest_text(answer), args.out)
+        emit_text(json.dumps(answer, indent=2) + "\n" if args.format == "json" else _cheapest_text(answer), args.out)
         return 0 if answer["choices"] else 1
+    models = [model_series(s, method=method, at=at or _beyond(s)) for s in series]
     if args.format == "json":
-        _emit(json.dumps({"over": list(over), "models": models}, indent=2) + "\n", args.out)
+        emit_text(json.dumps({"over": list(over), "models": models}, indent=2) + "\n", args.out)
     else:
-        _emit(_models_text(models), args.out)
+        emit_text(_models_text(models), args.out)
     return 0
 
 
@@ -273,13 +274,3 @@ def _pct(value: float | None) -> str:
 
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
-
-
-def _emit(text: str, out: Path | None) -> None:
-    if out is None:
-        print(text, end="")
-        return
-    from ddlbench.atomic import write_text_atomic
-
-    write_text_atomic(out, text)
-    print(f"written: {out}")

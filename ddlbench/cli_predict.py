@@ -96,7 +96,8 @@ def add_commands(
     oracle.set_defaults(handler=_oracle)
 
 
-def _emit(text: str, out: Path | None) -> None:
+def emit_text(text: str, out: Path | None) -> None:
+    """A command's output: to standard output, or atomically to `out` (shared by predict, oracle and fit)."""
     if out is None:
         print(text, end="")
         return
@@ -130,7 +131,7 @@ def _predict(args: argparse.Namespace, read_sweep: Callable) -> int:
         text = predictions_json(predictions, machine=machine.name)
     else:
         text = predictions_table(predictions, machine=machine.name)
-    _emit(text, args.out)
+    emit_text(text, args.out)
     return 0
 
 
@@ -159,5 +160,5 @@ def _oracle(args: argparse.Namespace) -> int:
         text = verdicts_json(verdicts, machine=machine.name)
     else:
         text = verdicts_table(verdicts, model=args.model, dataset=args.dataset, machine=machine.name)
-    _emit(text, args.out)
+    emit_text(text, args.out)
     return 0

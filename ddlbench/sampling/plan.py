@@ -207,7 +207,8 @@ def _score(members, left, done, settings: AdaptiveSettings, overhead: float) -> 
     found = {s.figure: s for s in series_from_table(rows, over=(settings.over,), figures=figures)} if done else {}
     x = np.asarray([[float(getattr(p, settings.over))] for p in left])
     band_of = _band(found.get(settings.figure), x)
-    step_of = _centre(found.get("step_time_s"), x)
+    # the step time prices a candidate; when it is also the figure modelled, its fit is the one just made
+    step_of = [v for v, _, _ in band_of] if settings.figure == "step_time_s" else _centre(found.get("step_time_s"), x)
     out = []
     for k, point in enumerate(left):
         value, low, high = band_of[k]
