@@ -86,6 +86,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compare records of another measurement version too (they are left out by default)",
     )
+    aggregate.add_argument(
+        "--history",
+        type=Path,
+        metavar="DB",
+        help="results database for the sweep's figures (default: $DDLBENCH_HISTORY, else <results_dir>/history.sqlite)",
+    )
+    aggregate.add_argument("--no-history", action="store_true", help="do not store the sweep in the results database")
     aggregate.set_defaults(handler=_aggregate)
 
     report = commands.add_parser("report", help="render the HTML report of an aggregated sweep")
@@ -101,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
 
     from ddlbench.cli_analytic import add_commands as add_analytic
     from ddlbench.cli_calibrate import add_commands as add_calibrate
+    from ddlbench.cli_certify import add_commands as add_certify
     from ddlbench.cli_fit import add_commands as add_fit
     from ddlbench.cli_predict import add_commands as add_predict
     from ddlbench.cli_sample import add_commands as add_sample
@@ -112,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     add_predict(commands, _add_sweep_options, _sweep)
     add_fit(commands, _add_sweep_options, _sweep)
     add_sample(commands, _add_sweep_options, _sweep)
+    add_certify(commands)
     return parser
 
 
@@ -247,6 +256,15 @@ def _aggregate(args: argparse.Namespace) -> int:
     save_table(table, parquet=parquet, csv=csv)
     counts = table["status"].value_counts().to_dict()
     print(f"{len(table)} points {counts} -> {parquet}, {csv}")
+    if not args.no_history:
+        from ddlbench.certify.run import read_machine
+        from ddlbench.history.db import history_path
+        from ddlbench.history.store import store_sweep
+
+        machine = read_machine(config.sweep_dir) if config.calibrate else None
+        db = history_path(args.history, results_dir=config.results_dir)
+        run_id, new = store_sweep(config, table, machine=machine, db=db)
+        print(f"history: run {run_id}{'' if new else ' (already stored)'} in {db}")
     return 0
 
 

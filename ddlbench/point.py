@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,6 +51,9 @@ class Point:
     # the last trace_steps measured steps are written as a Chrome/Perfetto timeline beside the record
     # (ddlbench.launch.timeline); 0: none. A field, so a traced point is not compared as an untraced one
     trace_steps: int = 0
+    # the one node a single-node point must run on (per-node certification: `each_node`; SLURM --nodelist,
+    # locally this host's name); "" anywhere. A field, so each node's run is a configuration of its own
+    node: str = ""
 
     @property
     def world_size(self) -> int:
@@ -93,6 +97,7 @@ class Point:
                 ("-compiled", self.compile),
                 (f"-w{self.loader_workers}", self.loader_workers > 0),
                 (f"-tr{self.trace_steps}", self.trace_steps > 0),
+                (f"-on_{node_tag(self.node)}", bool(self.node)),
             )
             if used
         )
@@ -138,6 +143,14 @@ _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "compile": False,
     "loader_workers": 0,
     "trace_steps": 0,
+    "node": "",
 }
+
+
+def node_tag(node: str) -> str:
+    """A node name as a point id part: lower case, anything but [a-z0-9] as '_' (the digest tells apart
+    names this folds together)."""
+    return re.sub(r"[^a-z0-9]", "_", node.lower())
+
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")

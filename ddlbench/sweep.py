@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ddlbench.catalog import STRATEGIES
@@ -62,6 +62,8 @@ def expand_sweep(config: SweepConfig) -> Plan:
                 excluded[point] = None
             elif (reason := why_skipped(point)) is not None:
                 skipped.setdefault(point, reason)
+            elif point.nodes == 1 and config.each_node:
+                kept.update((replace(point, node=node), None) for node in config.each_node)
             else:
                 kept[point] = None
     if not kept:

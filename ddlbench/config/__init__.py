@@ -70,6 +70,8 @@ class SweepConfig:
     data: tuple[tuple[str, str], ...] = ()  # dataset -> path of real data; absent datasets are synthetic
     slurm_partition: str | None = None
     slurm_mem_per_rank_mb: int | None = None
+    slurm_pinned_one_at_a_time: bool = False
+    each_node: tuple[str, ...] = ()  # single-node points run once on each of these nodes
     oversubscribe: bool = False
     trace_steps: int = 0
     machine: str = ""  # machine file the points are predicted on ("" none)
@@ -93,8 +95,15 @@ class SweepConfig:
         data["data"] = dict(self.data)
         data["scaling"] = json.loads(data.pop("scaling_json"))
         data["adaptive"] = json.loads(data.pop("adaptive_json"))
-        slurm = {"partition": data.pop("slurm_partition"), "mem_per_rank_mb": data.pop("slurm_mem_per_rank_mb")}
+        slurm = {
+            "partition": data.pop("slurm_partition"),
+            "mem_per_rank_mb": data.pop("slurm_mem_per_rank_mb"),
+            "pinned_one_at_a_time": data.pop("slurm_pinned_one_at_a_time") or None,
+        }
         data["slurm"] = {key: value for key, value in slurm.items() if value is not None}
+        data["each_node"] = list(self.each_node)
+        if not self.each_node:
+            del data["each_node"]  # left out at its default: the config hashes of sweeps before it stand
         for key in AXES:
             data[key] = list(data[key])
         return data
@@ -160,6 +169,8 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
         data=tuple(sorted(data["data"].items())),
         slurm_partition=data["slurm"].get("partition"),
         slurm_mem_per_rank_mb=data["slurm"].get("mem_per_rank_mb"),
+        slurm_pinned_one_at_a_time=bool(data["slurm"].get("pinned_one_at_a_time", False)),
+        each_node=tuple(data["each_node"]),
         oversubscribe=data["oversubscribe"],
         trace_steps=data["trace_steps"],
         machine=data["machine"],

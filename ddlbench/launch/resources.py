@@ -7,6 +7,7 @@ allocation whichever way it is submitted. Torch-free: the Snakefile imports it o
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from ddlbench.point import Point
 # under Snakemake, the job-side Snakemake process: 440 MB together, measured on the test cluster, where
 # SLURM holds every step of the job to the job's per-node memory. Added to every node's request.
 LAUNCHER_MEM_MB = 768
+NODE_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # the sweep schema's each_node pattern
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +124,8 @@ class Resources:
     signal_delay_s: int
     exclusive: bool = False
     mem_source: str = ""  # where the memory per rank came from, for messages
+    node: str = ""  # the node the point is pinned to (Point.node; sbatch --nodelist), "" any
+    after_earlier_jobs: bool = False  # sbatch --dependency=singleton (the sweep's slurm.pinned_one_at_a_time)
 
     @property
     def ntasks(self) -> int:
@@ -147,6 +151,7 @@ def resources_for(
     mem_factor: float = 1.0,
     time_factor: float = 1.0,
     memory_defaults: MemoryDefaults | None = None,
+    pinned_one_at_a_time: bool = False,
 ) -> Resources:
     """The allocation of `point`: its nodes and ranks, `cores_per_rank` cores per rank (threads and loader
     workers), `gpus_per_rank` GPUs per rank on each node, memory per rank (the sweep's value, else the
@@ -168,6 +173,8 @@ def resources_for(
         signal_delay_s=max(10, min(90, site.time_margin_s // 2)),
         exclusive=site.exclusive,
         mem_source=source + (f" × mem factor {mem_factor:g}" if mem_factor != 1 else ""),
+        node=point.node,
+        after_earlier_jobs=bool(point.node) and pinned_one_at_a_time,
     )
 
 
@@ -236,8 +243,21 @@ def snakemake_resources(resources: Resources) -> dict[str, Any]:
         out["gres"] = f"gpu:{resources.gpus_per_node}"
         out["tasks_per_gpu"] = 0
     # present for every point: "" where nodes may be shared
-    out["slurm_extra"] = "--exclusive" if resources.exclusive else ""
+    out["slurm_extra"] = " ".join(_extra_options(resources))
     return out
+
+
+def _extra_options(resources: Resources) -> list[str]:
+    """sbatch options the plugin has no resource for. A node name is checked against the schema's
+    pattern before it gets here (the plugin puts slurm_extra into a shell line as it is)."""
+    options = ["--exclusive"] if resources.exclusive else []
+    if resources.node:
+        if not NODE_NAME.fullmatch(resources.node):
+            raise ConfigError("each_node", f"{resources.node!r} is not a node name ([A-Za-z0-9_.-]+)")
+        options.append(f"--nodelist={resources.node}")
+    if resources.after_earlier_jobs:
+        options.append("--dependency=singleton")
+    return options
 
 
 def submitit_parameters(resources: Resources) -> dict[str, Any]:
@@ -266,6 +286,10 @@ def submitit_parameters(resources: Resources) -> dict[str, Any]:
         params["gpus_per_node"] = resources.gpus_per_node
     if resources.exclusive:
         params["slurm_exclusive"] = True
+    if resources.node:
+        sbatch["nodelist"] = resources.node
+    if resources.after_earlier_jobs:
+        sbatch["dependency"] = "singleton"
     if resources.constraint:
         params["slurm_constraint"] = resources.constraint
     return params

@@ -6,10 +6,12 @@ import json
 import logging
 import shutil
 import signal
+import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ddlbench.anatomy.timeline import last_step, trace_path, write_trace
+from ddlbench.errors import DdlbenchError
 from ddlbench.launch.launchers import LocalLauncher, select_launcher
 from ddlbench.launch.mpi import MpirunLauncher
 from ddlbench.launch.processes import LaunchOutcome, describe_returncode
@@ -53,6 +55,11 @@ def run_point(
     timeout_s = point.timeout_s if timeout_s is None else timeout_s
     start_time = utc_now()
     chosen = select_launcher(launcher, cores=cores, hostfile=hostfile)
+    if point.node and chosen.name == "local" and point.node not in local_host_names():
+        raise DdlbenchError(
+            f"point {point.point_id} is pinned to node {point.node!r} (each_node), but a local launch runs on "
+            f"this host ({', '.join(sorted(local_host_names()))}); run it under SLURM, or name this host"
+        )
     grant = chosen.check(point) if isinstance(chosen, LocalLauncher | MpirunLauncher) else None
     rank_dir = rank_dir_for(out)
     shutil.rmtree(rank_dir, ignore_errors=True)
@@ -93,6 +100,12 @@ def run_point(
     detail = f" ({record.reason})" if record.reason else ""
     log.info("point %s: %s after %.1f s of launch%s", point.point_id, record.status, outcome.wall_s, detail)
     return record
+
+
+def local_host_names() -> set[str]:
+    """This host's names, full and short: what a local point's `node` pin must be."""
+    name = socket.gethostname()
+    return {name, name.split(".")[0]}
 
 
 def write_unfinished_record(point: Point, *, out: Path, status: Status, reason: str) -> PointRecord:

@@ -65,6 +65,7 @@ def plan_resources(
             mem_factor=mem_factor,
             time_factor=time_factor,
             memory_defaults=defaults,
+            pinned_one_at_a_time=bool(getattr(sweep, "slurm_pinned_one_at_a_time", False)),
         )
         for point in points
     }

@@ -1,0 +1,1 @@
+"""Certification of a partition against reference figures: suite, figures, verdicts, certificate."""

@@ -1,0 +1,318 @@
+"""The figures a certification suite produces, each with its unit, interval, sample size and basis.
+
+Names are paths, stable across runs of the same suite, so a reference file can name them:
+
+- `machine/matmul_flop_per_s/<precision>`, `machine/conv_flop_per_s/<precision>` (FLOP/s) and
+  `machine/memory_bandwidth_bytes_per_s` (B/s): the calibration's figures as its machine file holds them
+  (ddlbench.calibrate.machine: median over iterations with the 95 % CI of the median; FLOP/s at the
+  size with the highest median);
+- `machine/<op>/<library>/<layout>/busbw_bytes_per_s` (B/s): the collective's bus bandwidth at the largest
+  message timed, factor·bytes ÷ t with t the median over iterations of the slowest rank's time (NCCL
+  tests' convention; factor 2(p−1)/p for all-reduce); its interval is factor·bytes ÷ t's interval ends;
+  `machine/<op>/<library>/<layout>/time_s@<bytes>B` (s): the time at the smallest message (latency-bound);
+- `train/<configuration>/samples_per_s` (samples/s): a training configuration's global throughput. With
+  ≥ 6 repetitions, the median over repetitions of each one's window throughput (samples of the kept window
+  ÷ its wall time) and its 95 % CI over repetitions; below that, the median repetition's median step
+  throughput and its 95 % CI over steps (the basis says which);
+- `scaling/<configuration>/efficiency` (dimensionless): T(n) ÷ T(n0) ÷ (n ÷ n0), T the throughput above,
+  n0 the smallest node count of the configuration's series (same in everything but nodes). Its interval
+  divides the ends of the two intervals crosswise: it holds at least the 95 % of each (conservative).
+
+A configuration is named by its point id without repetition and digest (`resnet8-cifar10-ddp-n1x1-b32-t1`);
+two configurations of the suite that share that name (they differ in an option the id does not spell)
+get their configuration key appended.
+
+Per-node figures: a configuration pinned to a node (the sweep's `each_node`) is one node's figure, named
+as the unpinned configuration with `node` set; the partition's figure of that name is then the median
+over nodes (its interval: the 95 % CI of that median, none below 6 nodes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pandas as pd
+
+from ddlbench.analysis.configurations import summarize_configurations
+from ddlbench.analysis.keys import JSON_FIELDS, POINT_FIELDS
+from ddlbench.calibrate.fit import bus_factor
+from ddlbench.point import Point
+from ddlbench.report.figures import MIN_CI_N, missing
+from ddlbench.statistics import median_ci
+
+_ID_TAIL = re.compile(r"-r\d+-[0-9a-f]{8}$")
+_NODE_TAG = re.compile(r"-on_[a-z0-9_]+$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figure:
+    """One measured figure of a certification run; value None when its points did not succeed."""
+
+    name: str
+    unit: str
+    kind: str  # machine | throughput | scaling
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+    n: int  # the samples the value rests on (iterations, repetitions, steps or nodes: see basis)
+    basis: str  # what the value and its interval are over
+    node: str | None = None  # the node a per-node figure ran on
+    why_missing: str = ""  # why a figure the suite should produce has no value
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def machine_figures(machine: dict[str, Any]) -> list[Figure]:
+    """The calibration's figures from a machine file (ddlbench.calibrate.machine)."""
+    figures = []
+    compute = machine.get("compute") or {}
+    for key in ("matmul_flop_per_s", "conv_flop_per_s"):
+        for precision, figure in sorted((compute.get(key) or {}).items()):
+            basis = f"median over iterations at the fastest size {figure.get('size')} (95 % CI of the median)"
+            figures.append(_stats_figure(f"machine/{key}/{precision}", "FLOP/s", figure, basis))
+    if bandwidth := compute.get("memory_bandwidth_bytes_per_s"):
+        basis = f"bytes moved ({bandwidth.get('bytes_moved')} B, read + write) ÷ time, median over iterations"
+        figures.append(_stats_figure("machine/memory_bandwidth_bytes_per_s", "B/s", bandwidth, basis))
+    for entry in machine.get("collectives") or []:
+        curve = entry.get("curve") or []
+        if not curve:
+            continue
+        prefix = f"machine/{entry['op']}/{entry['library']}/{entry['layout']}"
+        largest, smallest = curve[-1], curve[0]
+        factor = bus_factor(entry["op"], entry["ranks"])
+        time = largest["time_s"]
+        figures.append(
+            Figure(
+                name=f"{prefix}/busbw_bytes_per_s",
+                unit="B/s",
+                kind="machine",
+                value=factor * largest["bytes"] / time["value"],
+                ci_low=_divide(factor * largest["bytes"], time.get("ci_high")),
+                ci_high=_divide(factor * largest["bytes"], time.get("ci_low")),
+                n=int(time.get("n") or 0),
+                basis=f"bus bandwidth at {largest['bytes']} B: {factor:g}·bytes ÷ median time of the slowest rank",
+            )
+        )
+        basis = f"median over iterations of the slowest rank's time at {smallest['bytes']} B"
+        figures.append(_stats_figure(f"{prefix}/time_s@{smallest['bytes']}B", "s", smallest["time_s"], basis))
+    return figures
+
+
+def training_figures(table: pd.DataFrame) -> list[Figure]:
+    """Throughput per configuration (per node where pinned), the partition's figure over nodes, and
+    scaling efficiency; configurations whose points all failed are listed without a value."""
+    planned = _planned(table)
+    if planned.empty:
+        return []
+    configs = summarize_configurations(table).set_index("config_key") if (table["status"] == "ok").any() else None
+    rows = []
+    for key, row in planned.iterrows():
+        summary = configs.loc[key] if configs is not None and key in configs.index else None
+        rows.append(_throughput(row, summary))
+    figures: list[Figure] = []
+    by_name: dict[str, list[Figure]] = {}
+    for figure in rows:
+        by_name.setdefault(figure.name, []).append(figure)
+    partition: dict[str, Figure] = {}
+    for name, group in by_name.items():
+        if any(figure.node for figure in group):
+            partition[name] = _over_nodes(name, group)
+            figures.append(partition[name])
+            figures.extend(sorted(group, key=lambda figure: figure.node or ""))
+        else:
+            partition[name] = group[0]
+            figures.append(group[0])
+    figures.extend(_scaling(planned, partition))
+    return figures
+
+
+def _planned(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per planned configuration with its label, series and pinned node."""
+    if table.empty:
+        return table
+    first = table.drop_duplicates("config_key").set_index("config_key")
+    points = {key: _point(row) for key, row in first.iterrows()}
+    labels = {key: _NODE_TAG.sub("", _ID_TAIL.sub("", point.point_id)) for key, point in points.items()}
+    unpinned = {key: _digest(point, drop=("node",)) for key, point in points.items()}
+    owners: dict[str, set[str]] = {}
+    for key, label in labels.items():
+        owners.setdefault(label, set()).add(unpinned[key])
+    frame = pd.DataFrame(
+        {
+            "label": [
+                label if len(owners[label]) == 1 else f"{label}-{unpinned[key][:8]}" for key, label in labels.items()
+            ],
+            "unpinned": [unpinned[key] for key in labels],
+            "series": [_digest(points[key], drop=("node", "nodes")) for key in labels],
+            "nodes": [points[key].nodes for key in labels],
+            "node": [points[key].node or None for key in labels],
+            "status": [_statuses(table, key) for key in labels],
+        },
+        index=list(labels),
+    )
+    return frame
+
+
+def _throughput(row: pd.Series, summary: pd.Series | None) -> Figure:
+    name = f"train/{row['label']}/samples_per_s"
+    if summary is None or missing(summary.get("samples_per_s_median")):
+        return Figure(
+            name=name,
+            unit="samples/s",
+            kind="throughput",
+            value=None,
+            ci_low=None,
+            ci_high=None,
+            n=0,
+            basis="",
+            node=_node(row),
+            why_missing=f"no successful repetition ({row['status']})",
+        )
+    reps = int(summary["n_repetitions"])
+    if reps >= MIN_CI_N:
+        value, low, high = (summary[f"rep_samples_per_s_{s}"] for s in ("median", "ci_low", "ci_high"))
+        n, basis = reps, f"median over {reps} repetitions of the window throughput (samples ÷ wall time)"
+    else:
+        value, low, high = (summary[f"samples_per_s_{s}"] for s in ("median", "ci_low", "ci_high"))
+        n = int(summary["samples_per_s_n"])
+        basis = f"median step throughput of the median repetition (of {reps}), 95 % CI over its {n} steps"
+    return Figure(
+        name=name,
+        unit="samples/s",
+        kind="throughput",
+        value=float(value),
+        ci_low=_float(low),
+        ci_high=_float(high),
+        n=n,
+        basis=basis,
+        node=_node(row),
+    )
+
+
+def _over_nodes(name: str, group: list[Figure]) -> Figure:
+    """The partition's figure: the median over its nodes' figures, with the CI of that median."""
+    values = sorted(figure.value for figure in group if figure.value is not None)
+    if len(group) == 1 and values:  # one node: its figure is the partition's, interval and all
+        return Figure(**(group[0].to_dict() | {"node": None, "basis": f"the one node's: {group[0].basis}"}))
+    if not values:
+        return Figure(
+            name=name,
+            unit="samples/s",
+            kind="throughput",
+            value=None,
+            ci_low=None,
+            ci_high=None,
+            n=0,
+            basis="",
+            why_missing="no node succeeded",
+        )
+    interval = median_ci(values)
+    return Figure(
+        name=name,
+        unit="samples/s",
+        kind="throughput",
+        value=statistics.median(values),
+        ci_low=interval[0] if interval else None,
+        ci_high=interval[1] if interval else None,
+        n=len(values),
+        basis=f"median over {len(values)} of {len(group)} nodes' figures (95 % CI of the median over nodes)",
+    )
+
+
+def _scaling(planned: pd.DataFrame, partition: dict[str, Figure]) -> list[Figure]:
+    figures = []
+    label_of = dict(zip(planned["unpinned"], planned["label"], strict=False))
+    for _, series in planned.drop_duplicates("unpinned").groupby("series"):
+        if series["nodes"].nunique() < 2:
+            continue
+        base_row = series.loc[series["nodes"].idxmin()]
+        base = partition[f"train/{label_of[base_row['unpinned']]}/samples_per_s"]
+        for _, row in series[series["nodes"] > base_row["nodes"]].iterrows():
+            top = partition[f"train/{row['label']}/samples_per_s"]
+            figures.append(_efficiency(row, top, base, ideal=float(row["nodes"] / base_row["nodes"])))
+    return figures
+
+
+def _efficiency(row: pd.Series, top: Figure, base: Figure, *, ideal: float) -> Figure:
+    name = f"scaling/{row['label']}/efficiency"
+    if top.value is None or base.value is None:
+        return Figure(
+            name=name,
+            unit="1",
+            kind="scaling",
+            value=None,
+            ci_low=None,
+            ci_high=None,
+            n=0,
+            basis="",
+            why_missing=f"{'this' if top.value is None else 'the base'} configuration has no figure",
+        )
+    bounds = (top.ci_low, top.ci_high, base.ci_low, base.ci_high)
+    has_interval = None not in bounds and base.ci_low > 0
+    return Figure(
+        name=name,
+        unit="1",
+        kind="scaling",
+        value=top.value / base.value / ideal,
+        ci_low=top.ci_low / base.ci_high / ideal if has_interval else None,
+        ci_high=top.ci_high / base.ci_low / ideal if has_interval else None,
+        n=min(top.n, base.n),
+        basis=(
+            f"(T ÷ T at the series' smallest node count) ÷ {ideal:g}; interval from the ends of both "
+            "throughputs' intervals (conservative)"
+        ),
+    )
+
+
+def _node(row: pd.Series) -> str | None:
+    return None if missing(row["node"]) or not row["node"] else str(row["node"])
+
+
+def _point(row: pd.Series) -> Point:
+    data = {name: row[name] for name in POINT_FIELDS if name in row.index and not missing(row[name])}
+    for name in JSON_FIELDS:
+        if isinstance(data.get(name), str):
+            data[name] = json.loads(data[name])
+    for name, value in list(data.items()):
+        if hasattr(value, "item"):
+            data[name] = value.item()  # numpy scalars from the table
+    return Point.from_dict(data)
+
+
+def _digest(point: Point, *, drop: tuple[str, ...]) -> str:
+    spec = point.to_dict()
+    for name in ("repetition", *drop):
+        spec.pop(name, None)
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _statuses(table: pd.DataFrame, key: str) -> str:
+    counts = table.loc[table["config_key"] == key, "status"].value_counts()
+    return ", ".join(f"{status}: {count}" for status, count in counts.items())
+
+
+def _stats_figure(name: str, unit: str, figure: dict[str, Any], basis: str) -> Figure:
+    return Figure(
+        name=name,
+        unit=unit,
+        kind="machine",
+        value=float(figure["value"]),
+        ci_low=_float(figure.get("ci_low")),
+        ci_high=_float(figure.get("ci_high")),
+        n=int(figure.get("n") or 0),
+        basis=basis,
+    )
+
+
+def _divide(numerator: float, denominator: Any) -> float | None:
+    return None if missing(denominator) or not denominator else numerator / float(denominator)
+
+
+def _float(value: Any) -> float | None:
+    return None if missing(value) else float(value)

@@ -1,0 +1,90 @@
+"""Running a certification suite through the normal paths, or reading one that ran, into a table.
+
+Run: the resolved suite is written beside its results and the project's Snakefile runs it, locally with
+`--cores`, or on SLURM with `--profile` (the site profile of `ddlbench profile slurm`). Points that fail
+write records that say so; whatever the workflow's exit status, the certificate is then built from the
+records there are (a failed calibration leaves its figures unmeasured, not the certificate unwritten).
+
+Read (`--from-records DIR`): every record under DIR/points/ and DIR/machine.yaml, whatever suite wrote
+them; only records of this measurement version count (ddlbench.analysis.aggregate).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from ddlbench.analysis.aggregate import add_configuration_columns, build_table, record_row
+from ddlbench.atomic import write_text_atomic
+from ddlbench.config import SweepConfig
+from ddlbench.errors import DdlbenchError
+from ddlbench.records import RecordError, read_record
+from ddlbench.sweep import expand_sweep
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_suite(config: SweepConfig, *, cores: int, profile: str | None) -> tuple[int, Path]:
+    """Run the resolved suite with Snakemake; (its exit status, its log file)."""
+    config.sweep_dir.mkdir(parents=True, exist_ok=True)
+    suite_file = config.sweep_dir / "suite.yaml"
+    write_text_atomic(suite_file, yaml.safe_dump(config.to_dict(), sort_keys=False))
+    snakemake = Path(sys.executable).with_name("snakemake")
+    command = [str(snakemake) if snakemake.exists() else "snakemake", "--snakefile", str(REPO / "Snakefile")]
+    command += ["--configfile", str(suite_file), "--cores", str(cores), "--rerun-incomplete"]
+    if profile:
+        command += ["--profile", profile]
+    log_file = config.sweep_dir / "logs" / "certify-snakemake.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log.info("running the suite: %s (log: %s)", " ".join(command), log_file)
+    # the rules call `ddlbench`: this interpreter's, also when its environment is not activated
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    with log_file.open("w") as out:
+        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
+    return done.returncode, log_file
+
+
+def suite_table(config: SweepConfig) -> pd.DataFrame:
+    """One row per planned point of the suite (a missing record is a `missing` row)."""
+    return build_table(expand_sweep(config))
+
+
+def records_table(folder: Path) -> pd.DataFrame:
+    """One row per record found under `folder`/points/ (any suite's)."""
+    paths = sorted((folder / "points").glob("*/record.json"))
+    if not paths:
+        raise DdlbenchError(f"--from-records {folder}: no records under {folder / 'points'}")
+    rows = []
+    for path in paths:
+        try:
+            rows.append(record_row(read_record(path)))
+        except RecordError as exc:
+            log.warning("skipping %s: %s", path, exc)
+    if not rows:
+        raise DdlbenchError(f"--from-records {folder}: none of the {len(paths)} records could be read")
+    return add_configuration_columns(pd.DataFrame(rows))
+
+
+def read_machine(folder: Path) -> dict[str, Any] | None:
+    """The calibration's machine file in the sweep folder, None when the suite has none or it failed."""
+    path = folder / "machine.yaml"
+    if not path.exists():
+        return None
+    return yaml.safe_load(path.read_text())
+
+
+def records_fingerprint(table: pd.DataFrame) -> str:
+    """What a run read from records is: the hash of its configurations (its config hash in history)."""
+    import hashlib
+
+    keys = sorted(set(table["config_key"]))
+    return hashlib.sha256(json.dumps(keys).encode()).hexdigest()

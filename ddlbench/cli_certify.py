@@ -1,0 +1,295 @@
+"""`ddlbench certify`, `ddlbench history` and `ddlbench compare`: certify a partition against reference
+figures, and keep and compare every run in the results database.
+
+    ddlbench certify --system NAME --partition P --references refs.yaml [--suite suite.yaml]
+                     [--from-records DIR] [--json out.json] [--html out.html] [--write-references new.yaml]
+                     [--profile slurm] [--cores N] [--nodes N] [--db history.sqlite]
+
+Exit status: 0 when every referenced figure passes, 1 when any fails (or nothing is referenced), 2 for bad
+input (one line naming the key and the problem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from ddlbench.errors import DdlbenchError
+
+log = logging.getLogger("ddlbench")
+
+
+def add_commands(commands: Any) -> None:
+    certify = commands.add_parser("certify", help="run a certification suite and judge it against reference figures")
+    certify.add_argument("--system", required=True, help="the system's name, as the reference file names it")
+    certify.add_argument("--partition", required=True, help="the partition certified (SLURM's name; any name locally)")
+    certify.add_argument("--references", type=Path, help="reference file (YAML, per system:partition)")
+    certify.add_argument(
+        "--suite", type=Path, help="certification suite (a sweep; default workflow/certify/default.yaml)"
+    )
+    certify.add_argument(
+        "--from-records", type=Path, metavar="DIR", help="judge the records of this sweep folder instead of running"
+    )
+    certify.add_argument("--json", type=Path, help="also write the certificate's JSON here")
+    certify.add_argument("--html", type=Path, help="the certificate's HTML (default: <sweep folder>/certificate.html)")
+    certify.add_argument("--write-references", type=Path, metavar="NEW", help="propose a reference file from this run")
+    certify.add_argument(
+        "--min-tolerance",
+        type=float,
+        default=0.10,
+        help="with --write-references: the narrowest band proposed, ± this fraction (default 0.10)",
+    )
+    certify.add_argument("--profile", help="Snakemake profile to run the suite with (e.g. slurm); default: locally")
+    certify.add_argument("--cores", type=int, default=2, help="cores for a local run (default 2)")
+    certify.add_argument(
+        "--nodes", type=int, default=2, help="nodes of a local 'partition' (default 2; SLURM: the partition's)"
+    )
+    certify.add_argument(
+        "--db", type=Path, help="results database (default: $DDLBENCH_HISTORY, else <results folder>/history.sqlite)"
+    )
+    certify.set_defaults(handler=_certify)
+
+    history = commands.add_parser("history", help="list the runs in the results database")
+    history.add_argument(
+        "--db", type=Path, help="results database (default: $DDLBENCH_HISTORY, else results/history.sqlite)"
+    )
+    history.add_argument("--system")
+    history.add_argument("--partition")
+    history.add_argument("--kind", choices=("sweep", "certificate"))
+    history.add_argument("--json", action="store_true", help="print the runs as JSON")
+    history.set_defaults(handler=_history)
+
+    compare = commands.add_parser("compare", help="two runs of the results database side by side")
+    compare.add_argument("run_a", metavar="RUN_A")
+    compare.add_argument("run_b", metavar="RUN_B")
+    compare.add_argument(
+        "--db", type=Path, help="results database (default: $DDLBENCH_HISTORY, else results/history.sqlite)"
+    )
+    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    compare.set_defaults(handler=_compare)
+
+
+def _certify(args: argparse.Namespace) -> int:
+    from ddlbench.atomic import write_text_atomic
+    from ddlbench.certify.certificate import build_certificate, check_reference_names
+    from ddlbench.certify.figures import machine_figures, training_figures
+    from ddlbench.certify.propose import propose_references, references_text
+    from ddlbench.certify.references import load_references
+    from ddlbench.certify.run import read_machine, records_fingerprint, records_table, run_suite, suite_table
+    from ddlbench.certify.suite import load_suite, local_partition, resolve_suite, slurm_partition
+    from ddlbench.history.compare import regressions
+    from ddlbench.history.db import history_path, last_passing_certificate
+    from ddlbench.history.store import store_certificate
+
+    if args.references is None and args.write_references is None:
+        raise DdlbenchError("--references: give a reference file (or --write-references NEW to propose one)")
+    references = None
+    if args.references is not None:
+        references = load_references(args.references).for_partition(args.system, args.partition)
+    notes: list[str] = []
+    config = None
+    if args.from_records is not None:
+        if args.suite is not None or args.profile is not None:
+            raise DdlbenchError("--from-records: judges records that exist; --suite and --profile run new ones")
+        folder = args.from_records
+        table, machine = records_table(folder), read_machine(folder)
+        suite_name, config_hash = folder.name, records_fingerprint(table)
+    else:
+        nodes = slurm_partition(args.partition) if args.profile else local_partition(args.nodes)
+        config = resolve_suite(load_suite(args.suite), system=args.system, partition=args.partition, nodes=nodes)
+        folder, suite_name, config_hash = config.sweep_dir, config.name, config.config_hash()
+        if references:  # names the plan fixes are checked before anything runs
+            planned = [name for name in references if not name.startswith("machine/")]
+            check_reference_names({name: references[name] for name in planned}, training_figures(suite_table(config)))
+        status, log_file = run_suite(config, cores=args.cores, profile=args.profile)
+        if status != 0:
+            notes.append(f"the workflow exited with status {status} (log: {log_file}); judged on the records there are")
+        table = suite_table(config)
+        machine = read_machine(folder) if config.calibrate else None
+    figures = (machine_figures(machine) if machine else []) + training_figures(table)
+    unmeasured: dict[str, str] = {}
+    if references:
+        check_reference_names(references, figures, unknown_prefixes=() if machine else ("machine/",))
+        produced = {figure.name for figure in figures}
+        unmeasured = {
+            name: "the suite's calibration wrote no machine file" for name in references if name not in produced
+        }
+    certificate = build_certificate(
+        figures,
+        references,
+        system=args.system,
+        partition=args.partition,
+        suite=suite_name,
+        config_hash=config_hash,
+        references_path=str(args.references) if args.references else None,
+        unmeasured=unmeasured,
+    )
+    if not references:
+        notes.append("no reference file: nothing is certified (see --write-references)")
+    db = history_path(args.db, results_dir=folder.parent)
+    previous = last_passing_certificate(args.system, args.partition, db=db)
+    if previous is not None:
+        certificate["regressions"] = regressions(previous, certificate["figures"])
+        certificate["compared_with"] = previous.id
+    certificate["notes"] = notes
+    run_id, _ = store_certificate(certificate, source=str(folder), db=db)
+    certificate["history_run"] = run_id
+    text = json.dumps(certificate, indent=1, allow_nan=False)
+    write_text_atomic(folder / "certificate.json", text + "\n")
+    if args.json:
+        write_text_atomic(args.json, text + "\n")
+    html_path = args.html or folder / "certificate.html"
+    write_text_atomic(html_path, render_certificate(certificate))
+    if args.write_references:
+        if not 0 <= args.min_tolerance < 1:
+            raise DdlbenchError(f"--min-tolerance: {args.min_tolerance} is not a fraction in [0, 1)")
+        proposal = propose_references(
+            figures, system=args.system, partition=args.partition, min_tolerance=args.min_tolerance
+        )
+        source = f"{folder} ({certificate['date']})"
+        write_text_atomic(
+            args.write_references, references_text(proposal, source=source, min_tolerance=args.min_tolerance)
+        )
+        print(f"proposed references: {args.write_references}")
+    if config is not None and (folder / "table.parquet").exists():
+        _rerender_report(folder)
+    _print_summary(certificate, html_path)
+    return 0 if certificate["passed"] else 1
+
+
+def render_certificate(certificate: dict[str, Any]) -> str:
+    from ddlbench.templating import template_environment
+
+    env = template_environment(autoescape=True)
+    return env.get_template("certificate.html.j2").render(c=certificate, fmt=_number, pct=_percent)
+
+
+def _rerender_report(folder: Path) -> None:
+    """The suite's report again, now that its certificate exists (its summary shows the machine's health)."""
+    from ddlbench.cli import main
+
+    suite_file = folder / "suite.yaml"
+    if main(["-q", "report", "--configfile", str(suite_file)]) != 0:
+        log.warning("the suite's report could not be rendered again with its certificate")
+
+
+def _print_summary(certificate: dict[str, Any], html: Path) -> None:
+    counts = ", ".join(f"{status} {n}" for status, n in certificate["counts"].items())
+    verdict = "PASSED" if certificate["passed"] else "FAILED"
+    print(f"{certificate['system']}:{certificate['partition']}: {verdict} ({counts})")
+    for entry in certificate["figures"]:
+        if entry["passed"] is False:
+            where = f" on {entry['node']}" if entry["node"] else ""
+            value = "not measured" if entry["value"] is None else _number(entry["value"])
+            band = f"[{_number(entry['lower'])}, {_number(entry['upper'])}]"
+            print(f"  fail: {entry['name']}{where}: {value} {entry['unit']} outside {band}")
+    if certificate["nodes_outside"]:
+        print(f"  nodes outside their band: {', '.join(certificate['nodes_outside'])}")
+    for row in certificate["regressions"]:
+        where = f" on {row['node']}" if row["node"] else ""
+        print(
+            f"  regression: {row['name']}{where}: {_number(row['value'])} vs {_number(row['previous_value'])} "
+            f"({_percent(row['change'])}) in passing certificate run {row['previous_run']}"
+        )
+    for note in certificate["notes"]:
+        print(f"  note: {note}")
+    print(f"certificate: {html} (history run {certificate['history_run']})")
+
+
+def _history(args: argparse.Namespace) -> int:
+    from ddlbench.history.db import history_path, list_runs
+
+    runs = list_runs(db=args.db, system=args.system, partition=args.partition, kind=args.kind)
+    if args.json:
+        print(json.dumps([run.__dict__ | {"figures": None} for run in runs], indent=1))
+        return 0
+    if not runs:
+        print(f"no runs in {history_path(args.db)}")
+        return 0
+    header = ["id", "kind", "date", "system:partition", "name", "config", "ddlbench", "measurement", "passed"]
+    rows = [
+        [
+            str(run.id),
+            run.kind,
+            run.date,
+            f"{run.system}:{run.partition}",
+            run.name,
+            run.config_hash[:12],
+            run.ddlbench_version,
+            str(run.measurement_version),
+            "" if run.passed is None else ("yes" if run.passed else "no"),
+        ]
+        for run in runs
+    ]
+    _table(header, rows)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from ddlbench.history.compare import compare_runs
+    from ddlbench.history.db import load_run
+
+    a, b = load_run(args.run_a, db=args.db), load_run(args.run_b, db=args.db)
+    rows = compare_runs(a, b)
+    if args.json:
+        print(json.dumps({"a": a.id, "b": b.id, "figures": rows}, indent=1))
+        return 0
+    print(f"A: {_describe(a)}")
+    print(f"B: {_describe(b)}")
+    if a.measurement_version != b.measurement_version:
+        print("note: the runs measured with different measurement versions; their figures mean different things")
+    if a.config_hash != b.config_hash:
+        print("note: the runs' configurations differ (config hash); a change may come from the configuration")
+    header = ["figure", "node", "unit", "A [95 % CI]", "B [95 % CI]", "change", "intervals overlap", "verdict"]
+    body = [
+        [
+            row["name"],
+            row["node"] or "",
+            row.get("unit", ""),
+            _with_ci(row["a"]),
+            _with_ci(row["b"]),
+            _percent(row["change"]),
+            "" if row["overlap"] is None else ("yes" if row["overlap"] else "no"),
+            row["verdict"],
+        ]
+        for row in rows
+    ]
+    _table(header, body)
+    return 0
+
+
+def _describe(run: Any) -> str:
+    return (
+        f"run {run.id} {run.kind} {run.name} {run.system}:{run.partition} {run.date} "
+        f"(ddlbench {run.ddlbench_version}, measurement v{run.measurement_version})"
+    )
+
+
+def _with_ci(figure: dict[str, Any] | None) -> str:
+    if figure is None:
+        return ""
+    if figure["value"] is None:
+        return "not measured"
+    if figure["ci_low"] is None or figure["ci_high"] is None:
+        return f"{_number(figure['value'])} (n={figure['n']}, no CI)"
+    return f"{_number(figure['value'])} [{_number(figure['ci_low'])}, {_number(figure['ci_high'])}]"
+
+
+def _number(value: Any) -> str:
+    return "" if value is None else f"{value:.4g}"
+
+
+def _percent(value: Any) -> str:
+    return "" if value is None else f"{value * 100:+.1f} %"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    out = sys.stdout
+    out.write("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip() + "\n")
+    for row in rows:
+        out.write("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() + "\n")

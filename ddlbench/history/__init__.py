@@ -1,0 +1,1 @@
+"""The results database (SQLite): every sweep and certificate, listed and compared."""

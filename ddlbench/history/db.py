@@ -1,0 +1,200 @@
+"""The results database: every sweep's figures and every certificate, in one SQLite file.
+
+One row per run (a sweep's aggregated table, or a certificate) in `runs`: what it was (kind, name),
+where (system, partition), which configuration (config_hash: the sweep's resolved config), when (date,
+UTC ISO 8601), with what (ddlbench version, measurement version, git commit) and, for a certificate,
+whether it passed. Its figures in `figures`, named as certificates name them (ddlbench.certify.figures),
+each with its unit, value, 95 % interval, n and basis, its node when per node, and for a certificate its
+reference band and verdict. A run whose content was stored before (same kind, config hash and figures:
+an aggregate run again over the same records) is not stored twice.
+
+Where: --db, else $DDLBENCH_HISTORY, else history.sqlite in the results folder: the sweep's `results_dir`
+when a sweep or certificate is stored, ./results for `ddlbench history` and `compare`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddlbench.errors import DdlbenchError
+
+SCHEMA_VERSION = 1
+DB_NAME = "history.sqlite"
+RUN_FIELDS = (
+    "kind", "name", "system", "partition", "config_hash", "date", "ddlbench_version", "measurement_version",
+    "git_commit", "passed", "source",
+)  # fmt: skip
+FIGURE_FIELDS = (
+    "name", "unit", "kind", "value", "ci_low", "ci_high", "n", "basis", "node", "status", "reference", "lower",
+    "upper", "passed",
+)  # fmt: skip
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL CHECK (kind IN ('sweep', 'certificate')),
+    name TEXT NOT NULL, system TEXT NOT NULL, partition TEXT NOT NULL, config_hash TEXT NOT NULL,
+    date TEXT NOT NULL, ddlbench_version TEXT NOT NULL, measurement_version INTEGER NOT NULL,
+    git_commit TEXT, passed INTEGER, source TEXT, fingerprint TEXT NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS figures (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    name TEXT NOT NULL, unit TEXT NOT NULL, kind TEXT, value REAL, ci_low REAL, ci_high REAL, n INTEGER,
+    basis TEXT, node TEXT, status TEXT, reference REAL, lower REAL, upper REAL, passed INTEGER
+);
+CREATE INDEX IF NOT EXISTS figures_by_run ON figures (run_id);
+CREATE INDEX IF NOT EXISTS runs_by_place ON runs (system, partition, kind, date);
+INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');
+"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    id: int
+    kind: str
+    name: str
+    system: str
+    partition: str
+    config_hash: str
+    date: str
+    ddlbench_version: str
+    measurement_version: int
+    git_commit: str | None
+    passed: bool | None
+    source: str | None
+    figures: tuple[dict[str, Any], ...] = ()
+
+
+def history_path(db: str | Path | None = None, *, results_dir: str | Path = "results") -> Path:
+    """The database: `db` when given, else $DDLBENCH_HISTORY, else history.sqlite in `results_dir`."""
+    return Path(db or os.environ.get("DDLBENCH_HISTORY") or Path(results_dir) / DB_NAME)
+
+
+@contextmanager
+def connect(db: str | Path | None = None) -> Iterator[sqlite3.Connection]:
+    """The database, created with its schema on first use; refused by name when it is not ours."""
+    path = history_path(db)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        connection = sqlite3.connect(path, timeout=60)
+        connection.execute("PRAGMA foreign_keys = ON")
+        connection.executescript(_SCHEMA)
+        (version,) = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise DdlbenchError(f"{path} is not a ddlbench results database: {exc}") from None
+    if int(version) != SCHEMA_VERSION:
+        raise DdlbenchError(f"{path} has schema version {version}; this ddlbench reads {SCHEMA_VERSION}")
+    try:
+        with connection:
+            yield connection
+    finally:
+        connection.close()
+
+
+def store_run(run: dict[str, Any], figures: list[dict[str, Any]], *, db: str | Path | None = None) -> tuple[int, bool]:
+    """Store a run and its figures; (its id, whether it is new). `run` holds RUN_FIELDS."""
+    missing = [field for field in RUN_FIELDS if field not in run]
+    if missing:
+        raise DdlbenchError(f"a history run needs {', '.join(missing)}")
+    rows = [tuple(_plain(figure.get(field)) for field in FIGURE_FIELDS) for figure in figures]
+    fingerprint = hashlib.sha256(
+        json.dumps([run["kind"], run["config_hash"], run["system"], run["partition"], rows], default=str).encode()
+    ).hexdigest()
+    with connect(db) as connection:
+        found = connection.execute("SELECT id FROM runs WHERE fingerprint = ?", (fingerprint,)).fetchone()
+        if found:
+            return int(found[0]), False
+        values = [_plain(run[field]) for field in RUN_FIELDS]
+        cursor = connection.execute(
+            f"INSERT INTO runs ({', '.join(RUN_FIELDS)}, fingerprint) VALUES ({', '.join('?' * len(RUN_FIELDS))}, ?)",
+            (*values, fingerprint),
+        )
+        run_id = int(cursor.lastrowid)
+        connection.executemany(
+            f"INSERT INTO figures (run_id, {', '.join(FIGURE_FIELDS)}) VALUES (?{', ?' * len(FIGURE_FIELDS)})",
+            [(run_id, *row) for row in rows],
+        )
+    return run_id, True
+
+
+def list_runs(
+    *, db: str | Path | None = None, system: str | None = None, partition: str | None = None, kind: str | None = None
+) -> list[Run]:
+    """Runs, oldest first, filtered by place and kind; without their figures."""
+    where, args = _filters(system=system, partition=partition, kind=kind)
+    with connect(db) as connection:
+        rows = connection.execute(f"SELECT id, {', '.join(RUN_FIELDS)} FROM runs{where} ORDER BY date, id", args)
+        return [_run(row) for row in rows.fetchall()]
+
+
+def load_run(run_id: int | str, *, db: str | Path | None = None) -> Run:
+    """One run with its figures; an unknown id is refused with the ids there are."""
+    try:
+        key = int(run_id)
+    except ValueError:
+        raise DdlbenchError(f"run {run_id!r} is not a run id (an integer; `ddlbench history` lists them)") from None
+    with connect(db) as connection:
+        row = connection.execute(f"SELECT id, {', '.join(RUN_FIELDS)} FROM runs WHERE id = ?", (key,)).fetchone()
+        if row is None:
+            count = connection.execute("SELECT count(*), min(id), max(id) FROM runs").fetchone()
+            known = f"ids {count[1]}..{count[2]}" if count[0] else "none yet"
+            raise DdlbenchError(
+                f"no run {key} in {history_path(db)} (runs there: {known}; `ddlbench history` lists them)"
+            )
+        figures = connection.execute(
+            f"SELECT {', '.join(FIGURE_FIELDS)} FROM figures WHERE run_id = ? ORDER BY rowid", (key,)
+        ).fetchall()
+    run = _run(row)
+    return Run(**{**run.__dict__, "figures": tuple(_figure(values) for values in figures)})
+
+
+def last_passing_certificate(
+    system: str, partition: str, *, db: str | Path | None = None, before_id: int | None = None
+) -> Run | None:
+    """The newest certificate of this system and partition that passed (before run `before_id`)."""
+    where = "kind = 'certificate' AND passed = 1 AND system = ? AND partition = ?"
+    args: list[Any] = [system, partition]
+    if before_id is not None:
+        where += " AND id < ?"
+        args.append(before_id)
+    with connect(db) as connection:
+        row = connection.execute(
+            f"SELECT id FROM runs WHERE {where} ORDER BY date DESC, id DESC LIMIT 1", args
+        ).fetchone()
+    return load_run(row[0], db=db) if row else None
+
+
+def _filters(**values: str | None) -> tuple[str, list[str]]:
+    clauses = [(f"{name} = ?", value) for name, value in values.items() if value is not None]
+    if not clauses:
+        return "", []
+    return " WHERE " + " AND ".join(clause for clause, _ in clauses), [value for _, value in clauses]
+
+
+def _run(row: tuple[Any, ...]) -> Run:
+    data = dict(zip(("id", *RUN_FIELDS), row, strict=True))
+    data["passed"] = None if data["passed"] is None else bool(data["passed"])
+    return Run(**data)
+
+
+def _figure(values: tuple[Any, ...]) -> dict[str, Any]:
+    figure = dict(zip(FIGURE_FIELDS, values, strict=True))
+    figure["passed"] = None if figure["passed"] is None else bool(figure["passed"])
+    return figure
+
+
+def _plain(value: Any) -> Any:
+    """SQLite's types: numpy scalars as Python ones, booleans as 0/1."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bool):
+        return int(value)
+    return value
