@@ -7,6 +7,7 @@ unless DDLBENCH_REQUIRE_SLURM=1 (CI sets it), when they fail instead.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -28,6 +29,13 @@ def slurm_env(tmp_path_factory) -> dict[str, str]:
     """Environment for commands that submit: a profile `slurm` in a private XDG_CONFIG_HOME, as
     `ddlbench profile slurm --partition cpu` writes it (memory from the partition, whole nodes)."""
     return profile_env(tmp_path_factory, Site(partition="cpu", time_margin_s=60))
+
+
+def slurm_dir():
+    """The test cluster's state folder (tests/cluster/slurm.sh's DIR)."""
+    from pathlib import Path
+
+    return Path(os.environ.get("DDLBENCH_SLURM_DIR", "/var/tmp/ddlbench-slurm"))
 
 
 # (strategy, ranks per node, extra point fields): data parallel, a pipeline across the two nodes,
@@ -292,3 +300,52 @@ def test_the_adaptive_sweep_submits_its_short_runs_as_slurm_jobs(slurm_env, writ
     summary = json.loads((folder / "sampling.json").read_text())
     assert summary["measured_points"] == 1 and summary["rounds"][-1]["stop"]
     assert summary["rounds"][-1]["why"] == "every candidate measured"
+
+
+def test_per_node_certification_finds_the_degraded_node(slurm_env, tmp_path):
+    """`ddlbench certify --profile slurm`: the single-node point runs once on each node, pinned there
+    (--nodelist), one at a time (the virtual nodes share this host's cores); node n3 really is degraded:
+    the test cluster's task prolog starts 3 busy processes beside every task there
+    (tests/cluster/slurm.sh). References proposed from the run (the median over nodes, ±30 %) pass
+    n1 and n2 and name n3."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        json.dumps(
+            {
+                "name": "pernode", "results_dir": str(tmp_path / "results"), "models": ["resnet8"],
+                "datasets": ["cifar10"], "strategies": ["ddp"], "nodes": [1], "each_node": ["n1", "n2", "n3"],
+                "batch_size": [16], "warmup_steps": 2, "steps": 12, "timeout_s": 120,
+                "slurm": {"pinned_one_at_a_time": True},
+            }
+        )
+    )  # fmt: skip
+    marker = slurm_dir() / "degraded" / "n3"
+    common = ["certify", "--system", "testcluster", "--partition", "cpu", "--db", str(tmp_path / "h.sqlite")]
+    proposed = tmp_path / "proposed.yaml"
+    marker.write_text("3\n")
+    try:
+        run = run_cli(
+            *common, "--suite", str(suite), "--profile", "slurm", "--write-references", str(proposed),
+            "--min-tolerance", "0.3", env=slurm_env,
+        )  # fmt: skip
+    finally:
+        marker.unlink()
+    assert run.returncode == 1, run.stdout + run.stderr[-3000:]  # nothing referenced yet: not a pass
+    folder = tmp_path / "results" / "pernode_testcluster_cpu"
+    records = list(records_of(folder).values())
+    assert sorted(record.point.node for record in records) == ["n1", "n2", "n3"]
+    for record in records:
+        assert record.status == "ok" and record.provenance.launcher == "srun"
+        assert record.ranks[0].slurm_node == record.point.node  # --nodelist put it there
+    spans = sorted((r.provenance.start_time, r.provenance.end_time) for r in records)
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))  # one at a time
+    judged = run_cli(
+        *common, "--references", str(proposed), "--from-records", str(folder), "--json", str(tmp_path / "c.json")
+    )
+    certificate = json.loads((tmp_path / "c.json").read_text())
+    per_node = {f["node"]: f for f in certificate["figures"] if f["node"]}
+    values = {node: round(f["value"], 1) for node, f in per_node.items()}
+    assert judged.returncode == 1, (judged.stdout, values)
+    assert certificate["nodes_outside"] == ["n3"], values
+    assert per_node["n1"]["passed"] and per_node["n2"]["passed"] and not per_node["n3"]["passed"]
+    assert "nodes outside their band: n3" in judged.stdout

@@ -96,6 +96,8 @@ def resolve_suite(raw: Mapping[str, Any], *, system: str, partition: str, nodes:
     for key in ("calibrate", "machine"):
         if isinstance(data.get(key), str) and data[key]:
             data[key] = _found(data[key])
+    if nodes.source == "slurm":  # the points run in the partition certified, whatever the site names
+        data["slurm"] = dict(data.get("slurm") or {}) | {"partition": partition}
     name = re.sub(r"[^a-z0-9_-]", "_", f"{data.get('name', 'certify')}_{system}_{partition}".lower())
     data["name"] = name
     return sweep_config_from_mapping(data)

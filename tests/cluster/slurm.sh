@@ -91,6 +91,8 @@ JobCompType=jobcomp/none
 GresTypes=gpu
 # sacct reports GPUs (AllocTRES gres/gpu=N) only for TRES it is told to account
 AccountingStorageTRES=gres/gpu
+# a node marked degraded gets busy neighbours beside every task (the per-node certification test)
+TaskProlog=$DIR/task_prolog.sh
 CONF
         for i in $(seq 1 "$NODES"); do
             echo "NodeName=n$i NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((17000 + i)) CPUs=$cpus RealMemory=$mem_node Gres=gpu:$GPUS State=UNKNOWN"
@@ -111,6 +113,28 @@ CONF
             echo "NodeName=n$i Name=gpu File=$DIR/dev/n$i/gpu[0-$((GPUS - 1))]"
         done
     } >"$DIR/gres.conf.new"
+    # A degraded node, for real: `echo K > $DIR/degraded/<node>` and every task started on that node
+    # (the batch step's and each srun step's) gets K busy processes beside it, competing for the same
+    # cores until the task ends (each checks the task's pid; proctrack kills them with the step anyway).
+    # Remove the file and the node is healthy again. Nothing else reads it.
+    mkdir -p "$DIR/degraded"
+    cat >"$DIR/task_prolog.sh" <<'PROLOG'
+#!/bin/bash
+marker="$(dirname "$0")/degraded/${SLURMD_NODENAME:-}"
+[[ -n ${SLURMD_NODENAME:-} && -r $marker && -n ${SLURM_TASK_PID:-} ]] || exit 0
+# slurmstepd kills the prolog's process group as it exits: each busy process leaves it (setsid) and
+# says so before the prolog returns
+ready=$(mktemp)
+wanted=$(cat "$marker")
+for _ in $(seq 1 "$wanted"); do
+    setsid bash -c 'echo >>"$1"; while kill -0 "$0" 2>/dev/null; do :; done' "$SLURM_TASK_PID" "$ready" \
+        </dev/null >/dev/null 2>&1 &
+done
+for _ in $(seq 1 100); do (($(wc -l <"$ready") >= wanted)) && break; sleep 0.05; done
+rm -f "$ready"
+exit 0
+PROLOG
+    chmod 755 "$DIR/task_prolog.sh"
     cat >"$DIR/slurmdbd.conf" <<CONF
 AuthType=auth/munge
 DbdHost=$HOST
