@@ -92,6 +92,21 @@ def test_sweep_settings_and_rerun_factors_change_the_allocation_not_the_point():
     assert resources_for(point, Site(partition="p", time_margin_s=30, mem_per_rank_mb=100)).signal_delay_s == 15
 
 
+def test_a_pinned_point_asks_for_its_node_and_waits_its_turn_only_when_asked():
+    pinned = make_point(node="n2")
+    one_at_a_time = resources_for(pinned, SITE, pinned_one_at_a_time=True)
+    extra = "--exclusive --nodelist=n2 --dependency=singleton"  # SITE asks for whole nodes
+    assert snakemake_resources(one_at_a_time)["slurm_extra"] == extra
+    assert snakemake_resources(resources_for(pinned, SITE))["slurm_extra"] == "--exclusive --nodelist=n2"
+    extra = submitit_parameters(one_at_a_time)["slurm_additional_parameters"]
+    assert extra["nodelist"] == "n2" and extra["dependency"] == "singleton"
+    # only pinned points wait: the sweep's other points are submitted as always
+    unpinned = resources_for(make_point(), SITE, pinned_one_at_a_time=True)
+    assert snakemake_resources(unpinned)["slurm_extra"] == "--exclusive"
+    with pytest.raises(ConfigError, match="not a node name"):
+        snakemake_resources(resources_for(make_point(node="n1; rm -rf /"), SITE))
+
+
 @pytest.mark.parametrize(
     ("raw", "key", "fragment"),
     [

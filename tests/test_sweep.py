@@ -147,3 +147,38 @@ def test_plan_command_lists_skipped_combinations_with_reasons(write_sweep):
     assert "skipped: 1 combinations cannot run" in result.stdout
     assert "gpipe cuts the model over ranks and needs at least 2" in result.stdout
     assert "3 points, 1 skipped in sweep 'tiny'" in result.stdout
+
+
+def test_each_node_runs_the_single_node_points_once_per_node_and_leaves_the_rest():
+    result = plan(each_node=["n1", "gpu-07.cluster"])
+    single = [p for p in result.points if p.nodes == 1]
+    assert sorted((p.model, p.node) for p in single) == [
+        ("resnet20", "gpu-07.cluster"), ("resnet20", "n1"), ("resnet8", "gpu-07.cluster"), ("resnet8", "n1"),
+    ]  # fmt: skip
+    assert all(p.node == "" for p in result.points if p.nodes > 1)
+    ids = [p.point_id for p in result.points]
+    assert len(set(ids)) == len(ids) and all(re.fullmatch(POINT_ID_PATTERN, point_id) for point_id in ids)
+    assert "-on_gpu_07_cluster-" in next(p.point_id for p in single if p.node == "gpu-07.cluster")
+    # without each_node nothing changes: not the points, not the ids, not the config hash
+    assert [p.point_id for p in plan().points] == [p.point_id for p in plan(each_node=[]).points]
+    assert "each_node" not in sweep_config_from_mapping(BASE).to_dict()
+
+
+def test_a_node_name_that_could_reach_a_shell_is_refused():
+    import pytest
+
+    from ddlbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="each_node"):
+        plan(each_node=["n1 --exclusive"])
+
+
+def test_a_local_launch_refuses_a_point_pinned_to_another_host(tmp_path):
+    import pytest
+
+    from ddlbench.errors import DdlbenchError
+    from ddlbench.launch.runner import run_point
+
+    with pytest.raises(DdlbenchError, match="pinned to node 'elsewhere-42'"):
+        run_point(make_point(node="elsewhere-42"), out=tmp_path / "record.json", launcher="local", cores=2)
+    assert not (tmp_path / "record.json").exists()
