@@ -17,6 +17,15 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _history_outside_the_repository(tmp_path_factory):
+    """Sweeps that tests aggregate store their figures in a results database of the test session, never
+    in the repository's results/ (tests that check the database name their own, --db or the env)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DDLBENCH_HISTORY", str(tmp_path_factory.mktemp("history") / "history.sqlite"))
+        yield
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO

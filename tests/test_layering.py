@@ -38,6 +38,14 @@ LIGHT_EMPIRICAL = [
     "ddlbench.report.scaling",
     "ddlbench.cli_fit",
     "ddlbench.cli_sample",
+    # certification and history: pandas and the standard library (sqlite3)
+    "ddlbench.cli_certify",
+    "ddlbench.certify.figures",
+    "ddlbench.certify.certificate",
+    "ddlbench.certify.run",
+    "ddlbench.certify.suite",
+    "ddlbench.history.store",
+    "ddlbench.history.compare",
 ]
 
 

@@ -40,7 +40,8 @@ def run_suite(config: SweepConfig, *, cores: int, profile: str | None) -> tuple[
     write_text_atomic(suite_file, yaml.safe_dump(config.to_dict(), sort_keys=False))
     snakemake = Path(sys.executable).with_name("snakemake")
     command = [str(snakemake) if snakemake.exists() else "snakemake", "--snakefile", str(REPO / "Snakefile")]
-    command += ["--configfile", str(suite_file), "--cores", str(cores), "--rerun-incomplete"]
+    # --keep-going: a failed step (a prediction, say) must not keep the rest of the suite from running
+    command += ["--configfile", str(suite_file), "--cores", str(cores), "--rerun-incomplete", "--keep-going"]
     if profile:
         command += ["--profile", profile]
     log_file = config.sweep_dir / "logs" / "certify-snakemake.log"

@@ -100,7 +100,22 @@ def resolve_suite(raw: Mapping[str, Any], *, system: str, partition: str, nodes:
         data["slurm"] = dict(data.get("slurm") or {}) | {"partition": partition}
     name = re.sub(r"[^a-z0-9_-]", "_", f"{data.get('name', 'certify')}_{system}_{partition}".lower())
     data["name"] = name
-    return sweep_config_from_mapping(data)
+    config = sweep_config_from_mapping(data)
+    if config.calibrate:
+        _check_calibration(config.calibrate)
+    return config
+
+
+def _check_calibration(path: str) -> None:
+    """The suite's calibration is checked before anything runs: a bad one is bad input, not a failed run."""
+    from ddlbench.calibrate.suite import load_suite as load_calibration
+
+    try:
+        load_calibration(Path(path))
+    except OSError as exc:
+        raise ConfigError("calibrate", f"cannot read the calibration suite {path!r}: {exc.strerror}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"calibrate ({path})", str(exc)) from None
 
 
 def _found(path: str) -> str:
