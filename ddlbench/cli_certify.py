@@ -79,7 +79,7 @@ def _certify(args: argparse.Namespace) -> int:
     from ddlbench.certify.figures import machine_figures, training_figures
     from ddlbench.certify.propose import propose_references, references_text
     from ddlbench.certify.references import load_references
-    from ddlbench.certify.run import read_machine, records_fingerprint, records_table, run_suite, suite_table
+    from ddlbench.certify.run import read_machine, records_config_hash, records_table, run_suite, suite_table
     from ddlbench.certify.suite import load_suite, local_partition, resolve_suite, slurm_partition
     from ddlbench.history.compare import regressions
     from ddlbench.history.db import history_path, last_passing_certificate
@@ -97,7 +97,7 @@ def _certify(args: argparse.Namespace) -> int:
             raise DdlbenchError("--from-records: judges records that exist; --suite and --profile run new ones")
         folder = args.from_records
         table, machine = records_table(folder), read_machine(folder)
-        suite_name, config_hash = folder.name, records_fingerprint(table)
+        suite_name, config_hash = folder.name, records_config_hash(folder, table)
     else:
         nodes = slurm_partition(args.partition) if args.profile else local_partition(args.nodes)
         config = resolve_suite(load_suite(args.suite), system=args.system, partition=args.partition, nodes=nodes)
@@ -105,7 +105,8 @@ def _certify(args: argparse.Namespace) -> int:
         if references:  # names the plan fixes are checked before anything runs
             planned = [name for name in references if not name.startswith("machine/")]
             check_reference_names({name: references[name] for name in planned}, training_figures(suite_table(config)))
-        status, log_file = run_suite(config, cores=args.cores, profile=args.profile)
+        history = history_path(args.db, results_dir=config.results_dir)
+        status, log_file = run_suite(config, cores=args.cores, profile=args.profile, history=history)
         if status != 0:
             notes.append(f"the workflow exited with status {status} (log: {log_file}); judged on the records there are")
         table = suite_table(config)

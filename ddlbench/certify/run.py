@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_suite(config: SweepConfig, *, cores: int, profile: str | None) -> tuple[int, Path]:
-    """Run the resolved suite with Snakemake; (its exit status, its log file)."""
+def run_suite(config: SweepConfig, *, cores: int, profile: str | None, history: Path) -> tuple[int, Path]:
+    """Run the resolved suite with Snakemake; (its exit status, its log file). Its aggregate step stores
+    the sweep in `history`, the database the certificate goes to."""
     config.sweep_dir.mkdir(parents=True, exist_ok=True)
     suite_file = config.sweep_dir / "suite.yaml"
     write_text_atomic(suite_file, yaml.safe_dump(config.to_dict(), sort_keys=False))
@@ -48,7 +49,10 @@ def run_suite(config: SweepConfig, *, cores: int, profile: str | None) -> tuple[
     log_file.parent.mkdir(parents=True, exist_ok=True)
     log.info("running the suite: %s (log: %s)", " ".join(command), log_file)
     # the rules call `ddlbench`: this interpreter's, also when its environment is not activated
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = os.environ | {
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "DDLBENCH_HISTORY": str(history.resolve()),
+    }
     with log_file.open("w") as out:
         done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
     return done.returncode, log_file
@@ -83,9 +87,14 @@ def read_machine(folder: Path) -> dict[str, Any] | None:
     return yaml.safe_load(path.read_text())
 
 
-def records_fingerprint(table: pd.DataFrame) -> str:
-    """What a run read from records is: the hash of its configurations (its config hash in history)."""
+def records_config_hash(folder: Path, table: pd.DataFrame) -> str:
+    """The config hash of records read back: their suite's, when `certify` ran it there (suite.yaml),
+    else the hash of the configurations found (so the same records always get the same hash)."""
     import hashlib
 
+    from ddlbench.config import load_sweep_config
+
+    if (folder / "suite.yaml").exists():
+        return load_sweep_config(folder / "suite.yaml").config_hash()
     keys = sorted(set(table["config_key"]))
     return hashlib.sha256(json.dumps(keys).encode()).hexdigest()
