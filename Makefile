@@ -77,6 +77,11 @@ bench-analytic: venv
 bench-empirical: venv
 	$(BIN)/python benchmarks/empirical_accuracy.py
 
+# a 10,000-point sweep's report: aggregate and report times (subprocesses, median of 3) and report.html's size
+.PHONY: bench-report
+bench-report: venv
+	$(BIN)/python benchmarks/report_speed.py
+
 # ddlbench's kernel against a bare hand-written DDP loop, alternated; prints samples/s and the ratio
 .PHONY: bench-overhead
 bench-overhead: venv

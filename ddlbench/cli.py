@@ -95,10 +95,11 @@ def _parser() -> argparse.ArgumentParser:
     aggregate.add_argument("--no-history", action="store_true", help="do not store the sweep in the results database")
     aggregate.set_defaults(handler=_aggregate)
 
-    report = commands.add_parser("report", help="render the HTML report of an aggregated sweep")
+    report = commands.add_parser("report", help="render the HTML report of an aggregated sweep, and its summary")
     _add_sweep_options(report)
     report.add_argument("--table", type=Path, help="Parquet table (default: <sweep dir>/table.parquet)")
     report.add_argument("--out", type=Path, help="default: <sweep dir>/report.html")
+    report.add_argument("--markdown", type=Path, help="the summary as Markdown (default: report.md beside --out)")
     report.add_argument(
         "--include-other-versions",
         action="store_true",
@@ -272,15 +273,19 @@ def _report(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from ddlbench.atomic import write_text_atomic
-    from ddlbench.report.render import render_report
+    from ddlbench.report.render import render_reports
 
     config = _sweep(args)
     table_path = args.table or config.sweep_dir / "table.parquet"
     if not table_path.exists():
         raise DdlbenchError(f"no table at {table_path}; run `ddlbench aggregate` first")
     out = args.out or config.report_path
+    markdown = args.markdown or out.with_suffix(".md")
     table = pd.read_parquet(table_path)
-    html = render_report(config, table, include_other_versions=args.include_other_versions, report_dir=out.parent)
+    html, summary = render_reports(
+        config, table, include_other_versions=args.include_other_versions, report_dir=out.parent
+    )
     write_text_atomic(out, html)
-    print(f"report: {out.resolve()}")
+    write_text_atomic(markdown, summary)
+    print(f"report: {out.resolve()}  summary: {markdown.resolve()}")
     return 0

@@ -237,12 +237,14 @@ def _refresh_outputs(config) -> int:
     """The table and the report, as the Snakefile's last two rules make them."""
     from ddlbench.analysis.aggregate import build_table, save_table
     from ddlbench.atomic import write_text_atomic
-    from ddlbench.report.render import render_report
+    from ddlbench.report.render import render_reports
     from ddlbench.sweep import expand_sweep
 
     table = build_table(expand_sweep(config))
     save_table(table, parquet=config.sweep_dir / "table.parquet", csv=config.sweep_dir / "table.csv")
-    write_text_atomic(config.report_path, render_report(config, table))
+    html, summary = render_reports(config, table, report_dir=config.report_path.parent)
+    write_text_atomic(config.report_path, html)
+    write_text_atomic(config.report_path.with_suffix(".md"), summary)
     print(f"{len(table)} points {table['status'].value_counts().to_dict()}; report: {config.report_path.resolve()}")
     return 0
 

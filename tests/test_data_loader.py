@@ -26,6 +26,7 @@ from ddlbench.train.kernel import build_model
 from tests.conftest import make_point
 from tests.equivalence import check_against_reference, layout_point, parameter_names, rounding_bound, rounding_ratios
 from tests.reference import train_reference
+from tests.report_data import tables
 from tests.test_aggregate import record_for, write
 from tests.test_data import write_cifar
 from tests.test_records import sample_record
@@ -319,9 +320,12 @@ def test_the_report_shows_the_input_wait_only_where_a_point_read_through_a_loade
     table = build_table(plan)
     assert list(table["input_source"][:2]) == ["loader", "resident"]  # the third point has no record
     html = render_report(plan.config, table)
-    points = html[html.index("<h2>All points</h2>") :]
-    assert "<th>input_wait_s</th>" in points and "<th>input_wait_share</th>" in points
-    assert "0.02 [0.01, 0.03] n=6 steps" in points
+    points = tables(html)["points"]
+    assert points["_titles"]["input_wait_s"] == "Input wait (s)" and "input_wait_share" in points
+    wait = points["input_wait_s"]
+    assert (wait["m"][0], wait["lo"][0], wait["hi"][0], wait["n"][0], wait["unit"]) == (0.02, 0.01, 0.03, 6, "steps")
+    assert wait["m"][1] is None  # the resident point waited on nothing
     assert "longest host time any rank spent waiting for its batch" in html
     write(plan, [record_for(reading), record_for(resident)])
-    assert "input_wait_s" not in render_report(plan.config, build_table(plan))
+    html = render_report(plan.config, build_table(plan))
+    assert "input_wait_s" not in tables(html)["points"] and "Input wait" not in html

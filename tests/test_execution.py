@@ -32,6 +32,7 @@ from ddlbench.train.losses import loss_for
 from ddlbench.validity import why_skipped
 from tests.conftest import make_point
 from tests.equivalence import SAFETY, assert_within_rounding, check_against_reference, layout_point, rounding_bound
+from tests.report_data import tables
 from tests.test_aggregate import plan_of, record_for, write
 
 CPU = torch.device("cpu")
@@ -211,8 +212,9 @@ def test_the_table_and_report_show_precision_channels_last_and_compile_where_a_s
     table = build_table(plan)
     assert {"precision", "channels_last", "compile"} <= set(table.columns)
     assert sorted(set(table["precision"])) == ["bf16", "fp32"] and set(table["channels_last"]) == {False, True}
-    html = render_report(plan.config, table)
-    assert ">bf16<" in html and ">precision<" in html and ">channels_last<" in html
+    points = tables(render_report(plan.config, table))["points"]
+    assert points["_titles"]["precision"] == "Precision" and points["_titles"]["channels_last"] == "Channels last"
+    assert sorted(set(points["precision"])) == ["bf16", "fp32"] and set(points["channels_last"]) == {"True", "False"}
 
 
 def _overflow_on_one_rank(rank: int, world: int, folder: str) -> None:

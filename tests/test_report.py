@@ -1,19 +1,29 @@
-"""Aggregation keeps one row per planned point; the report escapes what it shows and lists failures."""
+"""Aggregation keeps one row per planned point; the report answers first (best strategy, failures by
+cause, machine health), escapes what it shows, and keeps every figure with its interval and n."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
 from ddlbench.analysis.aggregate import build_table, save_table
 from ddlbench.analysis.configurations import summarize_configurations
+from ddlbench.cli import main
 from ddlbench.config import sweep_config_from_mapping
 from ddlbench.records import MEASUREMENT_VERSION, record_path, write_record
-from ddlbench.report.render import render_report, strategy_comparison
+from ddlbench.report.markdown import md_text
+from ddlbench.report.render import render_report, render_reports
+from ddlbench.report.summary import best_strategies, cause, failures_by_cause
+from ddlbench.report.tables import Spec, encode_table, script_json
 from ddlbench.sweep import expand_sweep
-from tests.test_aggregate import record_for, write
+from tests.report_data import between, embedded_json, tables
+from tests.test_aggregate import plan_of, record_for, write
 from tests.test_records import sample_record
+
+EVIL_TAG = "<img src=x onerror=alert(1)>"
+EVIL_SCRIPT = "</script><script>alert(2)</script>"
 
 
 def sweep(tmp_path):
@@ -26,6 +36,31 @@ def sweep(tmp_path):
         "nodes": [1, 2, 4],
     }
     return expand_sweep(sweep_config_from_mapping(raw))
+
+
+def certificate(**changes) -> dict:
+    """A certificate as `ddlbench certify` writes it: one figure passes, one fails on a node, one has no
+    reference; one node outside its band; one regression."""
+    figure = {"unit": "GB/s", "ci_low": 9.5, "ci_high": 10.5, "n": 12, "deviation": None, "node": None}
+    return {
+        "passed": False,
+        "system": "testbox",
+        "partition": "cpu",
+        "date": "2025-06-01T10:00:00Z",
+        "figures": [
+            figure | {"name": "machine/memory_bandwidth", "value": 10.0, "reference": 10.2, "lower": 9.0,
+                      "upper": 11.0, "deviation": -0.02, "passed": True, "status": "pass"},
+            figure | {"name": "machine/allreduce/busbw", "value": 4.0, "reference": 8.0, "lower": 7.0,
+                      "upper": 9.0, "deviation": -0.5, "passed": False, "status": "fail", "node": "n3"},
+            figure | {"name": "train/resnet8/samples_per_s", "value": 120.0, "reference": None, "lower": None,
+                      "upper": None, "passed": None, "status": "no reference"},
+        ],
+        "nodes_outside": ["n3"],
+        "regressions": [
+            {"name": "machine/memory_bandwidth", "value": 10.0, "previous_value": 12.0, "change": -0.1667,
+             "previous_run": "2025-05-01"}
+        ],
+    } | changes  # fmt: skip
 
 
 def test_table_has_a_row_per_point_and_marks_missing_records(tmp_path):
@@ -55,9 +90,11 @@ def test_report_escapes_reasons_and_lists_failed_points(tmp_path):
     html = render_report(plan.config, build_table(plan))
     assert "<script>alert(1)</script>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
-    failed_section = html[html.index("<h2>Failed points</h2>") : html.index("<h2>All points</h2>")]
+    failed_section = between(html, "<h2>Failed points</h2>", "<h2>All points</h2>")
     assert all(point.point_id in failed_section for point in plan.points)  # one failed, two missing
     assert "<svg" in html and "no successful points" in html
+    by_cause = between(html, "<h3>Failed points by cause</h3>", "</table>")
+    assert ">missing<" in by_cause and ">no record yet<" in by_cause and ">2<" in by_cause
 
 
 def test_strategies_are_compared_against_ddp_like_for_like_and_skips_are_listed(tmp_path):
@@ -76,7 +113,7 @@ def test_strategies_are_compared_against_ddp_like_for_like_and_skips_are_listed(
     assert {(p.strategy, p.nodes, p.batch_size) for p in plan.points} == set(speeds)
     write(plan, [record_for(p, speeds[(p.strategy, p.nodes, p.batch_size)]) for p in plan.points])
     table = build_table(plan)
-    comparison = strategy_comparison(summarize_configurations(table)).set_index(["strategy", "nodes", "batch_size"])
+    comparison = summarize_configurations(table).set_index(["strategy", "nodes", "batch_size"])
     assert comparison.loc[("gpipe", 2, 32), "vs_baseline"] == pytest.approx(0.5)  # 90 / 180: ddp at b32
     assert comparison.loc[("gpipe", 2, 8), "vs_baseline"] == pytest.approx(0.3)  # 33 / 110: ddp at b8, not the best
     assert (comparison.loc["ddp", "vs_baseline"] == 1.0).all()
@@ -84,12 +121,139 @@ def test_strategies_are_compared_against_ddp_like_for_like_and_skips_are_listed(
     assert comparison.loc[("ddp", 2, 32), "global_batch_size"] == 64
 
     html = render_report(plan.config, table)
-    section = html[html.index("<h2>Strategies compared</h2>") : html.index("<h2>Failed points</h2>")]
-    assert "<svg" in section and "gpipe b32 mb4" in section  # one bar per configuration, named by what varies
-    assert '<td class="text">gpipe</td>' in section
-    assert "90 n=1 repetition (no 95 % CI: n &lt; 6)" in section  # the figure says why it has no interval
-    skipped = html[html.index("<h2>Skipped combinations</h2>") : html.index("<h2>All points</h2>")]
+    section = between(html, '<section id="pair-1">', "</section>")
+    assert "<h2>resnet8 on cifar10</h2>" in section and section.count('<svg class="chart"') == 4
+    best = between(html, '<table class="sortable words" id="best">', "</table>")
+    row = between(best, "2 nodes × 1/node, batch 32", "</tr>")
+    assert "<td>ddp</td>" in row and "2×" in row and "gpipe mb4: 90 n=3 steps" in row
+    assert "180 n=3 steps (no 95 % CI: n &lt; 6)" in row  # the figure says why it has no interval
+    assert "only ddp ran at this scale" in between(best, "1 node × 1/node, batch 8", "</tr>")
+    configs = tables(html)["configs"]
+    at = {
+        (s, n, b): i
+        for i, (s, n, b) in enumerate(zip(configs["strategy"], configs["nodes"], configs["batch_size"], strict=True))
+    }
+    assert (
+        configs["vs_baseline"][at[("gpipe", 2, 32)]] == 0.5
+        and configs["samples_per_s"]["m"][at[("gpipe", 2, 32)]] == 90
+    )
+    assert (
+        configs["samples_per_s"]["n"][at[("gpipe", 2, 32)]] == 1 and configs["samples_per_s"]["unit"] == "repetitions"
+    )
+    skipped = between(html, "<h2>Skipped combinations</h2>", "<h2>All points</h2>")
     assert plan.skipped[0][0].point_id in skipped and "needs at least 2" in skipped
+
+
+def test_the_winner_is_named_with_its_margin_and_whether_the_runner_up_is_separable(tmp_path):
+    """Six repetitions: the comparison is over repetitions. At 1 node ddp is 25 % faster and their intervals
+    do not overlap; at 2 nodes they are 1 % apart inside each other's intervals."""
+    plan = plan_of(tmp_path, strategies=["ddp", "zero2"], nodes=[1, 2], repetitions=6)
+    speed = {("ddp", 1): 100.0, ("zero2", 1): 80.0, ("ddp", 2): 151.0, ("zero2", 2): 149.0}
+    spread = {1: 0.5, 2: 5.0}
+    write(plan, [record_for(p, speed[(p.strategy, p.nodes)] + spread[p.nodes] * p.repetition) for p in plan.points])
+    table = build_table(plan)
+    rows = {row["nodes"]: row for row in best_strategies(summarize_configurations(table))}
+    one, two = rows[1], rows[2]
+    assert (one["winner"].strategy, one["runner_up"].strategy, one["basis"]) == ("ddp", "zero2", "repetitions")
+    assert one["margin"] == pytest.approx(101.25 / 81.25) and one["separable"] == "separable"
+    assert one["winner"].text == "101.2 [100, 102.5] n=6 repetitions"
+    assert two["winner"].strategy == "ddp" and two["separable"] == "not separable"
+    assert one["cost_node_h"] == pytest.approx(1 / 101.25 * 1e6 / 3600)
+
+    html, markdown = render_reports(plan.config, table)
+    summary = between(html, '<section id="summary">', "</section>")
+    assert "<strong>resnet8 on cifar10</strong>: fastest <strong>ddp n2</strong>" in summary
+    assert "scales won, of 2 with several strategies: ddp 2" in summary
+    assert "median over repetitions, 95 % CI over repetitions" in summary
+    assert "| resnet8 | cifar10 | 1 node × 1/node | ddp | 101.2 [100, 102.5] n=6 repetitions | zero2: 81.25" in markdown
+    assert "| separable |" in markdown and "| not separable |" in markdown
+
+
+def test_failed_points_are_counted_by_status_and_cause():
+    import pandas as pd
+
+    reasons = [
+        ("failed", "rank 1 on n1: RuntimeError: Connection reset by peer"),
+        ("failed", "rank 0 on n0: RuntimeError: another message"),
+        ("failed", "diverged: loss is nan at step 3 (warm-up included)"),
+        ("oom", "rank 0 on n0: OutOfMemoryError: CUDA out of memory"),
+        ("timeout", "ran past its limit of 600 s; the ranks still running were stopped"),
+        ("timeout", "ran past its limit of 120 s; the ranks still running were stopped"),
+        ("missing", "no record yet"),
+        ("ok", None),
+    ]
+    table = pd.DataFrame([{"point_id": f"p{i}", "status": s, "reason": r} for i, (s, r) in enumerate(reasons)])
+    got = {(r["status"], r["cause"]): (r["count"], r["examples"]) for r in failures_by_cause(table)}
+    assert got == {
+        ("failed", "RuntimeError"): (2, ["p0", "p1"]),
+        ("diverged", "diverged"): (1, ["p2"]),
+        ("oom", "OutOfMemoryError"): (1, ["p3"]),
+        ("timeout", "ran past its limit of N s"): (2, ["p4", "p5"]),
+        ("missing", "no record yet"): (1, ["p6"]),
+    }
+    assert cause("rank 3 ended with signal 9 (SIGKILL) without reporting an error") == "rank N ended with signal N"
+
+
+def test_the_health_block_shows_the_certificate_or_says_there_is_none(tmp_path):
+    plan = sweep(tmp_path)
+    write(plan, [record_for(p) for p in plan.points])
+    table = build_table(plan)
+    html, markdown = render_reports(plan.config, table)
+    assert "No machine certificate in this sweep's folder" in html and "No machine certificate" in markdown
+
+    (plan.config.sweep_dir / "certificate.json").write_text(json.dumps(certificate()))
+    html, markdown = render_reports(plan.config, table)
+    health = between(html, "<h3>Machine health</h3>", "<h3>Best strategy</h3>")
+    assert "Machine certificate FAILED" in health and "testbox" in health
+    assert "1 pass, 1 fail, 1 no reference of 3 figure(s)" in health
+    assert "Nodes outside their band: <strong>n3</strong>" in health
+    assert "machine/allreduce/busbw" in health and "4 [3.5, 4.5]" not in health  # its own CI: 9.5, 10.5
+    assert "8 [7, 9] GB/s" in health and "-50.0 %" in health
+    assert "machine/memory_bandwidth" in health and "-16.7 %" in health and "2025-05-01" in health  # a regression
+    assert "Machine certificate FAILED for testbox cpu" in markdown and "machine/allreduce/busbw" in markdown
+
+    (plan.config.sweep_dir / "certificate.json").write_text(json.dumps(certificate(passed=True, figures=[])))
+    assert "Machine certificate passed" in render_report(plan.config, table)
+    (plan.config.sweep_dir / "certificate.json").write_text("{not json")
+    assert "cannot read certificate.json" in render_report(plan.config, table)
+
+
+def test_markup_in_names_from_tables_records_and_certificates_is_escaped_everywhere(tmp_path):
+    """Model names are checked by the registry, so the markup comes in through the table (as a hand-edited
+    or foreign table would), a record's reason and the certificate; none of it may stay markup in the page,
+    its embedded data or the Markdown."""
+    plan = sweep(tmp_path)
+    records = [record_for(plan.points[0]), record_for(plan.points[1])]
+    records.append(replace(sample_record("failed"), point=plan.points[2], point_id=plan.points[2].point_id,
+                           reason=f"rank 1 on n1: {EVIL_SCRIPT} {EVIL_TAG}"))  # fmt: skip
+    write(plan, records)
+    table = build_table(plan)
+    table["model"] = f"resnet8{EVIL_TAG}"
+    table["strategy"] = f"ddp{EVIL_SCRIPT}"
+    table["hostnames"] = f"n0,{EVIL_TAG}"
+    evil_certificate = certificate(system=EVIL_SCRIPT, nodes_outside=[EVIL_TAG])
+    evil_certificate["figures"][1] |= {"name": f"busbw{EVIL_SCRIPT}", "node": EVIL_TAG, "unit": EVIL_TAG}
+    (plan.config.sweep_dir / "certificate.json").write_text(json.dumps(evil_certificate))
+    curve = [{"x": [float(n)], "value": 100.0 * n, "low": 90.0 * n, "high": 110.0 * n} for n in (1, 2, 4)]
+    fitted = {"figure": "samples_per_s", "unit": EVIL_SCRIPT, "label": f"ddp {EVIL_TAG}", "model": f"resnet8{EVIL_TAG}",
+              "dataset": "cifar10", "parameters": ["nodes"], "method": "ddlbench", "formula": f"1 {EVIL_TAG}",
+              "points": 2, "observations": 2, "cv_smape_percent": None, "curve": curve, "predictions": [],
+              "measured": [{"x": [1.0], "median": 100.0, "min": 99.0, "max": 101.0, "n": 1}]}  # fmt: skip
+    (plan.config.sweep_dir / "models.json").write_text(json.dumps({"models": [fitted]}))  # drawn by matplotlib
+    html, markdown = render_reports(plan.config, table)
+    assert "<h3>Scaling models</h3>" in html
+    for evil in (EVIL_TAG, EVIL_SCRIPT, "<img", "<script>alert"):
+        assert evil not in html, evil
+        assert evil not in markdown, evil
+    assert html.count("<script") == 2 and html.count("</script>") == 2  # the data and the page's own script
+    data = embedded_json(html)
+    assert "<" not in data and ">" not in data and "&" not in data
+    decoded = tables(html)
+    assert decoded["points"]["model"][0] == f"resnet8{EVIL_TAG}"  # the page's script gets the text back intact
+    assert f"rank 1 on n1: {EVIL_SCRIPT} {EVIL_TAG}" in decoded["points"]["reason"]
+    assert "resnet8&lt;img src=x onerror=alert(1)&gt; on cifar10" in html  # section heading, as text
+    assert "&lt;/script&gt;&lt;script&gt;alert(2)&lt;/script&gt;" in html  # legends, charts' tooltips, tables
+    assert md_text(EVIL_TAG) in markdown and "busbw&lt;/script&gt;" in markdown
 
 
 def test_every_figure_carries_its_interval_and_n_and_noisy_ones_are_flagged(tmp_path):
@@ -98,10 +262,19 @@ def test_every_figure_carries_its_interval_and_n_and_noisy_ones_are_flagged(tmp_
     jumpy = tuple(50.0 + 10 * i for i in range(20))  # median 145 [100, 190]: ±31 %
     write(plan, [record_for(plan.points[0], 100.0, steps=steady), record_for(plan.points[1], 140.0, steps=jumpy)])
     html = render_report(plan.config, build_table(plan))
-    points = html[html.index("<h2>All points</h2>") :]
-    assert "101 [100, 102] n=20 steps</td>" in points
-    assert '145 [100, 190] n=20 steps<span class="flag flag-noisy">noisy</span>' in points
-    assert "bars: 95 % CI over steps" in html  # the plot says what its error bars are
+    points = tables(html)["points"]["samples_per_s_point"]
+    assert (points["m"][0], points["lo"][0], points["hi"][0], points["n"][0], points["unit"]) == (
+        101,
+        100,
+        102,
+        20,
+        "steps",
+    )
+    assert (points["m"][1], points["lo"][1], points["hi"][1]) == (145, 100, 190)
+    assert points["noisy"][:2] == [0, 1]
+    best = between(html, 'id="best"', "</table>")
+    assert "101 [100, 102] n=20 steps" in best and "145 [100, 190] n=20 steps" in best
+    assert "95 % CI over steps" in html  # the charts say what their error bars are
 
 
 def test_records_of_another_version_are_listed_and_left_out_of_plots_and_comparisons(tmp_path):
@@ -111,46 +284,81 @@ def test_records_of_another_version_are_listed_and_left_out_of_plots_and_compari
     write(plan, [record_for(ddp, 100.0, version=MEASUREMENT_VERSION - 1), record_for(gpipe, 50.0)])
     table = build_table(plan)
     html = render_report(plan.config, table)
-    section = html[html.index("<h2>Records of another measurement version</h2>") : html.index("<h2>All points</h2>")]
+    section = between(html, "<h2>Records of another measurement version</h2>", "<h2>All points</h2>")
     assert ddp.point_id in section and gpipe.point_id not in section and "left out" in section
-    compared = html[html.index("<h2>Strategies compared</h2>") : html.index("<h2>Failed points</h2>")]
-    assert '<td class="text">ddp</td>' not in compared and '<td class="text">gpipe</td>' in compared
-    assert f"measurement v{MEASUREMENT_VERSION - 1}" in html[html.index("<h2>All points</h2>") :]
+    assert tables(html)["configs"]["strategy"] == ["gpipe"]
+    assert tables(html)["points"]["_notes"][0] == f"measurement v{MEASUREMENT_VERSION - 1}"
 
-    included = render_report(plan.config, table, include_other_versions=True)
-    compared = included[included.index("<h2>Strategies compared</h2>") : included.index("<h2>Failed points</h2>")]
-    assert '<td class="text">ddp</td>' in compared and f"measurement v{MEASUREMENT_VERSION - 1}" in compared
-    assert "<td>0.5</td>" in compared  # gpipe ÷ ddp, once ddp's old record is let in
+    included = tables(render_report(plan.config, table, include_other_versions=True))["configs"]
+    assert included["strategy"] == ["ddp", "gpipe"] and included["vs_baseline"] == [1, 0.5]  # gpipe ÷ ddp
+    assert included["_notes"][0] == f"measurement v{MEASUREMENT_VERSION - 1}"
 
 
 def test_oversubscribed_figures_are_marked_with_a_note(tmp_path):
     plan = sweep(tmp_path)
     write(plan, [record_for(plan.points[0], oversubscribed=True), record_for(plan.points[1])])
     html = render_report(plan.config, build_table(plan))
-    note = html[html.index("<h2>Oversubscribed points</h2>") : html.index("<h2>All points</h2>")]
+    note = between(html, "<h2>Oversubscribed points</h2>", "<h2>All points</h2>")
     assert plan.points[0].point_id in note and "4 threads on 2 CPUs" in note and plan.points[1].point_id not in note
-    points = html[html.index("<h2>All points</h2>") :]
-    row = points[points.index(plan.points[0].point_id) :]
-    assert '<span class="flag flag-oversubscribed">oversubscribed</span>' in row[: row.index("</tr>")]
-    assert "(oversubscribed)" in html  # the plot's legend says it too
+    assert tables(html)["points"]["_notes"][:2] == ["oversubscribed", ""]
+    assert "(oversubscribed)" in between(html, '<section id="pair-1">', "</section>")  # the charts' legend
 
 
-def test_throughput_is_drawn_against_each_study_axis_the_sweep_varies():
-    """Li et al.'s axes (threads per rank, ranks per node, batch per rank): a plot for each that varies,
-    a line per setting of the other fields, each configuration's median with its interval."""
+def test_throughput_is_drawn_against_each_study_axis_the_sweep_varies(tmp_path):
+    """Li et al.'s axes (threads per rank, ranks per node, batch per rank): a chart for each that varies, a
+    line per setting of the other fields, each configuration's median with its interval."""
+    plan = plan_of(tmp_path, strategies=["ddp", "zero2"], nodes=[1], threads=[1, 2, 4])
+    write(plan, [record_for(p, 100.0 * p.threads) for p in plan.points])
+    section = between(render_report(plan.config, build_table(plan)), '<section id="pair-1">', "</section>")
+    study = between(section, "<h3>Throughput against the study's axes</h3>", "<h3>")
+    assert study.count('<svg class="chart"') == 1  # ranks per node and batch hold one value
+    assert "Throughput against threads per rank" in study and "threads per rank (log2 scale)" in study
+    assert "</span>ddp</li>" in study and "</span>zero2</li>" in study  # one line per setting of the others
+
+
+def test_the_embedded_tables_decode_to_what_was_encoded():
     import pandas as pd
 
-    from ddlbench.report.inside import study_plots
+    ids = [f"resnet8-cifar10-ddp-n{n}x1-b32-t1-r{r}-{n * 7 + r:08x}" for n in (1, 2, 4) for r in range(4)]
+    frame = pd.DataFrame(
+        {
+            "point_id": ids,
+            "model": ["resnet8"] * 6 + ["vgg11"] * 6,
+            "reason": [None] * 11 + ["boom"],
+            "nodes": [1] * 4 + [2] * 4 + [4] * 4,
+            "speed_median": [1234.5678, 2.0, None, 0.000123456] * 3,
+            "speed_ci_low": [1200.0, 1.9, None, None] * 3,
+            "speed_ci_high": [1300.0, 2.1, None, None] * 3,
+            "speed_noisy": [True, False, None, False] * 3,
+            "n": [20] * 12,
+        }
+    )
+    specs = [Spec(key="point_id", kind="text"), Spec(key="model", kind="text"), Spec(key="reason", kind="text"),
+             Spec(key="nodes"), Spec(key="speed", kind="figure", n_column="n")]  # fmt: skip
+    encoded = encode_table(frame, specs)
+    html = f'<script type="application/json" id="report-data">{script_json({"t": encoded})}</script>'
+    got = tables(html)["t"]
+    assert got["point_id"] == ids and got["model"] == list(frame["model"]) and got["reason"][-1] == "boom"
+    assert got["reason"][:11] == [None] * 11 and got["nodes"] == list(frame["nodes"])
+    assert got["speed"]["m"][:4] == [1235, 2, None, 0.0001235] and got["speed"]["n"] == [20] * 12
+    assert got["speed"]["noisy"][:4] == [1, 0, 0, 0] and got["speed"]["lo"][:2] == [1200, 1.9]
+    assert len(json.dumps(encoded)) < len(json.dumps(frame.to_dict("records")))
 
-    rows = [
-        {"model": "resnet8", "strategy": strategy, "threads": threads, "ranks_per_node": 2, "batch_size": 32,
-         "samples_per_s_median": 100.0 * threads, "samples_per_s_ci_low": 90.0 * threads,
-         "samples_per_s_ci_high": 110.0 * threads}
-        for strategy in ("ddp", "zero2")
-        for threads in (1, 2, 4)
-    ]  # fmt: skip
-    plots = study_plots(pd.DataFrame(rows))
-    assert list(plots) == ["threads"]  # ranks_per_node and batch_size hold one value
-    svg = plots["threads"]
-    assert "throughput vs threads" in svg
-    assert ">ddp<" in svg and ">zero2<" in svg  # one line per setting of the other fields, named in the legend
+
+def test_the_report_command_writes_the_page_and_its_markdown_summary(tmp_path, monkeypatch):
+    plan = sweep(tmp_path)
+    write(plan, [record_for(p, 100.0 * p.nodes) for p in plan.points])
+    save_table(build_table(plan), parquet=tmp_path / "t.parquet", csv=tmp_path / "t.csv")
+    config = tmp_path / "sweep.yaml"
+    config.write_text(json.dumps({"name": "r", "results_dir": str(tmp_path), "models": ["resnet8"],
+                                  "datasets": ["cifar10"], "strategies": ["ddp"], "nodes": [1, 2, 4]}))  # fmt: skip
+    out = tmp_path / "out" / "report.html"
+    assert main(["-q", "report", "--configfile", str(config), "--table", str(tmp_path / "t.parquet"),
+                 "--out", str(out)]) == 0  # fmt: skip
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert markdown.startswith("# ddlbench report: r\n") and "## Best strategy" in markdown
+    assert "| resnet8 | cifar10 | 4 nodes × 1/node | only ddp | 400 n=3 steps (no 95 % CI: n < 6) |" in markdown
+    assert "only ddp ran at this scale" in markdown and "## Provenance" in markdown
+    html = out.read_text()
+    assert "Throughput (samples/s)" in html and "speedup ÷ nodes" in html  # headings with units, charts
+    assert "src=" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")

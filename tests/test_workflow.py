@@ -10,6 +10,7 @@ import pytest
 from ddlbench.config import REPO_CONFIGS, load_sweep_config
 from ddlbench.sweep import expand_sweep
 from tests.conftest import REPO, job_counts, run_snakemake
+from tests.report_data import between, tables
 
 pytestmark = pytest.mark.slow
 
@@ -44,16 +45,19 @@ def test_sweep_with_a_failing_point_reaches_the_report(write_sweep, tmp_path):
     assert len(pd.read_csv(sweep_dir / "table.csv")) == len(table)
 
     html = (sweep_dir / "report.html").read_text()
-    failed_section = html[html.index("<h2>Failed points</h2>") : html.index("<h2>All points</h2>")]
+    failed_section = between(html, "<h2>Failed points</h2>", "<h2>All points</h2>")
     assert failing.point_id in failed_section
     assert "InjectedFault: fault injected by DDLBENCH_INJECT_FAULT" in failed_section
-    throughput = html[html.index("<h2>Throughput vs nodes</h2>") :]
-    throughput = throughput[: throughput.index("<h2>", 5)]
-    assert throughput.count("<svg") == 1  # one throughput plot per model
+    assert "| failed | InjectedFault | 1 |" in (sweep_dir / "report.md").read_text()  # the summary beside it
+    section = between(html, '<section id="pair-1">', "</section>")
+    assert "<h2>resnet8 on cifar10</h2>" in section
+    # throughput alone: one node count ran (no speedup to draw), and one warm-up step probes no memory
+    assert section.count('<svg class="chart"') == 1
     # and one drawing of a step of every rank, for the one configuration that ran
-    inside = html[html.index("<h2>Inside the steps</h2>") : html.index("<h2>All points</h2>")]
-    assert inside.count("<svg") == 1
-    assert "<script" not in html and "src=" not in html  # self-contained: nothing fetched
+    drawings = section[section.index("<h3>One step, every rank</h3>") :]
+    assert drawings.count("<svg") == 1
+    # self-contained: nothing fetched; its only scripts are inline (the data and the page's own)
+    assert "src=" not in html and 'href="http' not in html and html.count("<script") == 2
 
     again = run_snakemake("--cores", "2", "--configfile", str(path))
     assert again.returncode == 0
@@ -95,10 +99,13 @@ def test_a_strategy_comparison_sweep_reaches_the_comparison_report(write_sweep, 
     pipelines = table[table["strategy"].isin(["gpipe", "1f1b"])]
     assert set(pipelines["stages"]) == {2} and set(pipelines["micro_batches"]) == {2}
     html = (sweep_dir / "report.html").read_text()
-    compared = html[html.index("<h2>Strategies compared</h2>") : html.index("<h2>Failed points</h2>")]
+    section = between(html, '<section id="pair-1">', "</section>")
+    best = between(html, '<table class="sortable words" id="best">', "</table>")
+    assert best.count("2 nodes × 1/node") == 1 and "only ddp ran at this scale" in best
+    assert set(tables(html)["configs"]["strategy"]) == {"ddp", "model_parallel", "gpipe", "1f1b"}
     for strategy in ("ddp", "model_parallel", "gpipe", "1f1b"):
-        assert f'<td class="text">{strategy}</td>' in compared
-    skipped = html[html.index("<h2>Skipped combinations</h2>") : html.index("<h2>All points</h2>")]
+        assert f"</span>{strategy}" in section  # a line in the charts' legend
+    skipped = between(html, "<h2>Skipped combinations</h2>", "<h2>All points</h2>")
     assert skipped.count("needs at least 2") == 3  # model_parallel, gpipe and 1f1b on one rank
 
 

@@ -86,7 +86,10 @@ def build_table(plan: Plan, *, include_other_versions: bool = False) -> pd.DataF
     for point in plan.points:
         path = record_path(plan.config.sweep_dir, point.point_id)
         try:
-            row = record_row(read_record(path))
+            record = read_record(path)
+            if record.point == point:  # the plan's own point knows its id and spec already
+                record = dataclasses.replace(record, point=point)
+            row = record_row(record)
             trace = trace_path(path)
             row["trace_file"] = str(trace.relative_to(plan.config.sweep_dir)) if trace.exists() else None
             rows.append(row)
@@ -96,9 +99,13 @@ def build_table(plan: Plan, *, include_other_versions: bool = False) -> pd.DataF
     return add_configuration_columns(pd.DataFrame(rows), include_other_versions=include_other_versions)
 
 
-def add_configuration_columns(table: pd.DataFrame, *, include_other_versions: bool = False) -> pd.DataFrame:
-    """The per-configuration figures (ddlbench.analysis.configurations) on every point row that fed them."""
-    summary = summarize_configurations(table, include_other_versions=include_other_versions)
+def add_configuration_columns(
+    table: pd.DataFrame, *, include_other_versions: bool = False, summary: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """The per-configuration figures (ddlbench.analysis.configurations) on every point row that fed them;
+    `summary`: summarize_configurations(table) with the same include_other_versions, when already made."""
+    if summary is None:
+        summary = summarize_configurations(table, include_other_versions=include_other_versions)
     table = table.drop(columns=[c for c in POINT_SUMMARY_COLUMNS if c in table.columns])
     used = _used_rows(table, include_other_versions=include_other_versions)
     joined = table.join(summary.set_index("config_key")[POINT_SUMMARY_COLUMNS], on="config_key")

@@ -73,6 +73,11 @@ MAX_COLUMNS = (
 )
 # the first repetition's statement (facts that do not change between launches)
 FIRST_COLUMNS = ("split_flops_share", "gradient_path", "gradient_reduction", "mesh", "cores_note")
+# what else a point row contributes: its status, version, window throughput and flags
+READ_COLUMNS = (
+    "status", "repetition", "measurement_version", "other_measurement_version", "samples_per_s_overall",
+    "oversubscribed",
+)  # fmt: skip
 SUMMARY_COLUMNS = [
     *KEY_COLUMNS,
     *CONFIG_FIELDS,
@@ -94,7 +99,9 @@ def summarize_configurations(table: pd.DataFrame, *, include_other_versions: boo
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     not_ok: dict[str, int] = defaultdict(int)
     other_version: dict[str, int] = defaultdict(int)
-    for row in table.to_dict("records"):
+    # only the columns read here: a wide table's records take seconds to build
+    read = [*KEY_COLUMNS, *CONFIG_FIELDS, *SIZE_COLUMNS, *STEP_COLUMNS, *MAX_COLUMNS, *FIRST_COLUMNS, *READ_COLUMNS]
+    for row in table[[column for column in dict.fromkeys(read) if column in table.columns]].to_dict("records"):
         other = bool(_value(row.get("other_measurement_version")))
         if row["status"] != "ok":
             not_ok[row["config_key"]] += 1
@@ -152,28 +159,29 @@ def _rep_stats(prefix: str, values: list[float]) -> dict[str, Any]:
 
 def add_scaling(summary: pd.DataFrame) -> pd.DataFrame:
     """speedup, scaling_efficiency, base_nodes and base_samples_per_s of each configuration in its series."""
-    summary = summary.assign(speedup=float("nan"), scaling_efficiency=float("nan"), base_nodes=None)
-    summary["base_samples_per_s"] = float("nan")
-    for _, series in summary.groupby("series_key", sort=False):
-        base_nodes = series["nodes"].min()
-        base = series.loc[series["nodes"] == base_nodes, "rep_samples_per_s_median"].iloc[0]
-        speedup = series["rep_samples_per_s_median"] / base
-        summary.loc[series.index, "speedup"] = speedup
-        summary.loc[series.index, "scaling_efficiency"] = speedup / (series["nodes"] / base_nodes)
-        summary.loc[series.index, "base_nodes"] = int(base_nodes)
-        summary.loc[series.index, "base_samples_per_s"] = base
+    # the base: each series' first configuration at its smallest node count (first in table order)
+    first = summary.sort_values("nodes", kind="stable").groupby("series_key", sort=False).head(1)
+    first = first.set_index("series_key")
+    base_nodes = summary["series_key"].map(first["nodes"])
+    base = summary["series_key"].map(first["rep_samples_per_s_median"]).astype(float)
+    speedup = summary["rep_samples_per_s_median"].astype(float) / base
+    summary = summary.assign(speedup=speedup, scaling_efficiency=speedup / (summary["nodes"] / base_nodes))
+    summary["base_nodes"] = [int(n) for n in base_nodes]
+    summary["base_samples_per_s"] = base
     return summary
 
 
 def add_baseline(summary: pd.DataFrame) -> pd.DataFrame:
     """vs_baseline and the ddp configuration it divides by (its key, options and samples/s)."""
     baselines: dict[str, dict[str, Any]] = {}
-    ddp = summary[summary["strategy"] == BASELINE_STRATEGY]
-    for key, candidates in ddp.groupby("baseline_key", sort=False):
-        default = candidates[candidates["strategy_options"].map(_no_options)]
-        chosen = default if len(default) else candidates
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    columns = ["baseline_key", "config_key", "strategy_options", "rep_samples_per_s_median"]
+    for row in summary.loc[summary["strategy"] == BASELINE_STRATEGY, columns].to_dict("records"):
+        groups[row["baseline_key"]].append(row)
+    for key, candidates in groups.items():
+        chosen = [c for c in candidates if _no_options(c["strategy_options"])] or candidates
         if len(chosen) == 1:
-            baselines[key] = chosen.iloc[0].to_dict()
+            baselines[key] = chosen[0]
     base = [baselines.get(key) for key in summary["baseline_key"]]
     summary["baseline_samples_per_s"] = [b["rep_samples_per_s_median"] if b else float("nan") for b in base]
     summary["baseline_config_key"] = [b["config_key"] if b else None for b in base]

@@ -55,7 +55,7 @@ def point_columns(point: Point) -> dict[str, Any]:
 
 def configuration(point: Point) -> dict[str, Any]:
     """The point's canonical spec without its repetition number."""
-    spec = point.to_dict()
+    spec = json.loads(point.to_json())  # = to_dict(), from the point's cached canonical JSON (faster)
     spec.pop(REPETITION_FIELD, None)
     return spec
 
@@ -83,7 +83,13 @@ def baseline_key(point: Point) -> str:
 
 
 def keys(point: Point) -> dict[str, str]:
-    return {"config_key": config_key(point), "series_key": series_key(point), "baseline_key": baseline_key(point)}
+    """The three keys at once, from one spec (each key alone builds it again: 10,000 points, seconds)."""
+    spec = configuration(point)
+    series = {name: value for name, value in spec.items() if name != "nodes"}
+    if split_follows_world(point.strategy):
+        series.pop("split", None)
+    baseline = {name: value for name, value in spec.items() if name not in STRATEGY_FIELDS}
+    return {"config_key": _digest(spec), "series_key": _digest(series), "baseline_key": _digest(baseline)}
 
 
 def _digest(spec: dict[str, Any]) -> str:

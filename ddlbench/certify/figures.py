@@ -38,7 +38,6 @@ from typing import Any
 
 import pandas as pd
 
-from ddlbench.analysis.configurations import summarize_configurations
 from ddlbench.analysis.keys import JSON_FIELDS, POINT_FIELDS
 from ddlbench.calibrate.fit import bus_factor
 from ddlbench.point import Point
@@ -106,11 +105,12 @@ def machine_figures(machine: dict[str, Any]) -> list[Figure]:
 
 def training_figures(table: pd.DataFrame) -> list[Figure]:
     """Throughput per configuration (per node where pinned), the partition's figure over nodes, and
-    scaling efficiency; configurations whose points all failed are listed without a value."""
+    scaling efficiency, from an aggregated table (ddlbench.analysis.aggregate: its configuration columns);
+    configurations whose points all failed are listed without a value."""
     planned = _planned(table)
     if planned.empty:
         return []
-    configs = summarize_configurations(table).set_index("config_key") if (table["status"] == "ok").any() else None
+    configs = _configurations(table)
     rows = []
     for key, row in planned.iterrows():
         summary = configs.loc[key] if configs is not None and key in configs.index else None
@@ -132,11 +132,24 @@ def training_figures(table: pd.DataFrame) -> list[Figure]:
     return figures
 
 
+def _configurations(table: pd.DataFrame) -> pd.DataFrame | None:
+    """Per configuration, its figures over repetitions and its median repetition's over steps, as the
+    table's rows carry them (the median repetition's row holds its step statistics)."""
+    if "median_repetition" not in table.columns:
+        return None
+    fed = table[table["n_repetitions"].notna() & (table["repetition"] == table["median_repetition"])]
+    return fed.drop_duplicates("config_key").set_index("config_key") if len(fed) else None
+
+
 def _planned(table: pd.DataFrame) -> pd.DataFrame:
     """One row per planned configuration with its label, series and pinned node."""
     if table.empty:
         return table
     first = table.drop_duplicates("config_key").set_index("config_key")
+    statuses = {
+        key: ", ".join(f"{status}: {count}" for status, count in counts.droplevel(0).items())
+        for key, counts in table.groupby("config_key", sort=False)["status"].value_counts(sort=False).groupby(level=0)
+    }
     points = {key: _point(row) for key, row in first.iterrows()}
     labels = {key: _NODE_TAG.sub("", _ID_TAIL.sub("", point.point_id)) for key, point in points.items()}
     unpinned = {key: _digest(point, drop=("node",)) for key, point in points.items()}
@@ -152,7 +165,7 @@ def _planned(table: pd.DataFrame) -> pd.DataFrame:
             "series": [_digest(points[key], drop=("node", "nodes")) for key in labels],
             "nodes": [points[key].nodes for key in labels],
             "node": [points[key].node or None for key in labels],
-            "status": [_statuses(table, key) for key in labels],
+            "status": [statuses.get(key, "") for key in labels],
         },
         index=list(labels),
     )
@@ -290,11 +303,6 @@ def _digest(point: Point, *, drop: tuple[str, ...]) -> str:
     for name in ("repetition", *drop):
         spec.pop(name, None)
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _statuses(table: pd.DataFrame, key: str) -> str:
-    counts = table.loc[table["config_key"] == key, "status"].value_counts()
-    return ", ".join(f"{status}: {count}" for status, count in counts.items())
 
 
 def _stats_figure(name: str, unit: str, figure: dict[str, Any], basis: str) -> Figure:

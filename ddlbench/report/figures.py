@@ -27,11 +27,13 @@ def missing(value: Any) -> bool:
 
 
 def number(value: Any) -> str:
-    """Four significant digits for floats, as they are for the rest; empty for a missing value."""
+    """Four significant digits for floats, as they are for the rest; empty for a missing value. Large
+    floats are written out ('12340', not '1.234e+04'), as the page's script writes them."""
     if missing(value):
         return ""
     if isinstance(value, float):
-        return f"{value:.4g}"
+        text = f"{value:.4g}"
+        return f"{float(text):.0f}" if "e+" in text and abs(value) < 1e15 else text
     return str(value)
 
 

@@ -1,6 +1,7 @@
-"""The report's "Predicted beside measured" section: every point's predicted and measured step time and
-peak memory with their accuracies, the averages per strategy and overall, and the strategy the model
-would have picked beside the one that was fastest (ddlbench.analysis.analytic.accuracy has the formulas).
+"""The report's predictions beside measurements: every point's predicted and measured step time and
+peak memory with their accuracies (a table per model × dataset section), the averages per strategy and
+overall, and the strategy the model would have picked beside the one that was fastest
+(ddlbench.analysis.analytic.accuracy has the formulas).
 
 Reads <sweep>/predictions.csv, written by `ddlbench predict` (workflow/rules/predict.smk) when the sweep
 names a machine file or a calibration suite. No torch here: the predictions are a table by then.
@@ -15,12 +16,24 @@ import pandas as pd
 
 from ddlbench.analysis.analytic.accuracy import by_strategy, join, overall, picks
 from ddlbench.config import SweepConfig
-from ddlbench.report.figures import Cell, interval_text, number
+from ddlbench.report.figures import number
+from ddlbench.report.tables import Spec
 
-PREDICTED_COLUMNS = [
-    "point_id", "strategy", "measured step (ms)", "predicted step", "time accuracy", "compute", "exposed comm",
-    "bubble", "measured peak", "predicted peak", "memory accuracy", "bottleneck",
-]  # fmt: skip
+# the points' table (drawn by the page's script, ddlbench.report.tables), per model × dataset section
+PREDICTED_SPECS = [
+    Spec(key="point_id", kind="text"),
+    Spec(key="strategy", kind="text"),
+    Spec(key="measured_step_ms", kind="figure", source="step_time_s", n_column="step_time_s_n", factor=1e3),
+    Spec(key="predicted_step_ms", source="predicted_step_time_s", factor=1e3),
+    Spec(key="time_accuracy", factor=100),
+    Spec(key="predicted_compute_ms", source="predicted_compute_s", factor=1e3),
+    Spec(key="predicted_comm_ms", source="predicted_comm_exposed_s", factor=1e3),
+    Spec(key="predicted_bubble_ms", source="predicted_bubble_s", factor=1e3),
+    Spec(key="measured_peak_mb", source="tensor_peak_bytes", factor=1e-6),
+    Spec(key="predicted_peak_mb", source="predicted_peak_memory_bytes", factor=1e-6),
+    Spec(key="memory_accuracy", factor=100),
+    Spec(key="bottleneck", source="predicted_bottleneck", kind="text"),
+]
 ACCURACY_COLUMNS = [
     "strategy",
     "points",
@@ -35,14 +48,6 @@ def _pct(value: Any) -> str:
     return "–" if value is None or pd.isna(value) else f"{100 * float(value):.1f} %"
 
 
-def _ms(value: Any) -> str:
-    return "–" if value is None or pd.isna(value) else f"{1e3 * float(value):.4g} ms"
-
-
-def _mb(value: Any) -> str:
-    return "–" if value is None or pd.isna(value) else f"{float(value) / 1e6:.4g} MB"
-
-
 def predicted_section(config: SweepConfig, table: pd.DataFrame) -> dict[str, Any] | None:
     """The section's context, or None when the sweep predicts nothing."""
     if config.machine_path is None:
@@ -51,37 +56,15 @@ def predicted_section(config: SweepConfig, table: pd.DataFrame) -> dict[str, Any
     if not path.exists():
         return {"missing": f"no predictions at {path}: run `ddlbench predict` (the workflow's predict rule)"}
     predictions = pd.read_csv(path)
-    joined = join(table, predictions)
-    rows = []
-    for row in joined.to_dict("records"):
-        ms = [
-            None if pd.isna(row.get(k)) else 1e3 * float(row[k])
-            for k in ("step_time_s_median", "step_time_s_ci_low", "step_time_s_ci_high")
-        ]
-        measured = interval_text(*ms, row.get("step_time_s_n"), unit="steps")
-        rows.append(
-            {
-                "point_id": Cell(text=str(row["point_id"]), is_text=True),
-                "strategy": Cell(text=str(row["strategy"]), is_text=True),
-                "measured step (ms)": Cell(text=measured),
-                "predicted step": Cell(text=_ms(row["predicted_step_time_s"])),
-                "time accuracy": Cell(text=_pct(row["time_accuracy"])),
-                "compute": Cell(text=_ms(row.get("predicted_compute_s"))),
-                "exposed comm": Cell(text=_ms(row.get("predicted_comm_exposed_s"))),
-                "bubble": Cell(text=_ms(row.get("predicted_bubble_s"))),
-                "measured peak": Cell(text=_mb(row.get("tensor_peak_bytes"))),
-                "predicted peak": Cell(text=_mb(row.get("predicted_peak_memory_bytes"))),
-                "memory accuracy": Cell(text=_pct(row["memory_accuracy"])),
-                "bottleneck": Cell(text=str(row.get("predicted_bottleneck", "")), is_text=True),
-            }
-        )
+    joined = join(table, predictions).sort_values(["model", "dataset", "point_id"], kind="stable")
+    joined = joined.reset_index(drop=True)
     strategies = by_strategy(joined)
     time_all, memory_all = overall(strategies)
     return {
         "machine": str(config.machine_path),
         "sources": sorted({str(s) for s in predictions.get("compute_source", pd.Series(dtype=str)).dropna()}),
-        "rows": rows,
-        "columns": PREDICTED_COLUMNS,
+        "frame": joined,
+        "specs": PREDICTED_SPECS,
         "accuracy": [
             {
                 "strategy": s.strategy,

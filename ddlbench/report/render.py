@@ -1,14 +1,17 @@
-"""The sweep report: a self-contained HTML page (jinja2 with autoescape, plots as inline SVG).
+"""The sweep report: a self-contained HTML page (jinja2 with autoescape, charts as inline SVG, its large
+tables as JSON drawn by a small inline script, nothing fetched) and its summary as Markdown.
 
-Every figure is a configuration's or a point's (ddlbench.analysis.configurations), shown with its
-95 % interval and n (ddlbench.report.figures), flagged when noisy, oversubscribed or of another
-measurement version. Records of another measurement version are left out of comparisons, speedups
-and plots unless `include_other_versions`.
+The page answers first (ddlbench.report.summary: the best strategy per model × dataset × scale, failed
+points by cause; ddlbench.report.health: the machine's certificate), then has one section per model ×
+dataset (ddlbench.report.sections), then the failed, skipped and flagged points, every point, and the
+provenance. Every figure is a configuration's or a point's (ddlbench.analysis.configurations), shown
+with its 95 % interval and n, flagged when noisy, oversubscribed or of another measurement version.
+Records of another measurement version are left out of comparisons, speedups and charts unless
+`include_other_versions`.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,207 +21,244 @@ from markupsafe import Markup
 import ddlbench
 from ddlbench.analysis.aggregate import add_configuration_columns
 from ddlbench.analysis.configurations import summarize_configurations
-from ddlbench.analysis.keys import BASELINE_STRATEGY, CONFIG_FIELDS, describe, varying_fields
+from ddlbench.analysis.keys import BASELINE_STRATEGY, CONFIG_FIELDS
 from ddlbench.config import SweepConfig
 from ddlbench.errors import DdlbenchError
 from ddlbench.provenance import utc_now
-from ddlbench.records import MEASUREMENT_VERSION, STATUSES
-from ddlbench.report.figures import Cell, figure_cell, missing, number, point_notes
-from ddlbench.report.inside import INSIDE_COLUMNS, RANK_COLUMNS, inside_rows, step_drawings, study_plots
-from ddlbench.report.plots import figure_level, level_caption, strategy_comparison_svg, throughput_vs_nodes_svg
+from ddlbench.records import MEASUREMENT_VERSION
+from ddlbench.report import data
+from ddlbench.report.columns import column, title
+from ddlbench.report.figures import missing, number
+from ddlbench.report.health import health_section
+from ddlbench.report.inside import RANK_COLUMNS, step_drawings
+from ddlbench.report.markdown import render_markdown
 from ddlbench.report.predicted import predicted_section
-from ddlbench.report.scaling import scaling_section
+from ddlbench.report.scaling import pair_of, scaling_block, scaling_section
+from ddlbench.report.sections import pair_section
+from ddlbench.report.summary import (
+    BASIS_TEXT,
+    best_strategies,
+    display_status,
+    failures_by_cause,
+    headlines,
+    status_counts,
+)
+from ddlbench.report.tables import encode_table, script_json, view
 from ddlbench.sweep import expand_sweep
-from ddlbench.templating import template_environment
+from ddlbench.templating import template_environment, templates_dir
 
-MIB = 2**20
-# the fields that name a point in the tables even when the sweep holds them constant
-SHOWN_FIELDS = ("model", "dataset", "strategy", "nodes", "ranks_per_node", "split", "batch_size", "micro_batches")
-TEXT_COLUMNS = {"point_id", "model", "dataset", "strategy", "strategy_options", "setting", "status", "reason"}
-# (column, heading) of the comparison table; figures are built by _comparison_cells
-COMPARISON_COLUMNS = [
-    "model", "dataset", "nodes", "ranks_per_node", "strategy", "strategy_options", "micro_batches", "split",
-    "batch_size", "global_batch_size", "setting", "samples_per_s", "samples_per_s_steps", "vs_baseline",
-    "baseline_samples_per_s", "step_time_s", "warmup_dropped_steps", "split_flops_share", "tensor_peak_mib",
-    "peak_rss_mib", "cuda_peak_mib", "local_parameters_max", "stages",
-]  # fmt: skip
-# shown, in both tables, when some point read real data through a loader
-INPUT_COLUMNS = ["input_wait_s", "input_wait_share"]
-POINT_FIGURE_COLUMNS = [
-    "status", "measurement_version", "samples_per_s", "samples_per_s_overall", "step_time_s",
-    "warmup_dropped_steps", "speedup", "scaling_efficiency", "base_nodes", "base_samples_per_s", "vs_baseline",
-    "split_flops_share", "peak_rss_bytes", "tensor_peak_bytes", "cuda_peak_allocated_bytes", "loss_first",
-    "loss_last",
-]  # fmt: skip
+SHOWN = 200  # rows of a server-written list (failed, skipped, flagged points) before the rest is left out
+MAX_DRAWINGS = 12  # step drawings in the whole report (each reads a record and draws with matplotlib)
+INPUT_NOTE = (
+    "Points with an input wait read real data through a DataLoader during the steps (their step times include "
+    "it; other points cycle through batches made resident before timing): the input wait is, per kept step, the "
+    "longest host time any rank spent waiting for its batch (the loader's next batch plus enqueueing its copy to "
+    "the device; on GPUs an upper bound of the stall), its share that wait ÷ the step time."
+)
 
 
 def render_report(
     config: SweepConfig, table: pd.DataFrame, *, include_other_versions: bool = False, report_dir: Path | None = None
 ) -> str:
     """The report's HTML; `report_dir` (where it will be written) makes its links to trace files relative."""
+    return render_reports(config, table, include_other_versions=include_other_versions, report_dir=report_dir)[0]
+
+
+def render_reports(
+    config: SweepConfig, table: pd.DataFrame, *, include_other_versions: bool = False, report_dir: Path | None = None
+) -> tuple[str, str]:
+    """The report's HTML and its Markdown summary, from one computation."""
+    context = report_context(config, table, include_other_versions=include_other_versions, report_dir=report_dir)
+    html = template_environment(autoescape=True).get_template("report.html.j2").render(**context)
+    return html, render_markdown(context)
+
+
+def report_context(
+    config: SweepConfig, table: pd.DataFrame, *, include_other_versions: bool = False, report_dir: Path | None = None
+) -> dict[str, Any]:
+    """Everything the page shows (templates/report.html.j2); the Markdown summary reads the same."""
     if "config_key" not in table.columns:
         raise DdlbenchError("the table predates configuration keys; run `ddlbench aggregate` again")
-    table = add_configuration_columns(table, include_other_versions=include_other_versions)
     configs = summarize_configurations(table, include_other_versions=include_other_versions)
-    models = [model for model in config.models if model in set(table["model"])]
-    plots = {
-        model: _figure(throughput_vs_nodes_svg(configs, model), configs[configs["model"] == model]) for model in models
-    }
-    pairs = sorted({(m, d) for m, d in zip(table["model"], table["dataset"], strict=True)})
-    several = table["strategy"].nunique() > 1
-    comparison_plots = {
-        f"{m} on {d}": _figure(
-            strategy_comparison_svg(configs, m, d), configs[(configs["model"] == m) & (configs["dataset"] == d)]
-        )
-        for m, d in (pairs if several else [])
-    }
-    comparison = strategy_comparison(configs) if several else strategy_comparison(configs.iloc[0:0])
-    skipped = [{"point_id": point.point_id, "reason": why} for point, why in expand_sweep(config).skipped]
+    table = add_configuration_columns(table, include_other_versions=include_other_versions, summary=configs)
+    frame = data.configurations_frame(configs, table, report_dir=report_dir, sweep_dir=config.sweep_dir)
+    configs_table = data.configurations_table(frame)
+    points_table, point_keys = data.points_table(table)
+    tables: dict[str, Any] = {"configs": configs_table, "points": points_table}
+    config_keys = {c["key"] for c in configs_table["columns"]}
+
+    predicted = predicted_section(config, table)
+    predicted_ranges: dict[tuple[str, str], tuple[int, int]] = {}
+    predicted_keys: list[str] = []
+    if predicted and "frame" in predicted:
+        joined = predicted.pop("frame")
+        specs = data.present(joined, predicted.pop("specs"))
+        tables["predicted"] = encode_table(joined, specs)
+        predicted_ranges = data.pair_ranges(joined) if len(joined) else {}
+        predicted_keys = [spec.key for spec in specs]
+    scaling = scaling_section(config)
+    sections = _sections(frame, table, config_keys, config, predicted_ranges, predicted_keys, scaling)
+    if scaling and not scaling.get("why"):
+        placed = {(s["model"], s["dataset"]) for s in sections}
+        apart = [m for m in scaling["models"] if pair_of(m) not in placed]
+        scaling["apart"] = scaling_block(apart) if apart else None
+
+    best = best_strategies(configs)
+    for row in best:
+        row["cost_text"] = number(row["cost_node_h"])
+    failures = failures_by_cause(table)
     failed = table[table["status"] != "ok"]
-    counts = {status: int((table["status"] == status).sum()) for status in (*STATUSES, "missing")}
-    other = table[_flag(table, "other_measurement_version")].reindex(
-        columns=["point_id", "measurement_version", "status"]
-    )
-    oversubscribed = table[_flag(table, "oversubscribed")].reindex(columns=["point_id", "cores_note"])
-    point_fields = _point_fields(table)
+    skipped = [{"point_id": point.point_id, "reason": why} for point, why in expand_sweep(config).skipped]
+    other = table[_flag(table, "other_measurement_version")]
+    oversubscribed = table[_flag(table, "oversubscribed")]
     reading = "input_wait_s_median" in table.columns and bool(table["input_wait_s_median"].notna().any())
-    input_columns = INPUT_COLUMNS if reading else []
-    context: dict[str, Any] = {
+    return {
         "config": config,
         "config_hash": config.config_hash(),
         "generated": utc_now(),
         "version": ddlbench.__version__,
         "measurement_version": MEASUREMENT_VERSION,
         "include_other_versions": include_other_versions,
-        "counts": counts,
+        "baseline": BASELINE_STRATEGY,
+        "heading": title,
+        "about": lambda key: column(key).description,
+        "counts": status_counts(table),
         "total": len(table),
         "configurations": len(configs),
-        "plots": plots,
-        "comparison_plots": comparison_plots,
-        "comparison": [_comparison_cells(row) | _input_cells(row) for row in comparison.to_dict("records")],
-        "comparison_columns": COMPARISON_COLUMNS + input_columns,
-        "input_columns": input_columns,
-        "baseline": BASELINE_STRATEGY,
-        "skipped": skipped,
-        "other_versions": _plain_rows(other),
-        "oversubscribed": _plain_rows(oversubscribed),
-        "shared_settings": _shared_settings(table),
-        "columns": ["point_id", *point_fields, "repetition", *POINT_FIGURE_COLUMNS, *input_columns],
-        "rows": [_point_cells(row, point_fields) | _input_cells(row) for row in table.to_dict("records")],
-        "failed": _plain_rows(failed[["point_id", "status", "reason"]]),
-        "provenance": _provenance(table),
-        "inside_rows": inside_rows(table, report_dir=report_dir, sweep_dir=config.sweep_dir),
-        "inside_columns": INSIDE_COLUMNS,
+        "health": health_section(config.sweep_dir),
+        "headlines": headlines(configs, best),
+        "best": best,
+        "basis_text": BASIS_TEXT,
+        "failures": failures,
+        "failures_rows": [r | {"examples": ", ".join(r["examples"])} for r in failures],
+        "sections": sections,
+        "predicted": predicted,
+        "scaling": scaling,
         "rank_columns": RANK_COLUMNS,
-        "step_drawings": [
-            {"point_id": d["point_id"], "svg": Markup(d["svg"]), "ranks": d["ranks"]}
-            for d in step_drawings(configs, table, config.sweep_dir)
+        "reading": reading,
+        "input_note": INPUT_NOTE,
+        "failed": [
+            r | {"status": display_status(r["status"], r["reason"]), "reason": _text(r["reason"])}
+            for r in failed[["point_id", "status", "reason"]].head(SHOWN).to_dict("records")
         ],
-        "study_plots": {axis: Markup(svg) for axis, svg in study_plots(configs).items()},
-        "predicted": predicted_section(config, table),
-        "scaling": scaling_section(config),
+        "failed_total": len(failed),
+        "skipped": skipped[:SHOWN],
+        "skipped_total": len(skipped),
+        "other_versions": _plain_rows(other.reindex(columns=["point_id", "measurement_version", "status"]).head(SHOWN)),
+        "other_versions_total": len(other),
+        "oversubscribed": _plain_rows(oversubscribed.reindex(columns=["point_id", "cores_note"]).head(SHOWN)),
+        "oversubscribed_total": len(oversubscribed),
+        "points_view": view("points", point_keys, page=50),
+        "shared_settings": _shared_settings(table),
+        "provenance": provenance(table, config),
+        "data_json": Markup(script_json(tables)),
+        "script": Markup((templates_dir() / "report.js").read_text()),
     }
-    return template_environment(autoescape=True).get_template("report.html.j2").render(**context)
 
 
-def strategy_comparison(configs: pd.DataFrame) -> pd.DataFrame:
-    """The configurations (ddlbench.analysis.configurations), sorted by model, dataset and layout, with a
-    `setting` column naming what else varies, and memory in MiB (2^20 bytes).
-
-    vs_baseline = the configuration's samples/s (median over repetitions of the window throughput) ÷
-    that of ddp equal in every field but the strategy's own; baseline_samples_per_s is ddp's figure."""
-    frame = configs.copy()
-    own_columns = ("model", "dataset", "nodes", "ranks_per_node", "strategy", "strategy_options")
-    own_columns += ("micro_batches", "split", "batch_size", "repetition")
-    others = varying_fields(frame.to_dict("records"), leave_out=own_columns)
-    frame["setting"] = [describe(row, others) for row in frame.to_dict("records")] if others else ""
-    for name, column in (
-        ("peak_rss", "peak_rss_bytes"),
-        ("tensor_peak", "tensor_peak_bytes"),
-        ("cuda_peak", "cuda_peak_allocated_bytes"),
-    ):
-        frame[f"{name}_mib"] = pd.to_numeric(frame[column], errors="coerce") / MIB
-    order = ["model", "dataset", "nodes", "ranks_per_node", "strategy", "strategy_options", "split"]
-    order += ["micro_batches", "batch_size", "setting"]
-    return frame.sort_values(order, kind="stable").reset_index(drop=True)
-
-
-def _figure(svg: str, configs: pd.DataFrame) -> dict[str, Any]:
-    return {"svg": Markup(svg), "caption": level_caption(figure_level(configs))}
-
-
-def _comparison_cells(row: dict[str, Any]) -> dict[str, Cell]:
-    notes = point_notes(row)
-    cells = {
-        column: Cell(text=number(row.get(column)), is_text=column in TEXT_COLUMNS) for column in COMPARISON_COLUMNS
-    }
-    cells["strategy_options"] = Cell(text=_options(row.get("strategy_options")), is_text=True)
-    cells["samples_per_s"] = figure_cell(
-        row, "rep_samples_per_s", unit="repetitions", n_column="n_repetitions", notes=notes
-    )
-    cells["samples_per_s_steps"] = figure_cell(row, "samples_per_s", unit="steps", n_column="samples_per_s_n")
-    cells["step_time_s"] = figure_cell(row, "step_time_s", unit="steps", n_column="step_time_s_n")
-    return cells
+def _sections(
+    frame: pd.DataFrame,
+    table: pd.DataFrame,
+    config_keys: set[str],
+    config: SweepConfig,
+    predicted_ranges: dict[tuple[str, str], tuple[int, int]],
+    predicted_keys: list[str],
+    scaling: dict[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """One section per model × dataset that has points, in the sweep's order of models and datasets."""
+    ranges = data.pair_ranges(frame)
+    present = {(str(m), str(d)) for m, d in zip(table["model"], table["dataset"], strict=True)}
+    order = [(m, d) for m in config.models for d in config.datasets if (m, d) in present]
+    order += sorted(present - set(order))
+    per_pair_drawings = max(1, MAX_DRAWINGS // max(1, len(order)))
+    sections, drawn = [], 0
+    for model, dataset in order:
+        start, stop = ranges.get((model, dataset), (0, 0))
+        pair = frame.iloc[start:stop]
+        points = table[(table["model"] == model) & (table["dataset"] == dataset)]
+        section = pair_section(model, dataset, pair, start=start, stop=stop, points=points, table_keys=config_keys)
+        chosen = _drawn_configurations(pair, min(per_pair_drawings, MAX_DRAWINGS - drawn))
+        section["drawings"] = [
+            {"point_id": d["point_id"], "svg": Markup(d["svg"]), "ranks": d["ranks"]}
+            for d in (step_drawings(chosen, table, config.sweep_dir) if len(chosen) else [])
+        ]
+        drawn += len(section["drawings"])
+        if (model, dataset) in predicted_ranges:
+            first, last = predicted_ranges[(model, dataset)]
+            section["predicted"] = view("predicted", predicted_keys, start=first, stop=last)
+        if scaling and not scaling.get("why"):
+            models = [m for m in scaling["models"] if pair_of(m) == (model, dataset)]
+            section["scaling"] = scaling_block(models) if models else None
+        sections.append(section)
+    return sections
 
 
-def _point_cells(row: dict[str, Any], fields: list[str]) -> dict[str, Cell]:
-    columns = ["point_id", *fields, "repetition", *POINT_FIGURE_COLUMNS]
-    cells = {column: Cell(text=number(row.get(column)), is_text=column in TEXT_COLUMNS) for column in columns}
-    if "strategy_options" in cells:
-        cells["strategy_options"] = Cell(text=_options(row.get("strategy_options")), is_text=True)
-    notes = point_notes(row)
-    cells["samples_per_s"] = figure_cell(row, "samples_per_s", unit="steps", n_column="samples_per_s_n", notes=notes)
-    cells["step_time_s"] = figure_cell(row, "step_time_s", unit="steps", n_column="step_time_s_n")
-    cells["status"] = Cell(text=str(row["status"]), is_text=True)
-    return cells
-
-
-def _input_cells(row: dict[str, Any]) -> dict[str, Cell]:
-    """The wait on input per step (s) and its share of the step time, of a point that read through a loader."""
-    return {column: figure_cell(row, column, unit="steps", n_column=f"{column}_n") for column in INPUT_COLUMNS}
-
-
-def _point_fields(table: pd.DataFrame) -> list[str]:
-    """The configuration fields the points table shows: the naming ones, and any other the sweep varies."""
-    varying = set(varying_fields(table.to_dict("records")))
-    return [name for name in CONFIG_FIELDS if name in SHOWN_FIELDS or name in varying]
+def _drawn_configurations(pair: pd.DataFrame, limit: int) -> pd.DataFrame:
+    """Each strategy's fastest configuration at its largest node count, fastest strategies first."""
+    if pair.empty or limit <= 0:
+        return pair.iloc[0:0]
+    ranked = pair.assign(_value=pd.to_numeric(pair["rep_samples_per_s_median"], errors="coerce"))
+    ranked = ranked.sort_values(["nodes", "_value"], ascending=[False, False], kind="stable")
+    chosen = ranked.drop_duplicates("strategy").sort_values("_value", ascending=False, kind="stable")
+    return chosen.head(limit)
 
 
 def _shared_settings(table: pd.DataFrame) -> dict[str, str]:
     """Configuration fields with one value over every point (Hoefler & Belli's rule 9: the full setup)."""
-    varying = set(varying_fields(table.to_dict("records")))
+    varied = set(data.varying(table))
     shared = {}
     for name in CONFIG_FIELDS:
-        if name in varying or name not in table.columns or not len(table):
+        if name in varied or name not in table.columns or not len(table):
             continue
         value = table[name].iloc[0]
-        shared[name] = _options(value) if name.endswith("_options") else (number(value) or "—")
+        shared[name] = data.options_text(value) if name.endswith("_options") else (number(value) or "—")
     return shared
 
 
-def _flag(table: pd.DataFrame, column: str) -> pd.Series:
+def _flag(table: pd.DataFrame, name: str) -> pd.Series:
     """A yes/no column as plain booleans; all False when the table lacks it (no record read)."""
-    if column not in table.columns:
+    if name not in table.columns:
         return pd.Series(False, index=table.index, dtype=bool)
-    return table[column].fillna(False).astype(bool)
+    return table[name].fillna(False).astype(bool)
 
 
-def _options(value: Any) -> str:
-    if missing(value):
-        return ""
-    options = json.loads(value) if isinstance(value, str) else dict(value)
-    return " ".join(f"{key}={option}" for key, option in sorted(options.items())) or "default"
+def _text(value: Any) -> str:
+    return "" if missing(value) else str(value)
 
 
 def _plain_rows(frame: pd.DataFrame) -> list[dict[str, str]]:
-    return [{column: number(value) for column, value in row.items()} for row in frame.to_dict("records")]
+    return [{name: number(value) for name, value in row.items()} for row in frame.to_dict("records")]
 
 
-def _provenance(table: pd.DataFrame) -> dict[str, str]:
-    keys = ["hostnames", "cpu_model", "gpu_model", "backend", "torch_version", "ddlbench_version", "git_commit"]
-    summary = {}
-    for key in keys:
-        if key in table.columns:
-            values = sorted({str(v) for v in table[key].dropna() if str(v)})
-            summary[key] = ", ".join(values) if values else "—"
-    return summary
+def _values(table: pd.DataFrame, name: str, *, split: str = "", limit: int = 12) -> str:
+    """The distinct values of a column, sorted: 'a, b' or 'a, b, … (40 in all)'."""
+    if name not in table.columns:
+        return "—"
+    found: set[str] = set()
+    for value in table[name].dropna().unique():
+        found.update(part for part in (str(value).split(split) if split else [str(value)]) if part)
+    ordered = sorted(found)
+    if not ordered:
+        return "—"
+    shown = ", ".join(ordered[:limit])
+    return shown if len(ordered) <= limit else f"{shown}, … ({len(ordered)} in all)"
+
+
+def provenance(table: pd.DataFrame, config: SweepConfig) -> dict[str, str]:
+    """Where, with what and when the figures were made (from the records), and this report."""
+    versions = sorted({int(v) for v in table.get("measurement_version", pd.Series(dtype=float)).dropna()})
+    return {
+        "Hosts": _values(table, "hostnames", split=","),
+        "CPU": _values(table, "cpu_model"),
+        "GPU": _values(table, "gpu_model"),
+        "Backend": _values(table, "backend"),
+        "Launcher": _values(table, "launcher"),
+        "torch": _values(table, "torch_version"),
+        "ddlbench (records)": _values(table, "ddlbench_version"),
+        "Git commit (records)": _values(table, "git_commit"),
+        "SLURM partition": _values(table, "slurm_partition"),
+        "Sweep config hash": config.config_hash()[:16],
+        "Measurement version": f"{MEASUREMENT_VERSION} (this ddlbench); records: "
+        + (", ".join(str(v) for v in versions) or "—"),
+        "Report": f"ddlbench {ddlbench.__version__}, generated {utc_now()}",
+    }

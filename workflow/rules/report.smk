@@ -22,6 +22,7 @@ rule report:
         models=SCALING_MODELS,
     output:
         html=REPORT,
+        md=f"{SWEEP_DIR}/report.md",
     log:
         f"{SWEEP_DIR}/logs/report.log",
     params:
@@ -30,4 +31,4 @@ rule report:
     conda:
         "../../envs/report.yaml"
     shell:
-        "ddlbench report --config-json {params.sweep:q} --table {input.table:q} --out {output.html:q} > {log:q} 2>&1"
+        "ddlbench report --config-json {params.sweep:q} --table {input.table:q} --out {output.html:q} --markdown {output.md:q} > {log:q} 2>&1"

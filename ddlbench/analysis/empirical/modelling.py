@@ -117,6 +117,9 @@ def model_series(series: Series, *, method: str = "ddlbench", at: list[tuple[flo
         "figure": series.figure,
         "unit": series.unit,
         "label": series.label,
+        # which model × dataset the series belongs to (the report files its drawing under them)
+        "model": series.fixed.get("model"),
+        "dataset": series.fixed.get("dataset"),
         "parameters": list(series.parameters),
         "method": method,
         **describe_fit(fit),

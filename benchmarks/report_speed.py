@@ -1,0 +1,282 @@
+"""How big is the report of a large sweep, and how long do `ddlbench aggregate` and `ddlbench report` take?
+
+Synthesises the records of a sweep of --points points (default 10,000: 5 models × 2 datasets × 4
+data-parallel strategies × nodes 1-16 × 1 or 2 ranks per node × 5 batch sizes × --points / 2,000
+repetitions) into a temporary folder with ddlbench.records.write_record, as a real sweep leaves them:
+about 3 % of them failed, out of memory or timed out, every successful one with 20 measured steps,
+its phases and its straggler. A machine certificate (certificate.json) sits beside them, so the report
+has its health block.
+
+Then, --repeats times, it runs as subprocesses, end to end as a user or Snakemake would (interpreter
+start and imports included):
+
+  aggregate  `ddlbench -q aggregate --configfile F`   records → table.parquet, table.csv (and, where
+             this ddlbench keeps a results database, the sweep stored in it: timed without it too,
+             `aggregate --no-history`)
+  report     `ddlbench -q report --configfile F`      table → report.html and report.md
+
+(between them, once and not timed, `ddlbench fit`, as the workflow's fit_scaling rule does: the report
+draws and lists the scaling models it writes into models.json), and prints the median wall-clock time
+of each and of aggregate + report, the size of report.html in MB (10^6 bytes) and of report.md.
+Nothing is written outside the temporary folder.
+
+    make bench-report                                 # = .venv/bin/python benchmarks/report_speed.py
+    .venv/bin/python benchmarks/report_speed.py --points 2000 --repeats 1 --keep /tmp/report-speed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from ddlbench.config import load_sweep_config
+from ddlbench.point import Point
+from ddlbench.records import (
+    MEASUREMENT_VERSION,
+    Metrics,
+    PointRecord,
+    Provenance,
+    RankResult,
+    Stats,
+    Straggler,
+    record_path,
+    write_record,
+)
+from ddlbench.sweep import expand_sweep
+
+BIN = Path(sys.executable).parent
+TIMEOUT_S = 900
+STEPS = 20
+POINTS_PER_REPETITION = 5 * 2 * 4 * 5 * 2 * 5
+# samples/s of one rank at batch 32 (made up; only their order matters to the report)
+MODEL_SPEED = {"resnet8": 900.0, "resnet20": 400.0, "resnet18": 120.0, "vgg11": 150.0, "mobilenet_v2": 200.0}
+STRATEGY_EFFICIENCY = {"ddp": 0.92, "horovod": 0.9, "zero2": 0.85, "fsdp": 0.8}
+FAILURES = (  # (share of points, status, reason)
+    (0.015, "failed", "rank 1 on n1: RuntimeError: Connection reset by peer"),
+    (0.004, "failed", "diverged: loss is nan at step 7 (warm-up included)"),
+    (0.008, "oom", "rank 0 on n0: OutOfMemoryError: CPU out of memory"),
+    (0.003, "timeout", "ran past its limit of 600 s; the ranks still running were stopped"),
+)
+
+
+def sweep_config(points: int, results_dir: Path) -> dict[str, object]:
+    return {
+        "name": "report-speed",
+        "results_dir": str(results_dir),
+        "models": list(MODEL_SPEED),
+        "datasets": ["cifar10", "mnist"],
+        "strategies": list(STRATEGY_EFFICIENCY),
+        "nodes": [1, 2, 4, 8, 16],
+        "ranks_per_node": [1, 2],
+        "batch_size": [16, 32, 64, 128, 256],
+        "repetitions": points // POINTS_PER_REPETITION,
+        "steps": STEPS,
+    }
+
+
+def synthetic_record(point: Point, rng: random.Random) -> PointRecord:
+    """A record of `point` as its launch could have written it: ok, or one of FAILURES by chance."""
+    world = point.world_size
+    provenance = Provenance(
+        ddlbench_version="0.1.0",
+        git_commit="0123456789abcdef",
+        git_dirty=False,
+        python_version="3.11.7",
+        torch_version="2.13.0",
+        backend="gloo",
+        launcher="srun",
+        hostnames=tuple(f"n{i}" for i in range(point.nodes)),
+        cpu_model="Synthetic CPU @ 2.0GHz",
+        gpu_model=None,
+        slurm_job_id=str(rng.randrange(10**6)),
+        config_hash=point.spec_hash,
+        start_time="2025-01-01T00:00:00Z",
+        end_time="2025-01-01T00:01:00Z",
+    )
+    draw, edge = rng.random(), 0.0
+    for share, status, reason in FAILURES:
+        edge += share
+        if draw < edge:
+            return PointRecord(
+                point_id=point.point_id, point=point, status=status, reason=reason, metrics=None, provenance=provenance
+            )
+    one_rank = MODEL_SPEED[point.model] * (point.batch_size / 32) ** 0.3 * (1.3 if point.dataset == "mnist" else 1.0)
+    scaling = STRATEGY_EFFICIENCY[point.strategy] ** (world.bit_length() - 1)
+    speed = one_rank * world * scaling * rng.uniform(0.95, 1.05)
+    per_step = [speed * rng.uniform(0.9, 1.1) for _ in range(STEPS)]
+    step_times = [point.global_batch_size / value for value in per_step]
+    step = statistics.median(step_times)
+    phases = {
+        name: Stats.of([step * share * rng.uniform(0.9, 1.1) for _ in range(STEPS)])
+        for name, share in (("data_s", 0.02), ("forward_s", 0.3), ("backward_s", 0.5), ("update_s", 0.08))
+    }
+    phases["comm_exposed_s"] = Stats.of([step * 0.08 * rng.uniform(0.5, 1.5) for _ in range(STEPS)])
+    phases["other_s"] = Stats.of([step * 0.02 * rng.uniform(0.5, 1.5) for _ in range(STEPS)])
+    straggler = None
+    if world > 1:
+        straggler = Straggler(
+            rank=rng.randrange(world),
+            hostname=f"n{rng.randrange(point.nodes)}",
+            slowest_steps=rng.randrange(1, STEPS + 1),
+            steps=STEPS,
+            skew_s=Stats.of([step * 0.05 * rng.random() for _ in range(STEPS)]),
+            wait_s=Stats.of([step * 0.03 * rng.random() for _ in range(STEPS)]),
+            wait_share=Stats.of([0.03 * rng.random() for _ in range(STEPS)]),
+        )
+    memory = int(2e6 * MODEL_SPEED["resnet8"] / MODEL_SPEED[point.model] * point.batch_size)
+    metrics = Metrics(
+        step_time_s=Stats.of(step_times),
+        samples_per_s=Stats.of(per_step),
+        samples_per_s_overall=point.global_batch_size * STEPS / sum(step_times),
+        global_batch_size=point.global_batch_size,
+        peak_rss_bytes=memory * 3,
+        cuda_peak_allocated_bytes=None,
+        cuda_peak_reserved_bytes=None,
+        loss_first=2.3,
+        loss_last=2.0 + rng.random() * 0.1,
+        tensor_peak_bytes=memory,
+        tensor_resident_bytes=memory // 2,
+        window_s=sum(step_times),
+        step_times_job_s=tuple(step_times),
+        phases_s=phases,
+        comm_overlap=Stats.of([rng.uniform(0.3, 0.7) for _ in range(STEPS)]),
+        update_gap_s=Stats.of([step * rng.uniform(0.8, 0.9) for _ in range(STEPS)]),
+        straggler=straggler,
+    )
+    ranks = tuple(  # two ranks with three steps, as tests/test_aggregate.py's records have
+        RankResult(
+            rank=rank,
+            hostname=f"n{rank // point.ranks_per_node}",
+            step_times_s=tuple(step_times[:3]),
+            losses=(2.3, 2.2, 2.1),
+            peak_rss_bytes=memory * 3,
+            tensor_peak_bytes=memory,
+            facts={"local_parameters": 270_000},
+        )
+        for rank in range(min(world, 2))
+    )
+    return PointRecord(
+        point_id=point.point_id,
+        point=point,
+        status="ok",
+        reason=None,
+        metrics=metrics,
+        provenance=provenance,
+        ranks=ranks,
+        measurement_version=MEASUREMENT_VERSION,
+    )
+
+
+def certificate() -> dict[str, object]:
+    """A machine certificate in the shape `ddlbench certify` writes: one figure failing, one node outside."""
+    figures = [
+        {"name": name, "unit": unit, "value": value, "ci_low": value * 0.98, "ci_high": value * 1.02, "n": 12,
+         "reference": reference, "lower": reference * 0.9, "upper": reference * 1.1,
+         "deviation": value / reference - 1, "passed": abs(value / reference - 1) <= 0.1,
+         "status": "pass" if abs(value / reference - 1) <= 0.1 else "fail", "node": None}
+        for name, unit, value, reference in (
+            ("matmul_fp32", "GFLOP/s", 98.0, 100.0),
+            ("memory_copy", "GB/s", 11.5, 12.0),
+            ("allreduce_inter_node", "GB/s", 0.7, 1.0),
+        )
+    ]  # fmt: skip
+    return {
+        "passed": False,
+        "system": "synthetic",
+        "partition": "cpu",
+        "date": "2025-01-01T00:00:00Z",
+        "figures": figures,
+        "nodes_outside": ["n7"],
+        "regressions": [],
+    }
+
+
+def _size(plan, name: str) -> str:
+    return f"{(plan.config.sweep_dir / name).stat().st_size / 1e6:.1f} MB"
+
+
+def run(command: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+    if done.returncode != 0:
+        sys.exit(f"report_speed: {' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--points", type=int, default=10_000, help=f"a multiple of {POINTS_PER_REPETITION}")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each command (default 3)")
+    parser.add_argument("--keep", type=Path, help="copy the sweep's folder (records, table, report) here")
+    args = parser.parse_args()
+    if args.points <= 0 or args.points % POINTS_PER_REPETITION or args.repeats <= 0:
+        parser.error(f"--points must be a positive multiple of {POINTS_PER_REPETITION}; --repeats positive")
+
+    with tempfile.TemporaryDirectory(prefix="report-speed-") as tmp:
+        config_path = Path(tmp) / "sweep.yaml"
+        config_path.write_text(yaml.safe_dump(sweep_config(args.points, Path(tmp) / "results"), sort_keys=False))
+        plan = expand_sweep(load_sweep_config(config_path))
+        if len(plan.points) != args.points:
+            sys.exit(f"report_speed: the sweep expands to {len(plan.points)} points, not {args.points}")
+        rng = random.Random(0)
+        start = time.perf_counter()
+        for point in plan.points:
+            write_record(record_path(plan.config.sweep_dir, point.point_id), synthetic_record(point, rng))
+        (plan.config.sweep_dir / "certificate.json").write_text(json.dumps(certificate(), indent=1))
+        print(f"wrote {args.points} records in {time.perf_counter() - start:.1f} s")
+
+        ddlbench = [str(BIN / "ddlbench"), "-q"]
+        aggregate = [*ddlbench, "aggregate", "--configfile", str(config_path)]
+        # the results database (ddlbench.history), where this ddlbench has one, timed apart too
+        history = "--no-history" in subprocess.run([*aggregate, "--help"], capture_output=True, text=True).stdout
+        times: dict[str, list[float]] = {"aggregate": [], "report": [], "aggregate + report": []}
+        if history:
+            times["aggregate --no-history"] = []
+        fitted: list[float] = []
+        for _ in range(args.repeats):
+            if history:
+                began = time.perf_counter()
+                run([*aggregate, "--no-history"])
+                times["aggregate --no-history"].append(time.perf_counter() - began)
+            began = time.perf_counter()
+            run(aggregate)
+            aggregated = time.perf_counter()
+            if not fitted:  # the workflow's fit_scaling, once: the report draws and lists its models
+                run([*ddlbench, "fit", "--configfile", str(config_path), "--allow-none", "--format", "json",
+                     "--out", str(plan.config.sweep_dir / "models.json")])  # fmt: skip
+                fitted.append(time.perf_counter() - aggregated)
+                aggregated = time.perf_counter()
+            run([*ddlbench, "report", "--configfile", str(config_path)])
+            ended = time.perf_counter()
+            times["aggregate"].append(aggregated - began)
+            times["report"].append(ended - aggregated)
+            times["aggregate + report"].append(ended - began)
+        html = plan.config.report_path
+        markdown = html.with_suffix(".md")
+        sizes = [record_path(plan.config.sweep_dir, p.point_id).stat().st_size for p in plan.points]
+        if args.keep:
+            shutil.copytree(plan.config.sweep_dir, args.keep, dirs_exist_ok=True)
+
+        print(
+            f"{args.points} points (records of {statistics.mean(sizes) / 1e3:.1f} kB on average), median of "
+            f"{args.repeats} run(s), wall-clock seconds, each command a subprocess"
+        )
+        for label, seconds in times.items():
+            runs = ", ".join(f"{s:.2f}" for s in seconds)
+            print(f"  {label:<24} {statistics.median(seconds):7.2f} s   (runs: {runs})")
+        print(f"  (fit, once, not in the totals: {fitted[0]:.2f} s; models.json {_size(plan, 'models.json')})")
+        print(f"  report.html {html.stat().st_size / 1e6:16.2f} MB")
+        if markdown.exists():
+            print(f"  report.md   {markdown.stat().st_size / 1e3:16.1f} kB")
+
+
+if __name__ == "__main__":
+    main()
