@@ -111,10 +111,8 @@ def training_figures(table: pd.DataFrame) -> list[Figure]:
     if planned.empty:
         return []
     configs = _configurations(table)
-    rows = []
-    for key, row in planned.iterrows():
-        summary = configs.loc[key] if configs is not None and key in configs.index else None
-        rows.append(_throughput(row, summary))
+    summaries = configs.to_dict("index") if configs is not None else {}
+    rows = [_throughput(row, summaries.get(key)) for key, row in planned.to_dict("index").items()]
     figures: list[Figure] = []
     by_name: dict[str, list[Figure]] = {}
     for figure in rows:
@@ -138,41 +136,58 @@ def _configurations(table: pd.DataFrame) -> pd.DataFrame | None:
     if "median_repetition" not in table.columns:
         return None
     fed = table[table["n_repetitions"].notna() & (table["repetition"] == table["median_repetition"])]
-    return fed.drop_duplicates("config_key").set_index("config_key") if len(fed) else None
+    columns = ["config_key", "n_repetitions", "samples_per_s_n"]
+    columns += [
+        f"{prefix}_{stat}"
+        for prefix in ("rep_samples_per_s", "samples_per_s")
+        for stat in ("median", "ci_low", "ci_high")
+    ]
+    return fed[columns].drop_duplicates("config_key").set_index("config_key") if len(fed) else None
 
 
 def _planned(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per planned configuration with its label, series and pinned node."""
+    """One row per planned configuration (indexed by its key) with its label, pinned node, node count,
+    `unpinned` (equal for the same configuration on different nodes) and `series` (equal over nodes too)."""
     if table.empty:
         return table
     first = table.drop_duplicates("config_key").set_index("config_key")
-    statuses = {
-        key: ", ".join(f"{status}: {count}" for status, count in counts.droplevel(0).items())
-        for key, counts in table.groupby("config_key", sort=False)["status"].value_counts(sort=False).groupby(level=0)
-    }
-    points = {key: _point(row) for key, row in first.iterrows()}
-    labels = {key: _NODE_TAG.sub("", _ID_TAIL.sub("", point.point_id)) for key, point in points.items()}
-    unpinned = {key: _digest(point, drop=("node",)) for key, point in points.items()}
-    owners: dict[str, set[str]] = {}
-    for key, label in labels.items():
-        owners.setdefault(label, set()).add(unpinned[key])
+    counted: dict[str, list[str]] = {}
+    for (key, status), count in table.groupby(["config_key", "status"], sort=False).size().items():
+        counted.setdefault(key, []).append(f"{status}: {count}")
+    statuses = {key: ", ".join(parts) for key, parts in counted.items()}
+    fields = [name for name in POINT_FIELDS if name in first.columns and name != "repetition"]
+    unpinned = _hashes(first, [name for name in fields if name != "node"])
     frame = pd.DataFrame(
         {
-            "label": [
-                label if len(owners[label]) == 1 else f"{label}-{unpinned[key][:8]}" for key, label in labels.items()
+            "label": first["point_id"].str.replace(_ID_TAIL, "", regex=True).str.replace(_NODE_TAG, "", regex=True),
+            "unpinned": unpinned,
+            "series": _hashes(first, [name for name in fields if name not in ("node", "nodes")]),
+            "nodes": first["nodes"].astype(int),
+            "node": [
+                str(node) if not missing(node) and node else None for node in first.get("node", [None] * len(first))
             ],
-            "unpinned": [unpinned[key] for key in labels],
-            "series": [_digest(points[key], drop=("node", "nodes")) for key in labels],
-            "nodes": [points[key].nodes for key in labels],
-            "node": [points[key].node or None for key in labels],
-            "status": [statuses.get(key, "") for key in labels],
+            "status": [statuses.get(key, "") for key in first.index],
         },
-        index=list(labels),
+        index=first.index,
     )
+    # two configurations the id does not tell apart (an option it does not spell) get a digest of theirs
+    owners = frame.groupby("label")["unpinned"].nunique()
+    shared = frame["label"].map(owners) > 1
+    if shared.any():
+        frame.loc[shared, "label"] = [
+            f"{label}-{_digest(_point(first.loc[key]), drop=('node',))[:8]}"
+            for key, label in frame.loc[shared, "label"].items()
+        ]
     return frame
 
 
-def _throughput(row: pd.Series, summary: pd.Series | None) -> Figure:
+def _hashes(frame: pd.DataFrame, columns: list[str]) -> list[str]:
+    """A value per row, equal for rows equal in `columns` (a grouping key within one table)."""
+    hashed = pd.util.hash_pandas_object(frame[columns].astype(str), index=False)
+    return [f"{value:016x}" for value in hashed]
+
+
+def _throughput(row: dict[str, Any], summary: dict[str, Any] | None) -> Figure:
     name = f"train/{row['label']}/samples_per_s"
     if summary is None or missing(summary.get("samples_per_s_median")):
         return Figure(
@@ -239,20 +254,21 @@ def _over_nodes(name: str, group: list[Figure]) -> Figure:
 
 
 def _scaling(planned: pd.DataFrame, partition: dict[str, Figure]) -> list[Figure]:
+    series: dict[str, list[dict[str, Any]]] = {}
+    for row in planned.drop_duplicates("unpinned").to_dict("records"):
+        series.setdefault(row["series"], []).append(row)
     figures = []
-    label_of = dict(zip(planned["unpinned"], planned["label"], strict=False))
-    for _, series in planned.drop_duplicates("unpinned").groupby("series"):
-        if series["nodes"].nunique() < 2:
-            continue
-        base_row = series.loc[series["nodes"].idxmin()]
-        base = partition[f"train/{label_of[base_row['unpinned']]}/samples_per_s"]
-        for _, row in series[series["nodes"] > base_row["nodes"]].iterrows():
-            top = partition[f"train/{row['label']}/samples_per_s"]
-            figures.append(_efficiency(row, top, base, ideal=float(row["nodes"] / base_row["nodes"])))
+    for rows in series.values():
+        base_row = min(rows, key=lambda row: row["nodes"])
+        base = partition[f"train/{base_row['label']}/samples_per_s"]
+        for row in rows:
+            if row["nodes"] > base_row["nodes"]:
+                top = partition[f"train/{row['label']}/samples_per_s"]
+                figures.append(_efficiency(row, top, base, ideal=row["nodes"] / base_row["nodes"]))
     return figures
 
 
-def _efficiency(row: pd.Series, top: Figure, base: Figure, *, ideal: float) -> Figure:
+def _efficiency(row: dict[str, Any], top: Figure, base: Figure, *, ideal: float) -> Figure:
     name = f"scaling/{row['label']}/efficiency"
     if top.value is None or base.value is None:
         return Figure(
@@ -283,7 +299,7 @@ def _efficiency(row: pd.Series, top: Figure, base: Figure, *, ideal: float) -> F
     )
 
 
-def _node(row: pd.Series) -> str | None:
+def _node(row: dict[str, Any]) -> str | None:
     return None if missing(row["node"]) or not row["node"] else str(row["node"])
 
 
