@@ -84,6 +84,9 @@ def test_certify_runs_the_suite_and_judges_its_figures(tmp_path):
         *common, "--references", str(tmp_path / "harder.yaml"), "--from-records", str(folder), "--db", str(history)
     )
     assert failed.returncode == 1 and f"fail: {two}" in failed.stdout, failed.stdout
+    # the suite's report shows the machine's health from its latest certificate
+    assert "Machine certificate FAILED for here local" in (folder / "report.md").read_text()
+    assert "Machine certificate FAILED" in (folder / "report.html").read_text()
     # history: the suite's sweep (stored by its aggregate step) and the three certificates
     runs = list_runs(db=history)
     assert [run.kind for run in runs] == ["sweep", "certificate", "certificate", "certificate"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pandas as pd
@@ -9,6 +10,7 @@ import pytest
 
 from ddlbench.config import REPO_CONFIGS, load_sweep_config
 from ddlbench.sweep import expand_sweep
+from tests.browser import Browser, find_chromium
 from tests.conftest import REPO, job_counts, run_snakemake
 from tests.report_data import between, tables
 
@@ -58,6 +60,7 @@ def test_sweep_with_a_failing_point_reaches_the_report(write_sweep, tmp_path):
     assert drawings.count("<svg") == 1
     # self-contained: nothing fetched; its only scripts are inline (the data and the page's own)
     assert "src=" not in html and 'href="http' not in html and html.count("<script") == 2
+    opens_in_a_browser(sweep_dir / "report.html")
 
     again = run_snakemake("--cores", "2", "--configfile", str(path))
     assert again.returncode == 0
@@ -129,3 +132,21 @@ def test_shipped_sweeps_fit_the_default_cores():
     for sweep in sorted(REPO_CONFIGS.glob("*.yaml")):
         for point in expand_sweep(load_sweep_config(sweep)).points:
             assert point.world_size * point.threads <= cores, f"{sweep.name}: {point.point_id} needs more than {cores}"
+
+
+def opens_in_a_browser(report) -> None:
+    """A real run's report in headless Chromium (tests/test_report_browser.py tests the page in depth):
+    its charts are drawn, and it logs no error and asks for nothing. Without Chromium this part is left
+    out, unless DDLBENCH_REQUIRE_CHROMIUM=1 (CI)."""
+    binary = find_chromium()
+    if binary is None:
+        assert os.environ.get("DDLBENCH_REQUIRE_CHROMIUM") != "1", "DDLBENCH_REQUIRE_CHROMIUM=1 but no Chromium"
+        return
+    with Browser(binary, width=1280, height=900) as browser:
+        browser.open(report.as_uri())
+        sizes = browser.evaluate(
+            "[...document.querySelectorAll('svg.chart')].map(svg => svg.getBoundingClientRect().width)"
+        )
+        assert sizes and all(width > 200 for width in sizes), sizes
+        assert browser.evaluate("document.querySelectorAll('table').length") >= 3
+        assert browser.problems(report.as_uri()) == []

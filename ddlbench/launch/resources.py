@@ -173,8 +173,8 @@ def resources_for(
         signal_delay_s=max(10, min(90, site.time_margin_s // 2)),
         exclusive=site.exclusive,
         mem_source=source + (f" × mem factor {mem_factor:g}" if mem_factor != 1 else ""),
-        node=point.node,
-        after_earlier_jobs=bool(point.node) and pinned_one_at_a_time,
+        node=getattr(point, "node", ""),  # calibration points are never pinned
+        after_earlier_jobs=bool(getattr(point, "node", "")) and pinned_one_at_a_time,
     )
 
 
