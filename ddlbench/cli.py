@@ -146,6 +146,7 @@ def _sweep(args: argparse.Namespace) -> SweepConfig:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from ddlbench.cli_predict import print_table
     from ddlbench.launch.status import other_versions_note, sweep_status
     from ddlbench.sweep import expand_sweep
 
@@ -162,10 +163,10 @@ def _plan(args: argparse.Namespace) -> int:
         print(json.dumps({"points": points, "skipped": skipped}, indent=1))
     else:
         columns = ["point_id", *AXES.values(), "repetition"]
-        _print_table(columns, [[str(_column(point, c)) for c in columns] for point in plan.points])
+        print_table(columns, [[str(_column(point, c)) for c in columns] for point in plan.points])
         if plan.skipped and not args.no_skipped:
             print(f"\nskipped: {len(plan.skipped)} combinations cannot run")
-            _print_table(["point_id", "reason"], [[point.point_id, why] for point, why in plan.skipped])
+            print_table(["point_id", "reason"], [[point.point_id, why] for point, why in plan.skipped])
     excluded = f", {len(plan.excluded)} excluded" if plan.excluded else ""
     skipped = f", {len(plan.skipped)} skipped" if plan.skipped else ""
     versions = other_versions_note(sweep_status(plan, queue=[], jobs_index={}, sweep_dir=config.sweep_dir))
@@ -178,13 +179,6 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _column(point, column: str):
     return point.point_id if column == "point_id" else getattr(point, column)
-
-
-def _print_table(columns: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-    for row in rows:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _run_point(args: argparse.Namespace) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +206,7 @@ def _print_summary(certificate: dict[str, Any], html: Path) -> None:
 
 
 def _history(args: argparse.Namespace) -> int:
+    from ddlbench.cli_predict import print_table
     from ddlbench.history.db import history_path, list_runs
 
     runs = list_runs(db=args.db, system=args.system, partition=args.partition, kind=args.kind)
@@ -231,11 +231,12 @@ def _history(args: argparse.Namespace) -> int:
         ]
         for run in runs
     ]
-    _table(header, rows)
+    print_table(header, rows)
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from ddlbench.cli_predict import print_table
     from ddlbench.history.compare import compare_runs
     from ddlbench.history.db import load_run
 
@@ -264,7 +265,7 @@ def _compare(args: argparse.Namespace) -> int:
         ]
         for row in rows
     ]
-    _table(header, body)
+    print_table(header, body)
     return 0
 
 
@@ -286,16 +287,9 @@ def _with_ci(figure: dict[str, Any] | None) -> str:
 
 
 def _number(value: Any) -> str:
+    """Four significant digits; FLOP/s and bytes/s stay in scientific notation, which reads better there."""
     return "" if value is None else f"{value:.4g}"
 
 
 def _percent(value: Any) -> str:
     return "" if value is None else f"{value * 100:+.1f} %"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    out = sys.stdout
-    out.write("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip() + "\n")
-    for row in rows:
-        out.write("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() + "\n")

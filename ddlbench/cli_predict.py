@@ -96,6 +96,14 @@ def add_commands(
     oracle.set_defaults(handler=_oracle)
 
 
+def print_table(columns: list[str], rows: list[list[str]]) -> None:
+    """Columns of text, left-aligned to the widest cell (plan, history, compare)."""
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for row in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
 def emit_text(text: str, out: Path | None) -> None:
     """A command's output: to standard output, or atomically to `out` (shared by predict, oracle and fit)."""
     if out is None:

@@ -97,10 +97,7 @@ def build_certificate(
     references = references or {}
     entries = [judge(figure, references.get(figure.name)) for figure in figures]
     for name, why in (unmeasured or {}).items():
-        placeholder = Figure(
-            name=name, unit=references[name].unit, kind="machine", value=None, ci_low=None, ci_high=None, n=0,
-            basis="", why_missing=why,
-        )  # fmt: skip
+        placeholder = Figure.unmeasured(name, unit=references[name].unit, kind="machine", why=why)
         entries.append(judge(placeholder, references[name]))
     referenced = [entry for entry in entries if entry["status"] != "no reference"]
     nodes_outside = sorted({entry["node"] for entry in referenced if entry["node"] and entry["passed"] is False})

@@ -33,7 +33,7 @@ import hashlib
 import json
 import re
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -65,6 +65,14 @@ class Figure:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def unmeasured(cls, name: str, *, unit: str, kind: str, why: str, node: str | None = None) -> Figure:
+        """A figure the suite should produce but has no value for, and why."""
+        return cls(
+            name=name, unit=unit, kind=kind, value=None, ci_low=None, ci_high=None, n=0, basis="", node=node,
+            why_missing=why,
+        )  # fmt: skip
 
 
 def machine_figures(machine: dict[str, Any]) -> list[Figure]:
@@ -190,18 +198,8 @@ def _hashes(frame: pd.DataFrame, columns: list[str]) -> list[str]:
 def _throughput(row: dict[str, Any], summary: dict[str, Any] | None) -> Figure:
     name = f"train/{row['label']}/samples_per_s"
     if summary is None or missing(summary.get("samples_per_s_median")):
-        return Figure(
-            name=name,
-            unit="samples/s",
-            kind="throughput",
-            value=None,
-            ci_low=None,
-            ci_high=None,
-            n=0,
-            basis="",
-            node=_node(row),
-            why_missing=f"no successful repetition ({row['status']})",
-        )
+        why = f"no successful repetition ({row['status']})"
+        return Figure.unmeasured(name, unit="samples/s", kind="throughput", why=why, node=_node(row))
     reps = int(summary["n_repetitions"])
     if reps >= MIN_CI_N:
         value, low, high = (summary[f"rep_samples_per_s_{s}"] for s in ("median", "ci_low", "ci_high"))
@@ -227,19 +225,9 @@ def _over_nodes(name: str, group: list[Figure]) -> Figure:
     """The partition's figure: the median over its nodes' figures, with the CI of that median."""
     values = sorted(figure.value for figure in group if figure.value is not None)
     if len(group) == 1 and values:  # one node: its figure is the partition's, interval and all
-        return Figure(**(group[0].to_dict() | {"node": None, "basis": f"the one node's: {group[0].basis}"}))
+        return replace(group[0], node=None, basis=f"the one node's: {group[0].basis}")
     if not values:
-        return Figure(
-            name=name,
-            unit="samples/s",
-            kind="throughput",
-            value=None,
-            ci_low=None,
-            ci_high=None,
-            n=0,
-            basis="",
-            why_missing="no node succeeded",
-        )
+        return Figure.unmeasured(name, unit="samples/s", kind="throughput", why="no node succeeded")
     interval = median_ci(values)
     return Figure(
         name=name,
@@ -271,17 +259,8 @@ def _scaling(planned: pd.DataFrame, partition: dict[str, Figure]) -> list[Figure
 def _efficiency(row: dict[str, Any], top: Figure, base: Figure, *, ideal: float) -> Figure:
     name = f"scaling/{row['label']}/efficiency"
     if top.value is None or base.value is None:
-        return Figure(
-            name=name,
-            unit="1",
-            kind="scaling",
-            value=None,
-            ci_low=None,
-            ci_high=None,
-            n=0,
-            basis="",
-            why_missing=f"{'this' if top.value is None else 'the base'} configuration has no figure",
-        )
+        why = f"{'this' if top.value is None else 'the base'} configuration has no figure"
+        return Figure.unmeasured(name, unit="1", kind="scaling", why=why)
     bounds = (top.ci_low, top.ci_high, base.ci_low, base.ci_high)
     has_interval = None not in bounds and base.ci_low > 0
     return Figure(

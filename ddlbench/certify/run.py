@@ -11,6 +11,7 @@ them; only records of this measurement version count (ddlbench.analysis.aggregat
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ import yaml
 
 from ddlbench.analysis.aggregate import add_configuration_columns, build_table, record_row
 from ddlbench.atomic import write_text_atomic
-from ddlbench.config import SweepConfig
+from ddlbench.config import SweepConfig, load_sweep_config
 from ddlbench.errors import DdlbenchError
 from ddlbench.records import RecordError, read_record
 from ddlbench.sweep import expand_sweep
@@ -90,10 +91,6 @@ def read_machine(folder: Path) -> dict[str, Any] | None:
 def records_config_hash(folder: Path, table: pd.DataFrame) -> str:
     """The config hash of records read back: their suite's, when `certify` ran it there (suite.yaml),
     else the hash of the configurations found (so the same records always get the same hash)."""
-    import hashlib
-
-    from ddlbench.config import load_sweep_config
-
     if (folder / "suite.yaml").exists():
         return load_sweep_config(folder / "suite.yaml").config_hash()
     keys = sorted(set(table["config_key"]))
