@@ -3,14 +3,17 @@ made the data, its bands cover what they claim, and `ddlbench fit` reads a CSV a
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
 from fractions import Fraction
+from statistics import NormalDist
 
 import numpy as np
 import pytest
 
+from ddlbench.analysis.empirical import regression
 from ddlbench.analysis.empirical.cheapest import cheapest, parse_target
 from ddlbench.analysis.empirical.extrapolation import forward_error, search_ddlbench, serial_fraction
 from ddlbench.analysis.empirical.holdout import hold_out
@@ -76,21 +79,84 @@ def test_leave_one_out_and_smape_are_their_definitions():
     assert smape(np.array([0.0, 2.0]), np.array([0.0, 1.0])) == pytest.approx(100 * (0 + 2 / 3) / 2)
 
 
-@pytest.mark.slow
-def test_the_prediction_band_covers_new_measurements_as_often_as_it_claims():
-    # y = 2 + 0.3·p with normal noise (σ = 0.5), 3 repetitions at 6 points; a new measurement at p = 128
-    # (2× beyond) must fall in the 95 % interval in 95 % of 1000 seeded trials: ±2.5 points is 3.6 binomial SDs
+# The band's coverage, checked by simulation. Design: y = 2 + 0.3·p + N(0, 0.5²), 2 repetitions at p = 16, 32,
+# 64 (N = 6 observations, q = 2 coefficients, ν = N − q = 4), one new measurement at p = 128 (2× beyond). There
+# (new − f(128)) / (s·√(1 + leverage)) is exactly Student's t with ν degrees of freedom, so a band with half-width
+# c·s·√(1 + leverage) covers with probability P(|T₄| < c) = x·(1 + (1 − x²)/2), x = c/√(4 + c²) (the t₄ cdf in
+# closed form). Few degrees of freedom are where t and z part most, and where sweeps live (a handful of points):
+#   t_{0.975, 4} = 2.776 → 0.950 (correct);  z = 1.960 → 0.878 (the z-for-t mistake);
+#   t_{0.975, 1} = 12.71 → 0.9998 (degrees of freedom of the points, P − q, instead of the observations).
+# The share of TRIALS covered is Binomial(n, π)/n with SD √(π(1 − π)/n). At n = 1500 that is 0.0056 at π = 0.95
+# and 0.0084 at π = 0.878 (σ₀, σ_z); the bound |share − 0.95| < k·σ₀ = 0.0286, k = 0.072/(σ₀ + σ_z) = 5.1, splits
+# the 0.072 gap so that both coverages lie k of their SDs from its edge. Summed exactly over the binomial, whatever
+# the seed, a correct band fails with probability 1.4·10⁻⁶ (the count of misses is skewed to the right) and a z band
+# passes with 3·10⁻⁸.
+TRIALS = 1500
+REPETITIONS = 2
+BAND_P = np.array([16.0, 32.0, 64.0])
+
+
+def _t4_coverage(c: float) -> float:
+    x = c / np.sqrt(4 + c * c)
+    return float(x * (1 + (1 - x * x) / 2))
+
+
+def _coverage_tolerance() -> tuple[float, float]:
+    """TOL and k of the comment above, from the binomial SDs."""
+    claimed, z_coverage = 0.95, _t4_coverage(1.959963984540054)
+    sd_claimed = np.sqrt(claimed * (1 - claimed) / TRIALS)
+    sd_z = np.sqrt(z_coverage * (1 - z_coverage) / TRIALS)
+    k = (claimed - z_coverage) / (sd_claimed + sd_z)
+    return k * sd_claimed, k
+
+
+def _band_coverage() -> float:
+    """The share of TRIALS seeded fits whose band at p = 128 holds a new measurement there."""
     rng = np.random.default_rng(12)
+    noise = 0.5 * rng.standard_normal((TRIALS, len(BAND_P), REPETITIONS))
+    new = 2 + 0.3 * 128 + 0.5 * rng.standard_normal(TRIALS)
     terms = ((Factor(0, 1),),)
     inside = 0
-    trials = 1000
-    for _ in range(trials):
-        values = [list(2 + 0.3 * p + 0.5 * rng.standard_normal(3)) for p in P]
-        fit = fit_hypothesis(("p",), terms, P[:, None], values)
+    for trial in range(TRIALS):
+        values = [list(2 + 0.3 * p + noise[trial, k]) for k, p in enumerate(BAND_P)]
+        fit = fit_hypothesis(("p",), terms, BAND_P[:, None], values)
+        assert fit.observations - len(fit.coefficients) == 4
         low, high = fit.band([[128.0]])
-        new = 2 + 0.3 * 128 + 0.5 * rng.standard_normal()
-        inside += bool(low[0] <= new <= high[0])
-    assert abs(inside / trials - 0.95) < 0.025
+        inside += bool(low[0] <= new[trial] <= high[0])
+    return inside / TRIALS
+
+
+@pytest.fixture
+def fast_quantile(monkeypatch):
+    """The band's t quantile, memoised: the same values (it is pure; its tables test is above), 10× faster."""
+    monkeypatch.setattr(regression, "student_t_quantile", functools.cache(student_t_quantile))
+
+
+def test_the_coverage_tolerance_separates_t_from_z():
+    tolerance, k = _coverage_tolerance()
+    assert _t4_coverage(student_t_quantile(0.975, 4)) == pytest.approx(0.95, abs=1e-9)
+    assert k > 5 and 0.02 < tolerance < 0.95 - _t4_coverage(1.959963984540054) - 0.02
+
+
+@pytest.mark.slow
+def test_the_prediction_band_covers_new_measurements_as_often_as_it_claims(fast_quantile):
+    tolerance, _ = _coverage_tolerance()
+    assert abs(_band_coverage() - 0.95) < tolerance
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "wrong_quantile",
+    [
+        pytest.param(lambda probability, dof: NormalDist().inv_cdf(probability), id="z-for-t"),
+        pytest.param(lambda probability, dof: student_t_quantile(probability, 1), id="dof-of-the-points"),
+    ],
+)
+def test_the_coverage_check_fails_a_band_with_the_wrong_quantile(monkeypatch, wrong_quantile):
+    """The check above has the power it claims: the same trials with a wrong quantile miss its bound."""
+    monkeypatch.setattr(regression, "student_t_quantile", functools.cache(wrong_quantile))
+    tolerance, _ = _coverage_tolerance()
+    assert abs(_band_coverage() - 0.95) >= tolerance
 
 
 def test_no_band_without_observations_to_spare():
