@@ -1,0 +1,163 @@
+"""Verdicts drawn from launches: is B faster (or slower) than A, beyond what running again would change?
+
+The unit of a verdict is a launch. The steps of one launch share its process placement, its clocks, its
+neighbours and its memory layout, so they are not independent samples of the machine: two launches of the
+same configuration differ by more than their step intervals say (run to run, ±35 % on the project's 2-core
+hosts, a few percent on a quiet GPU node). Every better/worse, faster/slower and regression in ddlbench
+therefore compares the per-launch figures of A with those of B (one value per repetition: its window
+throughput, its mean step time, …), never the steps inside them.
+
+The test: Welch's t-test on the logarithms of the per-launch values, two-sided, and the 95 % interval of
+the ratio of geometric means, exp(d ± t₀.₉₇₅,ν · se), with d = mean(log b) − mean(log a),
+se² = s²_a/n_a + s²_b/n_b and ν Welch–Satterthwaite's degrees of freedom. Why this and not another:
+
+- Logarithms, because launch-to-launch variation is multiplicative (a slower clock, a busy neighbour, a
+  worse placement scale the whole run), and a ratio is what a user asks for ("1.3× faster").
+- Not Mann–Whitney U: with the launches people can afford it cannot reach 5 % at all: its smallest
+  two-sided exact p is 2/C(6,3) = 0.10 at 3 + 3 launches and 2/C(8,4) = 0.029 at 4 + 4, before any
+  correction for several comparisons. Not a bootstrap: resampling 3 values gives 10 distinct means, an
+  interval that covers far less than it claims.
+- Student's t with Welch's ν pays for the small n in its tails (t₀.₉₇₅ is 4.30 at ν = 2, 2.78 at ν = 4),
+  and does not assume both sides equally noisy.
+
+Several figures compared at once (a report's scales, a certificate's figures, two runs' figures) are one
+family: their p-values are corrected by Holm's step-down method (family-wise error rate ≤ ALPHA, valid
+under any dependence between the figures), and a difference is called only when its adjusted p < ALPHA.
+
+With fewer than MIN_LAUNCHES launches on either side there is no run-to-run interval and no verdict:
+one launch says "one launch: no run-to-run interval"; two say how many are needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ddlbench.statistics import student_t_quantile, student_t_two_sided_p
+
+ALPHA = 0.05  # family-wise error rate of a family of verdicts (Holm)
+MIN_LAUNCHES = 3  # per side: below it the sample variance of 2 values is too unsure to carry a verdict
+TEST = "Welch's t on log per-launch values, Holm-corrected"
+ONE_LAUNCH = "one launch: no run-to-run interval"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Contrast:
+    """B against A, from their per-launch values (e.g. each repetition's window throughput)."""
+
+    n_a: int
+    n_b: int
+    ratio: float | None  # geometric mean of B ÷ geometric mean of A (dimensionless)
+    ci_low: float | None  # 95 % interval of that ratio (not adjusted for multiplicity)
+    ci_high: float | None
+    p_value: float | None  # two-sided, before the family's correction; None without a test
+    dof: float | None  # Welch–Satterthwaite degrees of freedom
+    why_no_test: str = ""  # why there is no p-value (too few launches, a value not positive)
+
+    @property
+    def tested(self) -> bool:
+        return self.p_value is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """A contrast judged within its family: `direction` is 'higher', 'lower' or None (no verdict)."""
+
+    contrast: Contrast
+    p_adjusted: float | None  # Holm-adjusted p-value within the family
+    direction: str | None
+    text: str  # what a reader sees: 'higher (×1.31 [1.18, 1.45], p=0.004 Holm, 3+3 launches)', …
+
+
+def too_few(n_a: int, n_b: int) -> str:
+    """Why a pair with these launch counts gets no test, or '' when it gets one."""
+    fewest = min(n_a, n_b)
+    if fewest >= MIN_LAUNCHES:
+        return ""
+    if fewest == 0:
+        return "not measured"
+    if fewest == 1:
+        return ONE_LAUNCH
+    return f"{fewest} launches: too few for a run-to-run test (needs {MIN_LAUNCHES})"
+
+
+def contrast(a: Sequence[float], b: Sequence[float]) -> Contrast:
+    """Welch's t-test on log values of B against A (see the module's docstring)."""
+    n_a, n_b = len(a), len(b)
+    ratio = _geometric_mean(b) / _geometric_mean(a) if _positive(a) and _positive(b) and a and b else None
+    why = too_few(n_a, n_b)
+    if not why and ratio is None:
+        why = "a value is not positive: no ratio"
+    if why:
+        return Contrast(n_a=n_a, n_b=n_b, ratio=ratio, ci_low=None, ci_high=None, p_value=None, dof=None, why_no_test=why)
+    log_a, log_b = [math.log(v) for v in a], [math.log(v) for v in b]
+    var_a, var_b = _variance(log_a) / n_a, _variance(log_b) / n_b
+    difference = math.fsum(log_b) / n_b - math.fsum(log_a) / n_a
+    se = math.sqrt(var_a + var_b)
+    if se == 0:  # both sides without spread: identical values agree, different ones differ for sure
+        p_value, dof, half = (1.0 if difference == 0 else 0.0), math.inf, 0.0
+    else:
+        dof = (var_a + var_b) ** 2 / (var_a**2 / (n_a - 1) + var_b**2 / (n_b - 1))
+        p_value = student_t_two_sided_p(difference / se, dof)
+        half = student_t_quantile(0.975, dof) * se
+    return Contrast(
+        n_a=n_a,
+        n_b=n_b,
+        ratio=math.exp(difference),
+        ci_low=math.exp(difference - half),
+        ci_high=math.exp(difference + half),
+        p_value=p_value,
+        dof=dof,
+    )
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values (None stays None and does not count in the family):
+    sorted ascending, p̃_(i) = max_{j ≤ i} min(1, (m − j + 1)·p_(j))."""
+    order = sorted((i for i, p in enumerate(p_values) if p is not None), key=lambda i: p_values[i])  # type: ignore[arg-type, return-value]
+    adjusted: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(order) - rank) * p_values[index]))  # type: ignore[operator]
+        adjusted[index] = running
+    return adjusted
+
+
+def judge(contrasts: Sequence[Contrast], *, alpha: float = ALPHA) -> list[Verdict]:
+    """The verdicts of one family of contrasts (Holm over those that have a test)."""
+    adjusted = holm([c.p_value for c in contrasts])
+    verdicts = []
+    for item, p in zip(contrasts, adjusted, strict=True):
+        if p is None:
+            verdicts.append(Verdict(contrast=item, p_adjusted=None, direction=None, text=item.why_no_test))
+            continue
+        direction = ("higher" if item.ratio > 1 else "lower") if p < alpha and item.ratio != 1 else None  # type: ignore[operator]
+        word = direction or "not separable"
+        verdicts.append(Verdict(contrast=item, p_adjusted=p, direction=direction, text=f"{word} ({describe(item, p)})"))
+    return verdicts
+
+
+def describe(item: Contrast, p_adjusted: float | None) -> str:
+    """'×1.31 [1.18, 1.45], p=0.004 (Holm), 3+3 launches'."""
+    parts = []
+    if item.ratio is not None:
+        interval = f" [{item.ci_low:.3g}, {item.ci_high:.3g}]" if item.ci_low is not None else ""
+        parts.append(f"×{item.ratio:.3g}{interval}")
+    if p_adjusted is not None:
+        parts.append(f"p={p_adjusted:.2g} (Holm)")
+    parts.append(f"{item.n_a}+{item.n_b} launches")
+    return ", ".join(parts)
+
+
+def _positive(values: Sequence[float]) -> bool:
+    return all(v > 0 and math.isfinite(v) for v in values)
+
+
+def _geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(math.fsum(math.log(v) for v in values) / len(values))
+
+
+def _variance(values: Sequence[float]) -> float:
+    mean = math.fsum(values) / len(values)
+    return math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)

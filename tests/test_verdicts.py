@@ -1,0 +1,83 @@
+"""Verdicts from launches (ddlbench.analysis.verdicts): Welch's t on logs, Holm's correction, and the
+behaviour a reader relies on: no verdict from one launch, few false alarms between equal configurations,
+a real 30 % change found at a few launches when launches are as steady as a quiet machine's."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from ddlbench.analysis.verdicts import ALPHA, MIN_LAUNCHES, ONE_LAUNCH, contrast, holm, judge
+from ddlbench.statistics import student_t_quantile
+
+
+def test_welch_on_logs_matches_the_textbook_computation():
+    a, b = [100.0, 110.0, 95.0, 105.0], [130.0, 140.0, 128.0]
+    la, lb = [math.log(v) for v in a], [math.log(v) for v in b]
+    mean_a, mean_b = sum(la) / 4, sum(lb) / 3
+    var_a = sum((v - mean_a) ** 2 for v in la) / 3 / 4
+    var_b = sum((v - mean_b) ** 2 for v in lb) / 2 / 3
+    dof = (var_a + var_b) ** 2 / (var_a**2 / 3 + var_b**2 / 2)
+    t = (mean_b - mean_a) / math.sqrt(var_a + var_b)
+    got = contrast(a, b)
+    assert got.ratio == pytest.approx(math.exp(mean_b - mean_a), rel=1e-12)
+    assert got.dof == pytest.approx(dof, rel=1e-12)
+    # the p-value is the two-sided tail at t: the quantile at 1 - p/2 gives t back
+    assert student_t_quantile(1 - got.p_value / 2, dof) == pytest.approx(abs(t), rel=1e-6)
+    half = student_t_quantile(0.975, dof) * math.sqrt(var_a + var_b)
+    assert got.ci_low == pytest.approx(math.exp(mean_b - mean_a - half), rel=1e-9)
+    assert got.ci_high == pytest.approx(math.exp(mean_b - mean_a + half), rel=1e-9)
+
+
+def test_holm_adjusts_as_the_step_down_method_does():
+    # sorted 0.01, 0.02, 0.04 with m = 3: 0.03, max(0.03, 0.04), max(0.04, 0.04)
+    assert holm([0.04, 0.01, None, 0.02]) == pytest.approx([0.04, 0.03, None, 0.04])  # type: ignore[arg-type]
+    assert holm([0.5, 0.6]) == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("n_a, n_b, why", [(1, 5, ONE_LAUNCH), (5, 1, ONE_LAUNCH), (2, 3, "2 launches")])
+def test_too_few_launches_give_no_verdict_however_different(n_a, n_b, why):
+    verdict = judge([contrast([100.0 + i for i in range(n_a)], [200.0 + i for i in range(n_b)])])[0]
+    assert verdict.direction is None and verdict.p_adjusted is None
+    assert verdict.text.startswith(why)
+    assert MIN_LAUNCHES == 3
+
+
+def _launches(rng: random.Random, n: int, scale: float, cv: float) -> list[float]:
+    return [scale * math.exp(rng.gauss(0, cv)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("cv", [0.02, 0.3])
+def test_equal_configurations_are_called_different_at_most_alpha_of_the_time(cv):
+    # a family of 4 A/A contrasts at 3 launches each, 1000 families: the family-wise error rate is ≤ α
+    # (Holm), so at most 5 % of families hold any verdict; 1000 trials put a binomial SD of 0.7 % on it
+    rng = random.Random(21)
+    families = 1000
+    alarms = sum(
+        any(
+            v.direction
+            for v in judge([contrast(_launches(rng, 3, 100, cv), _launches(rng, 3, 100, cv)) for _ in range(4)])
+        )
+        for _ in range(families)
+    )
+    assert alarms / families <= ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / families)
+
+
+def test_a_thirty_percent_slowdown_is_found_at_three_launches_when_launches_are_steady():
+    # launches 3 % apart (a quiet node): a 30 % slowdown is ln(1.3) / (0.03 · sqrt(2/3)) ≈ 10 standard errors
+    rng = random.Random(5)
+    found = [judge([contrast(_launches(rng, 3, 100, 0.03), _launches(rng, 3, 100 / 1.3, 0.03))])[0] for _ in range(200)]
+    assert sum(v.direction == "lower" for v in found) >= 190
+    assert all(v.direction in ("lower", None) for v in found)
+
+
+def test_identical_launches_agree_and_distinct_steady_ones_differ():
+    assert judge([contrast([10.0, 10.0, 10.0], [10.0, 10.0, 10.0])])[0].direction is None
+    assert judge([contrast([10.0, 10.0, 10.0], [12.0, 12.0, 12.0])])[0].direction == "higher"
+
+
+def test_a_value_that_is_not_positive_gets_no_test():
+    verdict = judge([contrast([1.0, 2.0, 0.0], [1.0, 2.0, 3.0])])[0]
+    assert verdict.direction is None and "not positive" in verdict.text
