@@ -90,7 +90,9 @@ def contrast(a: Sequence[float], b: Sequence[float]) -> Contrast:
     if not why and ratio is None:
         why = "a value is not positive: no ratio"
     if why:
-        return Contrast(n_a=n_a, n_b=n_b, ratio=ratio, ci_low=None, ci_high=None, p_value=None, dof=None, why_no_test=why)
+        return Contrast(
+            n_a=n_a, n_b=n_b, ratio=ratio, ci_low=None, ci_high=None, p_value=None, dof=None, why_no_test=why
+        )
     log_a, log_b = [math.log(v) for v in a], [math.log(v) for v in b]
     var_a, var_b = _variance(log_a) / n_a, _variance(log_b) / n_b
     difference = math.fsum(log_b) / n_b - math.fsum(log_a) / n_a
