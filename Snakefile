@@ -4,18 +4,12 @@
 
 #   snakemake --profile slurm                       # on a SLURM login node, after `ddlbench profile slurm`
 
-# The profile `slurm` passes its site file as config key slurm_site; the rest of config is the sweep.
-SITE_FILE = config.pop("slurm_site", None)
-
-# A --configfile replaces the default instead of being merged into it: a merged sweep would keep
-# axes and exclusions the user never wrote.
-if not config:
-
-    configfile: "workflow/config/default.yaml"
-
-    config.pop("slurm_site", None)  # Snakemake applies --config again over a configfile
+# What this workflow plans (workflow/rules/preamble.smk): the sweep of --configfile, else the default one;
+# the preamble validates it and makes the checks every workflow makes before anything is scheduled.
+WORKFLOW_KIND = "sweep"
 
 
+include: "workflow/rules/preamble.smk"
 include: "workflow/rules/common.smk"
 
 

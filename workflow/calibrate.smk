@@ -4,48 +4,23 @@
 #   snakemake -s workflow/calibrate.smk --profile slurm                        # after `ddlbench profile slurm`
 # The machine file lands at <results_dir>/<name>/calibration/machine.yaml, its report beside it.
 import json
-import sys
 
-from ddlbench.calibrate.suite import load_suite
-from ddlbench.errors import DdlbenchError
-from ddlbench.launch.resources import load_site, snakemake_resources
-from ddlbench.launch.submission import plan_resources
+# The preamble (rules/preamble.smk) validates the suite (--configfile, else the package's default) and
+# makes the checks every workflow makes before anything is scheduled.
+WORKFLOW_KIND = "calibration"
 
-# the profile `slurm` passes its site file as config key slurm_site; the rest of config is the suite
-SITE_FILE = config.pop("slurm_site", None)
-try:
-    SUITE = load_suite(raw=dict(config)) if config else load_suite()
-    SITE = load_site(SITE_FILE) if SITE_FILE else None
-    PLANNED = plan_resources(SUITE.points, SITE) if SITE else {}
-except DdlbenchError as error:
-    sys.stderr.write(f"ddlbench: invalid calibration suite: {error}\n")
-    sys.exit(2)
 
+include: "rules/preamble.smk"
+
+
+SUITE = PREPARED.suite
 FOLDER = str(SUITE.folder)
-POINTS = {point.point_id: point for point in SUITE.points}
 RECORDS = [str(SUITE.record_path(point)) for point in SUITE.points]
 SUITE_JSON = json.dumps(SUITE.settings, sort_keys=True)
-RESOURCES = {point_id: snakemake_resources(resources) for point_id, resources in PLANNED.items()}
 
 
 wildcard_constraints:
     point=r"[a-z0-9_]+(?:-[a-z0-9_]+)*",
-
-
-def point_spec(wildcards):
-    return POINTS[wildcards.point].to_json()
-
-
-def point_threads(wildcards):
-    point = POINTS[wildcards.point]
-    return point.world_size * point.cores_per_rank
-
-
-def resource_of_point(key):
-    def value(wildcards):
-        return RESOURCES[wildcards.point][key]
-
-    return value
 
 
 rule all:
@@ -62,7 +37,7 @@ rule calibration_point:
         spec=point_spec,
     threads: point_threads
     resources:
-        **{key: resource_of_point(key) for key in next(iter(RESOURCES.values()), {})},
+        **POINT_RESOURCES,
     conda:
         "../envs/compute.yaml"
     shell:

@@ -7,7 +7,7 @@ rule run_point:
         spec=point_spec,
     threads: point_threads
     resources:
-        **RUN_POINT_RESOURCES,
+        **POINT_RESOURCES,
     conda:
         "../../envs/compute.yaml"
     shell:

@@ -1,0 +1,111 @@
+"""What every workflow does before Snakemake schedules anything: one preamble for the Snakefile,
+workflow/adaptive.smk and workflow/calibrate.smk (workflow/rules/preamble.smk calls `prepare_workflow`).
+
+The config is validated and planned (a sweep, or a calibration suite); with a site file (`--profile
+slurm`) each point's allocation is computed; then the checks that would otherwise fail later, point by
+point, are made once:
+
+- SLURM, on the login node (outside an allocation): every point against the live cluster — partition,
+  node count, time limit, CPUs, memory and GPUs per node, account (ddlbench.launch.slurm.check_resources)
+  — so that a bad sweep is refused before anything is queued;
+- locally: every point's ranks × cores per rank against `--cores` (ddlbench.launch.cores.check_plan_cores),
+  since Snakemake would quietly cap a job's threads and the ranks would share cores unseen. `--lint`
+  parses the workflow with cores=1 whatever is asked and runs nothing, so it is not checked then.
+
+The adaptive sweep checks its sweep's full plan: a sampled point has the ranks, threads and allocation
+of its configuration there, only fewer steps.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ddlbench.errors import ConfigError
+from ddlbench.launch.cores import check_plan_cores
+from ddlbench.launch.resources import Resources, load_site, snakemake_resources
+from ddlbench.launch.slurm import check_cluster
+from ddlbench.launch.submission import plan_resources
+
+# what each workflow plans from its config, and how a refusal names that config
+WORKFLOWS = {"sweep": "sweep config", "adaptive": "sweep config", "calibration": "calibration suite"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """A workflow's plan, checked: what its rules read."""
+
+    kind: str  # a key of WORKFLOWS
+    plan: Any = None  # ddlbench.sweep.Plan of a sweep (Snakefile, adaptive.smk)
+    suite: Any = None  # ddlbench.calibrate.suite.Suite (calibrate.smk)
+    adaptive: Any = None  # ddlbench.sampling.settings.AdaptiveSettings (adaptive.smk)
+    points: tuple[Any, ...] = ()  # what runs, or (adaptive) what the sampled points are drawn from
+    resources: dict[str, dict[str, Any]]  # point id → Snakemake resources of its allocation; empty locally
+
+    @property
+    def what(self) -> str:
+        return WORKFLOWS[self.kind]
+
+
+def prepare_workflow(
+    kind: str,
+    config: Mapping[str, Any],
+    *,
+    site_file: str | None,
+    cores: int | None,
+    linting: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> Prepared:
+    """Plan `config` as workflow `kind` and make the checks every workflow makes before it runs; a
+    ddlbench.errors.DdlbenchError names the first problem (the preamble prints it in one line)."""
+    if kind not in WORKFLOWS:
+        raise ConfigError("workflow", f"{kind!r} is not a workflow; accepted: {', '.join(WORKFLOWS)}")
+    prepared = _PLANNERS[kind](dict(config))
+    environ = os.environ if environ is None else environ
+    planned: dict[str, Resources] = {}
+    if site_file:
+        site = load_site(site_file)
+        planned = plan_resources(prepared.points, site, sweep=prepared.plan.config if prepared.plan else None)
+        if not environ.get("SLURM_JOB_ID"):  # on the login node, once, before any submission
+            check_cluster(list(planned.items()))
+    elif not linting:
+        check_plan_cores(list(prepared.points), cores)
+    resources = {point_id: snakemake_resources(allocation) for point_id, allocation in planned.items()}
+    return replace(prepared, resources=resources)
+
+
+def refusal(kind: str, error: Exception) -> str:
+    """The one line a workflow prints when `prepare_workflow` refuses."""
+    return f"ddlbench: invalid {WORKFLOWS.get(kind, 'workflow config')}: {error}\n"
+
+
+def _sweep(config: dict[str, Any]) -> Prepared:
+    from ddlbench.sweep import plan_sweep
+
+    plan = plan_sweep(config)
+    return Prepared(kind="sweep", plan=plan, points=plan.points, resources={})
+
+
+def _adaptive(config: dict[str, Any]) -> Prepared:
+    from ddlbench.sampling.settings import adaptive_settings
+    from ddlbench.sweep import plan_sweep
+
+    plan = plan_sweep(config)
+    settings = adaptive_settings(plan.config.to_dict()["adaptive"])
+    return Prepared(kind="adaptive", plan=plan, adaptive=settings, points=plan.points, resources={})
+
+
+def _calibration(config: dict[str, Any]) -> Prepared:
+    from ddlbench.calibrate.suite import load_suite
+
+    suite = load_suite(raw=config) if config else load_suite()
+    return Prepared(kind="calibration", suite=suite, points=suite.points, resources={})
+
+
+_PLANNERS: dict[str, Callable[[dict[str, Any]], Prepared]] = {
+    "sweep": _sweep,
+    "adaptive": _adaptive,
+    "calibration": _calibration,
+}

@@ -1,0 +1,58 @@
+# Every workflow starts here: the Snakefile, workflow/adaptive.smk and workflow/calibrate.smk, each after
+# setting WORKFLOW_KIND (sweep | adaptive | calibration). Its config is validated and planned once, and
+# the checks every workflow makes before anything is scheduled are made (ddlbench.launch.preflight: the
+# live cluster's limits on the login node under `--profile slurm`, the local --cores otherwise). A
+# refusal is one line naming the key or point, and exit status 2.
+import sys
+
+from ddlbench.errors import DdlbenchError
+from ddlbench.launch.preflight import prepare_workflow, refusal
+
+# The profile `slurm` passes its site file as config key slurm_site; the rest of config is the sweep
+# (or the calibration suite).
+SITE_FILE = config.pop("slurm_site", None)
+
+# A --configfile replaces the default sweep instead of being merged into it: a merged sweep would keep
+# axes and exclusions the user never wrote. (Without one, calibrate.smk runs the package's default suite.)
+if not config and WORKFLOW_KIND != "calibration":
+
+    configfile: "workflow/config/default.yaml"
+
+    config.pop("slurm_site", None)  # Snakemake applies --config again over a configfile
+
+
+try:
+    PREPARED = prepare_workflow(
+        WORKFLOW_KIND,
+        config,
+        site_file=SITE_FILE,
+        cores=workflow.resource_settings.cores,
+        linting="--lint" in sys.argv,
+    )
+except DdlbenchError as error:
+    sys.stderr.write(refusal(WORKFLOW_KIND, error))
+    sys.exit(2)
+
+# point id → its SLURM allocation as Snakemake resources; empty when the points run on this host
+RESOURCES = PREPARED.resources
+POINTS = {point.point_id: point for point in PREPARED.points}
+
+
+def point_spec(wildcards):
+    return POINTS[wildcards.point].to_json()
+
+
+def point_threads(wildcards):
+    point = POINTS[wildcards.point]
+    return point.world_size * point.cores_per_rank
+
+
+def resource_of_point(key):
+    def value(wildcards):
+        return RESOURCES[wildcards.point][key]
+
+    return value
+
+
+# the same keys for every point (a Snakemake rule has one set); none when running locally
+POINT_RESOURCES = {key: resource_of_point(key) for key in next(iter(RESOURCES.values()), {})}
