@@ -131,10 +131,18 @@ def _certify(args: argparse.Namespace) -> int:
     if not references:
         notes.append("no reference file: nothing is certified (see --write-references)")
     db = history_path(args.db, results_dir=folder.parent)
-    previous = last_passing_certificate(args.system, args.partition, db=db)
+    version = certificate["measurement_version"]
+    previous = last_passing_certificate(
+        args.system, args.partition, suite=suite_name, measurement_version=version, db=db
+    )
     if previous is not None:
         certificate["regressions"] = regressions(previous, certificate["figures"])
         certificate["compared_with"] = previous.id
+    else:
+        notes.append(
+            f"no regression check: {db} holds no passing certificate of suite {suite_name} at measurement "
+            f"version {version} for {args.system}:{args.partition}"
+        )
     certificate["notes"] = notes
     run_id, _ = store_certificate(certificate, source=str(folder), db=db)
     certificate["history_run"] = run_id

@@ -18,6 +18,8 @@ from ddlbench.cli import main
 from ddlbench.cli_certify import render_certificate
 from ddlbench.errors import ConfigError
 from ddlbench.history.db import list_runs, load_run
+from ddlbench.history.store import store_certificate
+from ddlbench.records import MEASUREMENT_VERSION
 from tests.test_aggregate import plan_of, record_for, write
 
 NODES = ["n1", "n2", "n3"]
@@ -302,3 +304,25 @@ def test_a_regression_against_the_last_passing_certificate_is_flagged_while_the_
     assert (ONE, "n1") in flagged and (ONE, "n2") not in flagged
     row = next(r for r in second["regressions"] if r["node"] == "n1")
     assert row["previous_run"] == first["history_run"] and row["change"] == pytest.approx(-0.15)
+
+
+def test_the_regression_baseline_is_the_last_pass_of_the_same_suite_and_measurement_version(tmp_path):
+    """Newer passing certificates of the same partition, but of another suite or another measurement
+    version (every figure twice this suite's), are no baseline: with only those there is no regression
+    check, and the next run is compared with this suite's own last pass."""
+    refs = references(tmp_path, {ONE: {"value": 100.0, "lower": -0.3, "upper": 0.3, "unit": "samples/s"}})
+    before = sweep_records(tmp_path, {"n1": 100.0, "n2": 100.0}, two_nodes=190.0, name="monday")
+    _, template = certify(tmp_path, before, refs, "--db", str(tmp_path / "elsewhere.sqlite"))
+    doubled = [figure | {"value": figure["value"] and 2 * figure["value"]} for figure in template["figures"]]
+    for changes in ({"suite": "another_suite"}, {"measurement_version": MEASUREMENT_VERSION + 1}):
+        foreign = template | changes | {"date": "2999-01-01T00:00:00Z", "figures": doubled}
+        store_certificate(foreign, source="elsewhere", db=tmp_path / "history.sqlite")
+    code, first = certify(tmp_path, before, refs)
+    assert code == 0 and first["regressions"] == [] and "compared_with" not in first
+    assert any(note.startswith("no regression check:") and "suite agg " in note for note in first["notes"])
+    after = sweep_records(tmp_path, {"n1": 85.0, "n2": 100.0}, two_nodes=190.0, name="tuesday")
+    code, second = certify(tmp_path, after, refs)
+    assert code == 0 and second["compared_with"] == first["history_run"]
+    flagged = {(row["name"], row["node"]) for row in second["regressions"]}
+    assert (ONE, "n1") in flagged and (ONE, "n2") not in flagged  # against 2× figures, n2 would be flagged
+    assert {row["previous_run"] for row in second["regressions"]} == {first["history_run"]}

@@ -157,11 +157,20 @@ def load_run(run_id: int | str, *, db: str | Path | None = None) -> Run:
 
 
 def last_passing_certificate(
-    system: str, partition: str, *, db: str | Path | None = None, before_id: int | None = None
+    system: str,
+    partition: str,
+    *,
+    suite: str,
+    measurement_version: int,
+    db: str | Path | None = None,
+    before_id: int | None = None,
 ) -> Run | None:
-    """The newest certificate of this system and partition that passed (before run `before_id`)."""
-    where = "kind = 'certificate' AND passed = 1 AND system = ? AND partition = ?"
-    args: list[Any] = [system, partition]
+    """The baseline of a regression check: the newest certificate that passed of the same system,
+    partition, suite (its name) and measurement version (before run `before_id`). Another suite's
+    figures are other configurations, and another measurement version's figures mean other things."""
+    where = "kind = 'certificate' AND passed = 1 AND system = ? AND partition = ? AND name = ?"
+    where += " AND measurement_version = ?"
+    args: list[Any] = [system, partition, suite, measurement_version]
     if before_id is not None:
         where += " AND id < ?"
         args.append(before_id)
