@@ -105,6 +105,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compare records of another measurement version too (they are left out by default)",
     )
+    report.add_argument(
+        "--include-host-copied",
+        action="store_true",
+        help="let Horovod whose CUDA gradients went through the host (no NCCL) compete for best strategy",
+    )
     report.set_defaults(handler=_report)
 
     from ddlbench.cli_analytic import add_commands as add_analytic
@@ -277,7 +282,11 @@ def _report(args: argparse.Namespace) -> int:
     markdown = args.markdown or out.with_suffix(".md")
     table = pd.read_parquet(table_path)
     html, summary = render_reports(
-        config, table, include_other_versions=args.include_other_versions, report_dir=out.parent
+        config,
+        table,
+        include_other_versions=args.include_other_versions,
+        include_host_copied=args.include_host_copied,
+        report_dir=out.parent,
     )
     write_text_atomic(out, html)
     write_text_atomic(markdown, summary)

@@ -124,10 +124,12 @@ def test_strategies_are_compared_against_ddp_like_for_like_and_skips_are_listed(
     section = between(html, '<section id="pair-1">', "</section>")
     assert "<h2>resnet8 on cifar10</h2>" in section and section.count('<svg class="chart"') == 4
     best = between(html, '<table class="sortable words" id="best">', "</table>")
-    row = between(best, "2 nodes × 1/node, batch 32", "</tr>")
-    assert "<td>ddp</td>" in row and "2×" in row and "gpipe mb4: 90 n=3 steps" in row
-    assert "180 n=3 steps (no 95 % CI: n &lt; 6)" in row  # the figure says why it has no interval
-    assert "only ddp ran at this scale" in between(best, "1 node × 1/node, batch 8", "</tr>")
+    # no ddp ran 32 samples a step on 2 nodes, so gpipe at batch 32 meets ddp at per-replica batch 32
+    row = between(best, "2 nodes × 1/node, per-replica batch 32 (global batches differ)", "</tr>")
+    assert "<td>ddp</td>" in row and "2×" in row and "gpipe mb4: 90 n=1 launch" in row
+    assert "180 n=1 launch (no 95 % CI: n &lt; 6)" in row  # the figure says why it has no interval
+    assert "one launch: no run-to-run interval" in row
+    assert "only ddp ran at this scale" in between(best, "1 node × 1/node, global batch 8", "</tr>")
     configs = tables(html)["configs"]
     at = {
         (s, n, b): i
@@ -144,29 +146,87 @@ def test_strategies_are_compared_against_ddp_like_for_like_and_skips_are_listed(
     assert plan.skipped[0][0].point_id in skipped and "needs at least 2" in skipped
 
 
-def test_the_winner_is_named_with_its_margin_and_whether_the_runner_up_is_separable(tmp_path):
-    """Six repetitions: the comparison is over repetitions. At 1 node ddp is 25 % faster and their intervals
-    do not overlap; at 2 nodes they are 1 % apart inside each other's intervals."""
-    plan = plan_of(tmp_path, strategies=["ddp", "zero2"], nodes=[1, 2], repetitions=6)
-    speed = {("ddp", 1): 100.0, ("zero2", 1): 80.0, ("ddp", 2): 151.0, ("zero2", 2): 149.0}
-    spread = {1: 0.5, 2: 5.0}
+def _best(plan, speed, spread, **options):
+    """Records of every point of `plan` at speed[(strategy, nodes)] + spread[nodes] × repetition samples/s."""
     write(plan, [record_for(p, speed[(p.strategy, p.nodes)] + spread[p.nodes] * p.repetition) for p in plan.points])
     table = build_table(plan)
-    rows = {row["nodes"]: row for row in best_strategies(summarize_configurations(table))}
+    return table, {row["nodes"]: row for row in best_strategies(summarize_configurations(table), **options)}
+
+
+def test_the_winner_is_named_with_its_margin_and_a_verdict_from_launches(tmp_path):
+    """Six launches each. At 1 node ddp is 25 % faster, launch after launch: 'faster'; at 2 nodes they are
+    1 % apart with launches 3 % apart: 'not separable'. Both verdicts are one family (Holm)."""
+    plan = plan_of(tmp_path, strategies=["ddp", "zero2"], nodes=[1, 2], repetitions=6)
+    speed = {("ddp", 1): 100.0, ("zero2", 1): 80.0, ("ddp", 2): 151.0, ("zero2", 2): 149.0}
+    table, rows = _best(plan, speed, {1: 0.5, 2: 5.0})
     one, two = rows[1], rows[2]
-    assert (one["winner"].strategy, one["runner_up"].strategy, one["basis"]) == ("ddp", "zero2", "repetitions")
-    assert one["margin"] == pytest.approx(101.25 / 81.25) and one["separable"] == "separable"
-    assert one["winner"].text == "101.2 [100, 102.5] n=6 repetitions"
-    assert two["winner"].strategy == "ddp" and two["separable"] == "not separable"
+    assert (one["winner"].strategy, one["runner_up"].strategy, one["basis"]) == ("ddp", "zero2", "launches")
+    assert one["margin"] == pytest.approx(101.25 / 81.25)
+    assert one["separated"] and one["verdict"].startswith("faster (×1.2") and "6+6 launches" in one["verdict"]
+    assert one["winner"].text == "101.2 [100, 102.5] n=6 launches"
+    assert two["winner"].strategy == "ddp" and not two["separated"] and two["verdict"].startswith("not separable")
     assert one["cost_node_h"] == pytest.approx(1 / 101.25 * 1e6 / 3600)
 
     html, markdown = render_reports(plan.config, table)
     summary = between(html, '<section id="summary">', "</section>")
     assert "<strong>resnet8 on cifar10</strong>: fastest <strong>ddp n2</strong>" in summary
-    assert "scales won, of 2 with several strategies: ddp 2" in summary
-    assert "median over repetitions, 95 % CI over repetitions" in summary
-    assert "| resnet8 | cifar10 | 1 node × 1/node | ddp | 101.2 [100, 102.5] n=6 repetitions | zero2: 81.25" in markdown
-    assert "| separable |" in markdown and "| not separable |" in markdown
+    assert "won with a verdict: ddp 1 (1 without one)" in summary
+    assert "Welch" in summary
+    assert "| resnet8 | cifar10 | 1 node × 1/node, global batch 32 | ddp | 101.2 [100, 102.5] n=6 launches" in markdown
+    assert "| faster (×1.2" in markdown and "| not separable (" in markdown
+
+
+def test_one_launch_draws_no_verdict_however_far_apart(tmp_path):
+    plan = plan_of(tmp_path, strategies=["ddp", "zero2"], nodes=[1])
+    _, rows = _best(plan, {("ddp", 1): 100.0, ("zero2", 1): 50.0}, {1: 0.0})
+    assert rows[1]["verdict"] == "one launch: no run-to-run interval" and not rows[1]["separated"]
+    assert rows[1]["margin"] == pytest.approx(2.0)
+
+
+def test_strategies_are_compared_at_equal_global_batch(tmp_path):
+    """gpipe on 2 ranks at batch 32 runs 32 samples a step, as ddp at batch 16 does; ddp at batch 32 runs 64
+    and has a row of its own."""
+    plan = plan_of(tmp_path, strategies=["ddp", "gpipe"], nodes=[2], batch_size=[16, 32], repetitions=3)
+    by_batch = {(p.strategy, p.batch_size): p for p in plan.points}
+    assert by_batch[("gpipe", 32)].global_batch_size == by_batch[("ddp", 16)].global_batch_size == 32
+    speed = {("ddp", 16): 90.0, ("ddp", 32): 200.0, ("gpipe", 16): 40.0, ("gpipe", 32): 60.0}
+    write(plan, [record_for(p, speed[(p.strategy, p.batch_size)] + p.repetition) for p in plan.points])
+    rows = best_strategies(summarize_configurations(build_table(plan)))
+    groups = {row["global_batch_size"]: row for row in rows}
+    assert set(groups) == {16, 32, 64}
+    assert (groups[32]["winner"].label, groups[32]["runner_up"].label) == ("ddp", "gpipe mb4")
+    assert groups[32]["margin"] == pytest.approx(91.0 / 61.0)
+    assert groups[64]["runner_up"] is None and groups[64]["verdict"] == "only ddp ran at this scale"
+    assert "global batch 32" in groups[32]["scale"]
+
+
+def test_host_copied_horovod_is_left_out_unless_asked_and_one_host_is_said(tmp_path):
+    plan = plan_of(tmp_path, strategies=["ddp", "zero2"], nodes=[1, 2], repetitions=3)
+    facts = {"zero2": {"gradient_path": "host-copied (gloo)"}, "ddp": {}}
+    write(
+        plan,
+        [record_for(p, 100.0 + (50 if p.strategy == "zero2" else 0), facts=facts[p.strategy]) for p in plan.points],
+    )
+    table = build_table(plan)
+    configs = summarize_configurations(table)
+    rows = best_strategies(configs)
+    assert all(row["winner"].strategy == "ddp" and row["runner_up"] is None for row in rows)
+    assert all(row["left_out"] == ["zero2 (host-copied (gloo): not a contender)"] for row in rows)
+    assert all(row["winner"].strategy == "zero2" for row in best_strategies(configs, include_host_copied=True))
+    # the records' ranks ran on the hosts n0 and n1: not one host
+    html, markdown = render_reports(plan.config, table)
+    assert "One host:" not in html and "node-h per 10⁶ samples" in markdown
+
+
+def test_processes_on_one_host_are_not_called_nodes_and_get_no_cost(tmp_path):
+    plan = plan_of(tmp_path, strategies=["ddp"], nodes=[1, 2])
+    write(plan, [record_for(p, 100.0 * p.nodes) for p in plan.points])
+    table = build_table(plan).assign(hostnames="login1")
+    rows = best_strategies(summarize_configurations(table), one_host=True)
+    assert rows[1]["scale"].startswith("2 processes as nodes on one host") and rows[1]["cost_node_h"] is None
+    html, markdown = render_reports(plan.config, table)
+    assert "One host:" in html and "processes sharing that host" in markdown
+    assert "node-h" not in between(html, "<h3>Best strategy</h3>", "<h3>Failed points by cause</h3>").split("</ul>")[0]
 
 
 def test_failed_points_are_counted_by_status_and_cause():
@@ -273,7 +333,8 @@ def test_every_figure_carries_its_interval_and_n_and_noisy_ones_are_flagged(tmp_
     assert (points["m"][1], points["lo"][1], points["hi"][1]) == (145, 100, 190)
     assert points["noisy"][:2] == [0, 1]
     best = between(html, 'id="best"', "</table>")
-    assert "101 [100, 102] n=20 steps" in best and "145 [100, 190] n=20 steps" in best
+    # the summary compares launches: one each, so no interval, and it says why
+    assert "100 n=1 launch (no 95 % CI: n &lt; 6)" in best and "140 n=1 launch (no 95 % CI: n &lt; 6)" in best
     assert "95 % CI over steps" in html  # the charts say what their error bars are
 
 
@@ -357,7 +418,10 @@ def test_the_report_command_writes_the_page_and_its_markdown_summary(tmp_path, m
                  "--out", str(out)]) == 0  # fmt: skip
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert markdown.startswith("# ddlbench report: r\n") and "## Best strategy" in markdown
-    assert "| resnet8 | cifar10 | 4 nodes × 1/node | only ddp | 400 n=3 steps (no 95 % CI: n < 6) |" in markdown
+    assert (
+        "| resnet8 | cifar10 | 4 nodes × 1/node, global batch 128 | only ddp | 400 n=1 launch (no 95 % CI: n < 6) |"
+        in markdown
+    )
     assert "only ddp ran at this scale" in markdown and "## Provenance" in markdown
     html = out.read_text()
     assert "Throughput (samples/s)" in html and "speedup ÷ nodes" in html  # headings with units, charts

@@ -108,7 +108,11 @@ COLUMNS: dict[str, Column] = {
     "winner": Column(heading="Best strategy", description="highest median throughput at this scale"),
     "runner_up": Column(heading="Runner-up"),
     "margin": Column(heading="Margin", unit="×", description="best ÷ runner-up throughput"),
-    "separable": Column(heading="Intervals", description="'not separable' when the two 95 % intervals overlap"),
+    "verdict": Column(
+        heading="Verdict",
+        description="from launches: Welch's t on log per-launch throughput, winner against runner-up, "
+        "Holm-corrected over the table; 'faster' only when adjusted p < 0.05",
+    ),
     "basis": Column(heading="Basis", description="which throughput the comparison uses"),
     # memory and facts
     "tensor_peak_mib": Column(

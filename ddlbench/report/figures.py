@@ -41,7 +41,8 @@ def interval_text(median: Any, low: Any, high: Any, n: Any, *, unit: str) -> str
     """'123.4 [118, 127.9] n=20 steps'; without an interval, why not: '97 n=3 repetitions (no 95 % CI: n < 6)'."""
     if missing(median):
         return ""
-    count = "" if missing(n) else f" n={int(n)} {unit[:-1] if int(n) == 1 and unit.endswith('s') else unit}"
+    singular = "launch" if unit == "launches" else unit.removesuffix("s")
+    count = "" if missing(n) else f" n={int(n)} {singular if int(n) == 1 else unit}"
     if missing(low) or missing(high):
         return f"{number(median)}{count} (no 95 % CI: n < {MIN_CI_N})"
     return f"{number(median)} [{number(low)}, {number(high)}]{count}"

@@ -67,10 +67,14 @@ def render_markdown(context: dict[str, Any]) -> str:
         rows = [[md_text(row[k]) for k in keys] for row in health["regressions"]]
         lines += ["", "Regressions:", "", *_table(["figure_name", *keys[1:]], rows)]
     lines += ["", "## Best strategy", ""]
+    if context.get("one_host"):
+        lines += [f"Note: {md_text(context['one_host_note'])}.", ""]
+    if context.get("left_out"):
+        lines += [f"Left out of best strategy: {md_text(', '.join(context['left_out']))}.", ""]
     for head in context["headlines"]:
         lines.append(f"- {_headline(head)}")
     if context["best"]:
-        keys = ["model", "dataset", "scale", "winner", "samples_per_s", "runner_up", "margin", "separable"]
+        keys = ["model", "dataset", "scale", "winner", "samples_per_s", "runner_up", "margin", "verdict"]
         rows = [_best_cells(row) for row in context["best"]]
         lines += ["", *_table([*keys, "cost_node_h", "basis"], rows, more="in report.html")]
     elif not context["headlines"]:
@@ -93,14 +97,20 @@ def render_markdown(context: dict[str, Any]) -> str:
 def _headline(head: dict[str, Any]) -> str:
     """The model × dataset's answer in a sentence; names escaped, figures (ours, numbers only) as they are."""
     fastest, cheapest = head["fastest"], head["cheapest"]
-    text = (
-        f"{md_text(head['model'], line_start=True)} on {md_text(head['dataset'])}: fastest {md_text(fastest.label)} "
-        f"at {fastest.text} samples/s ({head['fastest_cost']} node-h per 10⁶ samples); cheapest "
-        f"{md_text(cheapest.label)} ({head['cheapest_cost']} node-h per 10⁶ samples)"
-    )
-    if head["wins"]:
-        wins = ", ".join(f"{md_text(strategy)} {n}" for strategy, n in head["wins"])
-        text += f"; scales won, of {head['contested']} with several strategies: {wins}"
+    text = f"{md_text(head['model'], line_start=True)} on {md_text(head['dataset'])}: fastest {md_text(fastest.label)} "
+    if cheapest is None:
+        text += f"at {fastest.text} samples/s"
+    else:
+        text += (
+            f"at {fastest.text} samples/s ({head['fastest_cost']} node-h per 10⁶ samples); cheapest "
+            f"{md_text(cheapest.label)} ({head['cheapest_cost']} node-h per 10⁶ samples)"
+        )
+    if head["contested"]:
+        wins = ", ".join(f"{md_text(strategy)} {n}" for strategy, n in head["wins"]) or "none"
+        text += (
+            f"; of {head['contested']} comparisons with several strategies, won with a verdict: {wins}"
+            f" ({head['undecided']} without one)"
+        )
     elif len(head["strategies"]) == 1:
         text += f"; only {md_text(head['strategies'][0])} ran"
     return text + "."
@@ -117,7 +127,7 @@ def _best_cells(row: dict[str, Any]) -> list[str]:
         winner.text if winner else "",
         f"{md_text(runner.label)}: {runner.text}" if runner else "—",
         f"{row['margin']:.3g}" if row["margin"] else "—",
-        md_text(row["separable"]),
+        md_text(row["verdict"]),
         number(row["cost_node_h"]),
         row["basis"],
     ]

@@ -37,10 +37,12 @@ from ddlbench.report.scaling import pair_of, scaling_block, scaling_section
 from ddlbench.report.sections import pair_section
 from ddlbench.report.summary import (
     BASIS_TEXT,
+    ONE_HOST_NOTE,
     best_strategies,
     display_status,
     failures_by_cause,
     headlines,
+    one_host,
     status_counts,
 )
 from ddlbench.report.tables import encode_table, script_json, view
@@ -65,16 +67,33 @@ def render_report(
 
 
 def render_reports(
-    config: SweepConfig, table: pd.DataFrame, *, include_other_versions: bool = False, report_dir: Path | None = None
+    config: SweepConfig,
+    table: pd.DataFrame,
+    *,
+    include_other_versions: bool = False,
+    include_host_copied: bool = False,
+    report_dir: Path | None = None,
 ) -> tuple[str, str]:
-    """The report's HTML and its Markdown summary, from one computation."""
-    context = report_context(config, table, include_other_versions=include_other_versions, report_dir=report_dir)
+    """The report's HTML and its Markdown summary, from one computation. `include_host_copied`: Horovod
+    whose CUDA gradients went through the host competes for best strategy (left out by default)."""
+    context = report_context(
+        config,
+        table,
+        include_other_versions=include_other_versions,
+        include_host_copied=include_host_copied,
+        report_dir=report_dir,
+    )
     html = template_environment(autoescape=True).get_template("report.html.j2").render(**context)
     return html, render_markdown(context)
 
 
 def report_context(
-    config: SweepConfig, table: pd.DataFrame, *, include_other_versions: bool = False, report_dir: Path | None = None
+    config: SweepConfig,
+    table: pd.DataFrame,
+    *,
+    include_other_versions: bool = False,
+    include_host_copied: bool = False,
+    report_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Everything the page shows (templates/report.html.j2); the Markdown summary reads the same."""
     if "config_key" not in table.columns:
@@ -103,9 +122,10 @@ def report_context(
         apart = [m for m in scaling["models"] if pair_of(m) not in placed]
         scaling["apart"] = scaling_block(apart) if apart else None
 
-    best = best_strategies(configs)
+    hosts = one_host(table)
+    best = best_strategies(configs, one_host=hosts, include_host_copied=include_host_copied)
     for row in best:
-        row["cost_text"] = number(row["cost_node_h"])
+        row["cost_text"] = number(row["cost_node_h"]) if not hosts else "— (one host)"
     failures = failures_by_cause(table)
     failed = table[table["status"] != "ok"]
     skipped = [{"point_id": point.point_id, "reason": why} for point, why in expand_sweep(config).skipped]
@@ -126,7 +146,10 @@ def report_context(
         "total": len(table),
         "configurations": len(configs),
         "health": health_section(config.sweep_dir),
-        "headlines": headlines(configs, best),
+        "headlines": headlines(configs, best, one_host=hosts, include_host_copied=include_host_copied),
+        "one_host": hosts,
+        "one_host_note": ONE_HOST_NOTE,
+        "left_out": sorted({name for row in best for name in row["left_out"]}),
         "best": best,
         "basis_text": BASIS_TEXT,
         "failures": failures,

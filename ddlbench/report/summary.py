@@ -1,29 +1,49 @@
-"""The answer at the top of the report: which strategy is fastest at each scale and by how much, what it
-costs, and which points failed and why.
+"""The answer at the top of the report: which strategy is fastest at each scale, whether the measurement
+can tell, what it costs, and which points failed and why.
 
-Best strategy, per model × dataset × scale (nodes, ranks per node, and batch per replica where the
-model × dataset varies it): every configuration of that scale is a candidate, each strategy is
-represented by its fastest configuration, and the winner is the strategy with the highest median
-throughput. Throughput is the median over repetitions of the window throughput when every candidate
-has ≥ 6 repetitions (an interval over repetitions exists), else the median repetition's median step
-with its 95 % CI over steps; the `basis` says which. The margin is winner ÷ runner-up (a ratio of
-medians); their 95 % intervals overlapping means the two are not separable by this measurement
-(Hoefler & Belli's rule 7). Cost = nodes ÷ throughput, in node-hours per 10⁶ samples.
+Best strategy, per model × dataset × comparison group. A group holds the configurations that may be
+compared like for like (ddlbench.analysis.keys.comparison_key): equal in every field but the strategy's
+own (strategy, its options, split, micro-batches) and the per-replica batch, at the same global batch
+(samples per optimizer step, Point.global_batch_size), so each strategy is compared at the same
+configuration, not each at its fastest. A configuration that no other strategy met at its global batch is
+compared at equal per-replica batch where another strategy ran at that one, and its row says so ("per-replica
+batch 32 (global batches differ)"). Every configuration of the group is a candidate; its figure is the
+median over its launches (repetitions) of the window throughput (samples of the kept window ÷ its wall
+time, global samples/s). The winner is the candidate with the highest median; the runner-up the best
+candidate of another strategy; the margin winner ÷ runner-up, a ratio of medians.
+
+The verdict rests on launches (ddlbench.analysis.verdicts): Welch's t on the log per-launch throughputs of
+the winner against the runner-up, Holm-corrected over every contested group of the report (one family);
+"faster" only when the adjusted p < 0.05, with the ratio of geometric means and its 95 % interval. Below 3
+launches a side there is no run-to-run interval and no verdict ("one launch: no run-to-run interval").
+
+Horovod whose CUDA gradients went through the host (gradient_path "host-copied (gloo)": Horovod built
+without NCCL operations) is not a contender: it is named in `left_out` unless `include_host_copied`.
+Where every "node" is a process on one host (a local run), the scale says so and no node-hour cost is
+given: the processes share one machine's cores and memory. Cost = nodes ÷ throughput, in node-hours per
+10⁶ samples, elsewhere.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from ddlbench.analysis.keys import CONFIG_FIELDS, describe, varying_fields
+from ddlbench.analysis.keys import COMPARISON_FIELDS, CONFIG_FIELDS, describe, varying_fields
+from ddlbench.analysis.verdicts import TEST, contrast, judge
 from ddlbench.report.figures import MIN_CI_N, interval_text, missing, number
 
 SCALE_FIELDS = ("model", "dataset", "nodes", "ranks_per_node", "batch_size")
 SECONDS_PER_HOUR = 3600.0
+HOST_COPIED = "host-copied (gloo)"  # ddlbench.train.strategies.horovod.gradient_path
+ONE_HOST_NOTE = (
+    "every point ran on one host: its 'nodes' are processes sharing that host's cores and memory, so speedup "
+    "and efficiency over them are not those of nodes, and no node-hour cost is given"
+)
 _RANK_PREFIX = re.compile(r"^(ranks? [\d\[\], -]+ on \S+: |rank \d+ on [^:]+: )")
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Fault|Interrupt|Exit|Warning))\b")
 
@@ -39,6 +59,7 @@ class Figure:
     high: float | None
     n: int | None
     unit: str
+    launches: tuple[float, ...] = ()  # each launch's window throughput (samples/s): what a verdict compares
 
     @property
     def text(self) -> str:
@@ -56,12 +77,15 @@ def basis(configs: pd.DataFrame | list[dict[str, Any]]) -> str:
 BASIS_TEXT = {
     "repetitions": "median over repetitions, 95 % CI over repetitions",
     "steps": f"median step of the median repetition, 95 % CI over steps (fewer than {MIN_CI_N} repetitions)",
+    "launches": f"median over launches of the window throughput (95 % CI from {MIN_CI_N} launches); verdict: {TEST}",
 }
 
 
 def throughput(row: dict[str, Any], level: str, label: str) -> Figure:
-    if level == "repetitions":
-        prefix, n, unit = "rep_samples_per_s", row.get("n_repetitions"), "repetitions"
+    """The row's throughput at `level`: 'launches' or 'repetitions' (the median over repetitions of the
+    window throughput), or 'steps' (the median repetition's median step, CI over its steps)."""
+    if level in ("repetitions", "launches"):
+        prefix, n, unit = "rep_samples_per_s", row.get("n_repetitions"), "launches" if level == "launches" else level
     else:
         prefix, n, unit = "samples_per_s", row.get("samples_per_s_n"), "steps"
     low, high = row.get(f"{prefix}_ci_low"), row.get(f"{prefix}_ci_high")
@@ -73,7 +97,16 @@ def throughput(row: dict[str, Any], level: str, label: str) -> Figure:
         high=None if missing(high) else float(high),
         n=None if missing(n) else int(n),
         unit=unit,
+        launches=launch_values(row),
     )
+
+
+def launch_values(row: dict[str, Any]) -> tuple[float, ...]:
+    """Each launch's window throughput of a configuration row (rep_samples_per_s_values, a JSON list)."""
+    values = row.get("rep_samples_per_s_values")
+    if missing(values) or not values:
+        return ()
+    return tuple(float(v) for v in (json.loads(values) if isinstance(values, str) else values))
 
 
 def cost_node_h(nodes: Any, samples_per_s: float) -> float | None:
@@ -83,104 +116,194 @@ def cost_node_h(nodes: Any, samples_per_s: float) -> float | None:
     return float(nodes) / samples_per_s * 1e6 / SECONDS_PER_HOUR
 
 
-def separability(best: Figure, other: Figure) -> str:
-    if None in (best.low, best.high, other.low, other.high):
-        return "no interval to compare"
-    if best.low > other.high or other.low > best.high:  # type: ignore[operator]
-        return "separable"
-    return "not separable"
+def one_host(table: pd.DataFrame) -> bool:
+    """True when points of several "nodes" ran, yet every point's ranks ran on the same one host (a local
+    sweep): its nodes are processes sharing that host."""
+    if "hostnames" not in table.columns or "nodes" not in table.columns or table.empty:
+        return False
+    hosts = {host for value in table["hostnames"].dropna() for host in str(value).split(",") if host}
+    return len(hosts) == 1 and int(pd.to_numeric(table["nodes"]).max()) > 1
+
+
+def is_host_copied(row: dict[str, Any]) -> bool:
+    return str(row.get("gradient_path") or "") == HOST_COPIED
 
 
 def _pairs(configs: pd.DataFrame) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """The configurations' rows (the columns a comparison reads) per model × dataset."""
     figures = [f"{p}_{s}" for p in ("rep_samples_per_s", "samples_per_s") for s in ("median", "ci_low", "ci_high")]
-    wanted = [*CONFIG_FIELDS, "n_repetitions", "samples_per_s_n", "rep_samples_per_s_noisy", *figures]
+    wanted = [
+        *dict.fromkeys([*CONFIG_FIELDS, *COMPARISON_FIELDS]),
+        "baseline_key",
+        "n_repetitions",
+        "samples_per_s_n",
+        "rep_samples_per_s_noisy",
+        "rep_samples_per_s_values",
+        "gradient_path",
+        *figures,
+    ]
     pairs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in configs.reindex(columns=wanted).to_dict("records"):
         pairs.setdefault((str(row["model"]), str(row["dataset"])), []).append(row)
     return pairs  # in the table's order: the sweep's models, then its datasets
 
 
-def best_strategies(configs: pd.DataFrame) -> list[dict[str, Any]]:
-    """One row per model × dataset × scale (see the module's docstring), in model, dataset, scale order."""
+def best_strategies(
+    configs: pd.DataFrame, *, one_host: bool = False, include_host_copied: bool = False
+) -> list[dict[str, Any]]:
+    """One row per model × dataset × comparison group (see the module's docstring), in model, dataset,
+    scale order, with the verdicts of all contested rows judged as one family. `one_host`: every point
+    ran on one host (its nodes are processes)."""
     rows: list[dict[str, Any]] = []
     for (model, dataset), pair in _pairs(configs).items():
-        batch_varies = len({r["batch_size"] for r in pair}) > 1
-        fields = ["nodes", "ranks_per_node", *(["batch_size"] if batch_varies else [])]
-        groups: dict[tuple[int, ...], list[dict[str, Any]]] = {}
-        for row in pair:
-            groups.setdefault(tuple(int(row[f]) for f in fields), []).append(row)
-        for key, group in sorted(groups.items()):
-            rows.append(_scale_row(model, dataset, dict(zip(fields, key, strict=True)), group))
+        others = [f for f in COMPARISON_FIELDS if f not in ("model", "dataset", "global_batch_size")]
+        extra = [f for f in others if f not in ("nodes", "ranks_per_node") and len({str(r.get(f)) for r in pair}) > 1]
+        for held, group in _comparison_groups(pair, others, include_host_copied):
+            rows.append(_scale_row(model, dataset, group, held, extra, one_host, include_host_copied))
+    contested = [row for row in rows if row["runner_up"] is not None]
+    verdicts = judge([contrast(row["runner_up"].launches, row["winner"].launches) for row in contested])
+    for row, verdict in zip(contested, verdicts, strict=True):
+        row["verdict"] = verdict.text.replace("higher", "faster", 1) if verdict.direction else verdict.text
+        row["separated"] = verdict.direction == "higher"
+        row["p_adjusted"] = verdict.p_adjusted
     return rows
 
 
-def scale_text(nodes: Any, ranks_per_node: Any, batch: Any = None) -> str:
-    text = f"{int(nodes)} node{'s' if int(nodes) != 1 else ''} × {int(ranks_per_node)}/node"
-    return text + (f", batch {int(batch)}" if batch is not None else "")
+def _comparison_groups(
+    pair: list[dict[str, Any]], others: list[str], include_host_copied: bool
+) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The configurations of one model × dataset in groups compared like for like, each with the batch it
+    holds equal: first at equal global batch; the configurations no other strategy met there, at equal
+    per-replica batch where another strategy ran at it (their global batches then differ); the rest alone."""
+
+    def grouped(rows: list[dict[str, Any]], batch: str) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+        out: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for row in rows:
+            out.setdefault(tuple(_order(row.get(f)) for f in [*others, batch]), []).append(row)
+        return out
+
+    def contested(rows: list[dict[str, Any]]) -> bool:
+        return len({r["strategy"] for r in rows if include_host_copied or not is_host_copied(r)}) > 1
+
+    by_global = grouped(pair, "global_batch_size")
+    alone = [row for rows in by_global.values() if not contested(rows) for row in rows]
+    by_replica = {key: rows for key, rows in grouped(alone, "batch_size").items() if contested(rows)}
+    paired = {id(row) for rows in by_replica.values() for row in rows}
+    groups = [(key, "global batch", rows) for key, rows in by_global.items() if contested(rows)]
+    groups += [(key, "per-replica batch", rows) for key, rows in by_replica.items()]
+    for key, rows in by_global.items():
+        left = [row for row in rows if not contested(rows) and id(row) not in paired]
+        if left:
+            groups.append((key, "global batch", left))
+    return [(held, rows) for _, held, rows in sorted(groups, key=lambda item: (item[0], item[1]))]
 
 
-def _scale_row(model: str, dataset: str, values: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
-    level = basis(records)
-    prefix = "rep_samples_per_s" if level == "repetitions" else "samples_per_s"
-    label_fields = ["strategy", *varying_fields(records, leave_out=(*SCALE_FIELDS, "strategy"))]
-    best_per_strategy: dict[str, Figure] = {}
-    measured = [r for r in records if not missing(r[f"{prefix}_median"])]
-    for row in sorted(measured, key=lambda r: -float(r[f"{prefix}_median"])):
-        strategy = str(row["strategy"])
-        if strategy not in best_per_strategy:
-            best_per_strategy[strategy] = throughput(row, level, describe(row, label_fields))
-    ranked = sorted(best_per_strategy.values(), key=lambda f: -f.value)
+def _order(value: Any) -> tuple[int, Any]:
+    """A sort key that orders numbers as numbers and puts missing values last."""
+    if missing(value):
+        return (2, "")
+    return (0, float(value)) if isinstance(value, int | float) else (1, str(value))
+
+
+def scale_text(
+    nodes: Any, ranks_per_node: Any, batch: Any = None, *, held: str = "global batch", one_host: bool = False
+) -> str:
+    """'2 nodes × 1/node, global batch 64'; on one host, '2 processes as nodes on one host × 1/node, …';
+    at equal per-replica batch, 'per-replica batch 32 (global batches differ)'."""
+    count = int(nodes)
+    if one_host:
+        text = f"{count} process{'es' if count != 1 else ''} as node{'s' if count != 1 else ''} on one host"
+    else:
+        text = f"{count} node{'s' if count != 1 else ''}"
+    text += f" × {int(ranks_per_node)}/node"
+    if batch is None or missing(batch):
+        return text
+    return text + f", {held} {int(batch)}" + (" (global batches differ)" if held != "global batch" else "")
+
+
+def _scale_row(
+    model: str,
+    dataset: str,
+    records: list[dict[str, Any]],
+    held: str,
+    extra: list[str],
+    one_host: bool,
+    include_host_copied: bool,
+) -> dict[str, Any]:
+    first = records[0]
+    batch = first.get("global_batch_size") if held == "global batch" else first.get("batch_size")
+    left_out = [] if include_host_copied else [r for r in records if is_host_copied(r)]
+    candidates = [r for r in records if r not in left_out and not missing(r["rep_samples_per_s_median"])]
+    label_fields = ["strategy", *varying_fields(candidates, leave_out=(*COMPARISON_FIELDS, "strategy", "batch_size"))]
+    ranked = sorted((throughput(r, "launches", describe(r, label_fields)) for r in candidates), key=lambda f: -f.value)
+    winner = ranked[0] if ranked else None
+    runner_up = next((f for f in ranked[1:] if winner and f.strategy != winner.strategy), None)
+    scale = scale_text(first["nodes"], first["ranks_per_node"], batch, held=held, one_host=one_host)
+    if extra:
+        scale += ", " + describe(first, extra)
+    strategies = sorted({f.strategy for f in ranked})
     row = {
         "model": model,
         "dataset": dataset,
-        "nodes": int(values["nodes"]),
-        "ranks_per_node": int(values["ranks_per_node"]),
-        "batch_size": int(values["batch_size"]) if "batch_size" in values else None,
-        "scale": scale_text(values["nodes"], values["ranks_per_node"], values.get("batch_size")),
-        "basis": level,
-        "strategies": len(ranked),
-        "winner": ranked[0] if ranked else None,
-        "runner_up": ranked[1] if len(ranked) > 1 else None,
-        "margin": None,
-        "separable": "",
-        "cost_node_h": cost_node_h(values["nodes"], ranked[0].value) if ranked else None,
+        "nodes": int(first["nodes"]),
+        "ranks_per_node": int(first["ranks_per_node"]),
+        "held_equal": held,
+        "global_batch_size": None if missing(first.get("global_batch_size")) else int(first["global_batch_size"]),
+        "batch_size": None if missing(batch) else int(batch),  # the batch held equal
+        "scale": scale,
+        "basis": "launches",
+        "strategies": len(strategies),
+        "winner": winner,
+        "runner_up": runner_up,
+        "margin": winner.value / runner_up.value if winner and runner_up and runner_up.value > 0 else None,
+        "verdict": "",
+        "separated": False,
+        "p_adjusted": None,
+        "left_out": [f"{r['strategy']} ({HOST_COPIED}: not a contender)" for r in left_out],
+        "cost_node_h": None if one_host or winner is None else cost_node_h(first["nodes"], winner.value),
     }
-    if len(ranked) > 1:
-        row["margin"] = ranked[0].value / ranked[1].value if ranked[1].value > 0 else None
-        row["separable"] = separability(ranked[0], ranked[1])
-    else:
-        row["separable"] = f"only {next(iter(best_per_strategy), 'no strategy')} ran at this scale"
+    if runner_up is None:
+        row["verdict"] = f"only {strategies[0] if strategies else 'no strategy'} ran at this scale"
     return row
 
 
-def headlines(configs: pd.DataFrame, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per model × dataset: its fastest configuration at any scale, its cheapest, and the scales each
-    strategy won (among scales where more than one strategy ran)."""
+def headlines(
+    configs: pd.DataFrame, rows: list[dict[str, Any]], *, one_host: bool = False, include_host_copied: bool = False
+) -> list[dict[str, Any]]:
+    """Per model × dataset: its fastest configuration at any scale (median over launches), its cheapest
+    (none on one host), and the groups each strategy won with a verdict, of those where several ran."""
     out = []
     for (model, dataset), pair in _pairs(configs).items():
-        level = basis(pair)
-        prefix = "rep_samples_per_s" if level == "repetitions" else "samples_per_s"
-        records = [r for r in pair if not missing(r[f"{prefix}_median"])]
+        records = [
+            r
+            for r in pair
+            if not missing(r["rep_samples_per_s_median"]) and (include_host_copied or not is_host_copied(r))
+        ]
         if not records:
             continue
         label_fields = ["strategy", *varying_fields(records, leave_out=("model", "dataset", "strategy"))]
-        fastest = max(records, key=lambda r: float(r[f"{prefix}_median"]))
-        cheapest = min(records, key=lambda r: cost_node_h(r["nodes"], float(r[f"{prefix}_median"])) or float("inf"))
+        fastest = max(records, key=lambda r: float(r["rep_samples_per_s_median"]))
+        cheapest = min(records, key=lambda r: cost_node_h(r["nodes"], float(r["rep_samples_per_s_median"])) or 1e300)
         wins: dict[str, int] = {}
-        contested = [r for r in rows if r["model"] == model and r["dataset"] == dataset and r["strategies"] > 1]
+        contested = [r for r in rows if r["model"] == model and r["dataset"] == dataset and r["runner_up"]]
         for row in contested:
-            wins[row["winner"].strategy] = wins.get(row["winner"].strategy, 0) + 1
+            if row["separated"]:
+                wins[row["winner"].strategy] = wins.get(row["winner"].strategy, 0) + 1
         out.append(
             {
                 "model": str(model),
                 "dataset": str(dataset),
-                "basis": level,
-                "fastest": throughput(fastest, level, describe(fastest, label_fields)),
-                "fastest_cost": number(cost_node_h(fastest["nodes"], float(fastest[f"{prefix}_median"]))),
-                "cheapest": throughput(cheapest, level, describe(cheapest, label_fields)),
-                "cheapest_cost": number(cost_node_h(cheapest["nodes"], float(cheapest[f"{prefix}_median"]))),
+                "basis": "launches",
+                "fastest": throughput(fastest, "launches", describe(fastest, label_fields)),
+                "fastest_cost": None
+                if one_host
+                else number(cost_node_h(fastest["nodes"], float(fastest["rep_samples_per_s_median"]))),
+                "cheapest": None if one_host else throughput(cheapest, "launches", describe(cheapest, label_fields)),
+                "cheapest_cost": None
+                if one_host
+                else number(cost_node_h(cheapest["nodes"], float(cheapest["rep_samples_per_s_median"]))),
                 "wins": sorted(wins.items(), key=lambda item: (-item[1], item[0])),
+                "undecided": sum(not row["separated"] for row in contested),
                 "contested": len(contested),
                 "strategies": sorted({str(r["strategy"]) for r in pair}),
             }
