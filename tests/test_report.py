@@ -226,6 +226,8 @@ def test_processes_on_one_host_are_not_called_nodes_and_get_no_cost(tmp_path):
     assert rows[1]["scale"].startswith("2 processes as nodes on one host") and rows[1]["cost_node_h"] is None
     html, markdown = render_reports(plan.config, table)
     assert "One host:" in html and "processes sharing that host" in markdown
+    assert "nodes (processes on one host)" in between(html, '<section id="pair-1">', "</section>")
+    assert "cost_node_h" not in tables(html)["configs"]  # no cost column at all
     assert "node-h" not in between(html, "<h3>Best strategy</h3>", "<h3>Failed points by cause</h3>").split("</ul>")[0]
 
 

@@ -141,11 +141,11 @@ def with_memory_mib(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def configurations_frame(
-    configs: pd.DataFrame, table: pd.DataFrame, *, report_dir: Path | None, sweep_dir: Path
+    configs: pd.DataFrame, table: pd.DataFrame, *, report_dir: Path | None, sweep_dir: Path, one_host: bool = False
 ) -> pd.DataFrame:
     """The configurations, sorted by model, dataset and layout, with what the tables show of each: the other
-    settings that vary, options as text, memory in MiB, cost, and the inside figures of its median
-    repetition (its point id, phases, straggler, trace)."""
+    settings that vary, options as text, memory in MiB, cost (none when every "node" was a process on one
+    host), and the inside figures of its median repetition (its point id, phases, straggler, trace)."""
     frame = configs.copy()
     own = ("model", "dataset", "nodes", "ranks_per_node", "strategy", "strategy_options", "micro_batches", "split")
     others = varying(frame, leave_out=(*own, "batch_size", "repetition"))
@@ -153,7 +153,9 @@ def configurations_frame(
     frame["strategy_options"] = frame["strategy_options"].map(options_text)
     frame = with_memory_mib(frame)
     throughput = frame["rep_samples_per_s_median"]
-    frame["cost_node_h"] = [cost_node_h(n, value) for n, value in zip(frame["nodes"], throughput, strict=True)]
+    frame["cost_node_h"] = [
+        None if one_host else cost_node_h(n, value) for n, value in zip(frame["nodes"], throughput, strict=True)
+    ]
     frame = _with_median_repetition(frame, table)
     frame["trace"] = [_relative(path, report_dir, sweep_dir) for path in frame["trace_file"]]
     frame = frame.sort_values(CONFIG_ORDER, kind="stable").reset_index(drop=True)

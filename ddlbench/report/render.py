@@ -100,7 +100,8 @@ def report_context(
         raise DdlbenchError("the table predates configuration keys; run `ddlbench aggregate` again")
     configs = summarize_configurations(table, include_other_versions=include_other_versions)
     table = add_configuration_columns(table, include_other_versions=include_other_versions, summary=configs)
-    frame = data.configurations_frame(configs, table, report_dir=report_dir, sweep_dir=config.sweep_dir)
+    hosts = one_host(table)
+    frame = data.configurations_frame(configs, table, report_dir=report_dir, sweep_dir=config.sweep_dir, one_host=hosts)
     configs_table = data.configurations_table(frame)
     points_table, point_keys = data.points_table(table)
     tables: dict[str, Any] = {"configs": configs_table, "points": points_table}
@@ -116,13 +117,12 @@ def report_context(
         predicted_ranges = data.pair_ranges(joined) if len(joined) else {}
         predicted_keys = [spec.key for spec in specs]
     scaling = scaling_section(config)
-    sections = _sections(frame, table, config_keys, config, predicted_ranges, predicted_keys, scaling)
+    sections = _sections(frame, table, config_keys, config, predicted_ranges, predicted_keys, scaling, hosts)
     if scaling and not scaling.get("why"):
         placed = {(s["model"], s["dataset"]) for s in sections}
         apart = [m for m in scaling["models"] if pair_of(m) not in placed]
         scaling["apart"] = scaling_block(apart) if apart else None
 
-    hosts = one_host(table)
     best = best_strategies(configs, one_host=hosts, include_host_copied=include_host_copied)
     for row in best:
         row["cost_text"] = number(row["cost_node_h"]) if not hosts else "— (one host)"
@@ -187,6 +187,7 @@ def _sections(
     predicted_ranges: dict[tuple[str, str], tuple[int, int]],
     predicted_keys: list[str],
     scaling: dict[str, Any] | None,
+    hosts: bool,
 ) -> list[dict[str, Any]]:
     """One section per model × dataset that has points, in the sweep's order of models and datasets."""
     ranges = data.pair_ranges(frame)
@@ -199,7 +200,9 @@ def _sections(
         start, stop = ranges.get((model, dataset), (0, 0))
         pair = frame.iloc[start:stop]
         points = table[(table["model"] == model) & (table["dataset"] == dataset)]
-        section = pair_section(model, dataset, pair, start=start, stop=stop, points=points, table_keys=config_keys)
+        section = pair_section(
+            model, dataset, pair, start=start, stop=stop, points=points, table_keys=config_keys, one_host=hosts
+        )
         chosen = _drawn_configurations(pair, min(per_pair_drawings, MAX_DRAWINGS - drawn))
         section["drawings"] = [
             {"point_id": d["point_id"], "svg": Markup(d["svg"]), "ranks": d["ranks"]}

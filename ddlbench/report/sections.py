@@ -31,11 +31,24 @@ STUDY_AXES = {"threads": "threads per rank", "ranks_per_node": "ranks per node",
 GREY = "#888888"
 
 
+ONE_HOST_NODES = "nodes (processes on one host)"
+
+
 def pair_section(
-    model: str, dataset: str, pair: pd.DataFrame, *, start: int, stop: int, points: pd.DataFrame, table_keys: set[str]
+    model: str,
+    dataset: str,
+    pair: pd.DataFrame,
+    *,
+    start: int,
+    stop: int,
+    points: pd.DataFrame,
+    table_keys: set[str],
+    one_host: bool = False,
 ) -> dict[str, Any]:
     """The section's context: its lead, charts and legend, study charts and table views. `pair`: its rows of
-    the configurations' table (ddlbench.report.data.configurations_frame), rows [start, stop) of it."""
+    the configurations' table (ddlbench.report.data.configurations_frame), rows [start, stop) of it.
+    `one_host`: every point ran on one host, so the node axis says its nodes are processes there."""
+    node_label = ONE_HOST_NODES if one_host else "nodes"
     statuses = points["status"].value_counts().to_dict()
     failed = sum(n for status, n in statuses.items() if status != "ok")
     section: dict[str, Any] = {
@@ -57,7 +70,7 @@ def pair_section(
         "scaling": None,
     }
     if pair.empty:
-        nodes = Axis(label="nodes", from_zero=False)
+        nodes = Axis(label=node_label, from_zero=False)
         section["charts"] = [Markup(line_chart([], title="Throughput", x=nodes, y=Axis(label="samples/s")))]
         return section
     level = basis(pair)
@@ -65,7 +78,7 @@ def pair_section(
     lines, note = _series(pair, level)
     section["selection"] = note
     section["legend"] = [{"label": label, "colour": colour(i)} for i, (label, _) in enumerate(lines)]
-    section["charts"] = [Markup(svg) for svg in _node_charts(lines, level)]
+    section["charts"] = [Markup(svg) for svg in _node_charts(lines, level, node_label)]
     section["study"] = _study_charts(pair, level)
 
     def shown(keys: list[str]) -> list[str]:
@@ -135,10 +148,10 @@ def _figure_mark(row: dict[str, Any], level: str, x: float, label: str, what: st
                 note=f"{label}, {what}: {figure.text} samples/s")  # fmt: skip
 
 
-def _node_charts(lines: list[tuple[str, list[dict[str, Any]]]], level: str) -> list[str]:
+def _node_charts(lines: list[tuple[str, list[dict[str, Any]]]], level: str, node_label: str) -> list[str]:
     nodes = [float(r["nodes"]) for _, rows in lines for r in rows]
     x_log = _span(nodes) >= LOG_SPAN
-    x_axis = Axis(label="nodes", log=x_log, base=2, from_zero=False, ticks_at_values=not x_log)
+    x_axis = Axis(label=node_label, log=x_log, base=2, from_zero=False, ticks_at_values=not x_log)
     prefix = _prefix(level)
     throughput_lines, speedup_lines, efficiency_lines, memory_lines = [], [], [], []
     for index, (label, records) in enumerate(lines):
