@@ -23,8 +23,10 @@ STATUSES: tuple[Status, ...] = ("ok", "failed", "oom", "timeout")
 # 3: the CPU memory probe counts the blocks of every thread of the rank (c10's process-wide accounting):
 # gloo's clones freed on its worker thread no longer stay live (zero2 read 3P for 2P, fsdp up to 2.1P
 # for 1.5P) and Horovod's fusion buffer counts; fsdp, tensor and dp_tp start sharded on the meta device,
-# so their peaks no longer include the whole model built at setup.
-MEASUREMENT_VERSION = 3
+# so their peaks no longer include the whole model built at setup. 4: the CUDA tensor peak is over the
+# probed step, as the CPU's was (it ran from the inputs' residence, first warm-up steps included), and
+# counted from the probe's start; a broken CPU probe says "not probed: <why>" on an ok point.
+MEASUREMENT_VERSION = 4
 
 
 # The per-step figures a rank records inside its measured steps (RankResult.anatomy), in this order; each
@@ -103,9 +105,9 @@ class RankResult:
     step_times_s: tuple[float, ...]  # measured steps only: end − start of each on this rank (seconds)
     losses: tuple[float, ...]  # every step, warm-up included; empty on ranks that compute no loss
     peak_rss_bytes: int  # getrusage ru_maxrss of the rank's process (whole process, not just tensors)
-    # Tensor memory, one definition on CPU and GPU (ddlbench.train.memory): bytes of tensor storages
-    # the rank's allocator held, at their highest from the model's construction to the end of the
-    # probed step (a warm-up step, never a timed one nor the only warm-up step), minus the input pool.
+    # Tensor memory, one definition on CPU and GPU (ddlbench.train.memory): the highest bytes of live
+    # tensor storages during the probed step (a warm-up step, never a timed one nor the only warm-up
+    # step), counting storages made since just before the model's construction, minus the input pool.
     # CPU: the allocator's events through torch.profiler; CUDA: the caching allocator's peak counter.
     tensor_peak_bytes: int | None = None
     tensor_resident_bytes: int | None = None  # the same, at the probed step's start (params, grads, state…)

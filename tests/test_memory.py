@@ -1,8 +1,11 @@
-"""Tensor memory peaks: the probe against hand counts, and what sharding saves, measured on real ranks."""
+"""Tensor memory peaks: the probe against hand counts, its window (one step, the same on CPU and CUDA), its
+start-up check and what a broken probe leaves in a record, and what sharding saves, measured on real ranks."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -12,7 +15,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ddlbench.launch.runner import run_point
-from ddlbench.train.memory import MemoryProbe, process_wide_accounting, storage_bytes
+from ddlbench.train import memory
+from ddlbench.train.memory import MemoryProbe, loaded_libc10, process_wide_accounting, storage_bytes
 from tests.conftest import make_point
 
 MIB = 2**20
@@ -164,6 +168,142 @@ def test_blocks_of_other_threads_count_where_they_are_made_and_freed():
     assert figures.resident_bytes == 2 * MIB
     assert figures.peak_bytes == 2 * MIB + MIB // 2
     assert kept[0].nbytes == 2 * MIB
+
+
+def test_the_window_is_the_probed_step_not_the_steps_before_it():
+    """A block made and freed before the probed step (bigger than anything after it: a first step's
+    buffers) is not in the peak; one made before it and still alive is, in resident and peak alike."""
+    probe = MemoryProbe(torch.device("cpu"), enabled=True)
+    probe.start()
+    earlier = torch.ones(4 * MIB)  # 16 MiB, freed before the probed step
+    del earlier
+    kept = torch.ones(MIB // 4)  # 1 MiB, alive across the probed step
+    with probe.probing():
+        during = torch.ones(MIB // 2)  # 2 MiB, made and freed inside it
+        del during
+    figures = probe.finish(0)
+    assert figures.resident_bytes == kept.nbytes
+    assert figures.peak_bytes == kept.nbytes + 2 * MIB
+
+
+def test_the_flag_is_c10s_own_in_this_process():
+    # the libc10 that `import torch` mapped, the only one, and its flag counts a helper thread's block
+    assert len(loaded_libc10()) == 1
+    probe = MemoryProbe(torch.device("cpu"), enabled=True)
+    probe.start()
+    try:
+        assert probe.enabled, probe.why_not
+    finally:
+        probe.finish(0)
+
+
+def test_the_libc10_of_the_process_is_read_from_its_maps(tmp_path):
+    maps = tmp_path / "maps"
+    lib = "/venv/site-packages/torch/lib"
+    maps.write_text(
+        f"7f00-7f01 r--p 00000000 fe:00 11 {lib}/libc10_cuda.so\n"
+        f"7f01-7f02 r-xp 00001000 fe:00 12 {lib}/libc10.so\n"
+        f"7f02-7f03 r--p 00002000 fe:00 12 {lib}/libc10.so\n"
+        "7f03-7f04 rw-p 00000000 00:00 0 \n"
+        "7f04-7f05 r--p 00000000 fe:00 13 /usr/lib/libc.so.6\n"
+    )
+    assert loaded_libc10(maps) == [Path(f"{lib}/libc10.so")]
+    with pytest.raises(memory.ProbeBroken, match="cannot list"):
+        loaded_libc10(tmp_path / "absent")
+
+
+def test_a_flag_that_does_not_take_is_caught_at_start(monkeypatch):
+    # a bool that is not c10's: setting it changes nothing, so a helper thread's block goes uncounted
+    monkeypatch.setattr(memory, "process_wide_accounting", lambda: ctypes.c_bool(False))
+    probe = MemoryProbe(torch.device("cpu"), enabled=True)
+    probe.start()
+    assert not probe.enabled
+    assert probe.why_not.startswith("not probed: FLAGS_caffe2_report_cpu_memory_usage did not take effect")
+    assert not torch.autograd._profiler_enabled()  # no profiler left running into the steps
+    with probe.probing():
+        torch.ones(MIB)
+    figures = probe.finish(7)
+    assert (figures.peak_bytes, figures.resident_bytes, figures.input_pool_bytes) == (None, None, 7)
+    assert figures.method == probe.why_not
+
+
+def test_a_missing_symbol_leaves_the_figures_out_with_the_reason(monkeypatch):
+    monkeypatch.setattr(memory, "ACCOUNTING_FLAG", "FLAGS_ddlbench_no_such_flag")
+    process_wide_accounting.cache_clear()
+    try:
+        probe = MemoryProbe(torch.device("cpu"), enabled=True)
+        probe.start()
+        figures = probe.finish(0)
+    finally:
+        process_wide_accounting.cache_clear()  # the next lookup finds the real flag again
+    assert figures.peak_bytes is None
+    assert figures.method.startswith("not probed: the loaded ") and "FLAGS_ddlbench_no_such_flag" in figures.method
+
+
+def test_a_runtime_error_in_the_probe_leaves_the_figures_out_with_the_reason(monkeypatch):
+    def broken(profiler):
+        raise RuntimeError("expected one range, found 0")
+
+    monkeypatch.setattr(memory, "allocator_peak", broken)
+    probe = MemoryProbe(torch.device("cpu"), enabled=True)
+    probe.start()
+    with probe.probing():
+        torch.ones(MIB)
+    figures = probe.finish(0)
+    assert figures.peak_bytes is None and figures.resident_bytes is None
+    assert figures.method == "not probed: the probe failed: RuntimeError: expected one range, found 0"
+    assert not torch.autograd._profiler_enabled() and not process_wide_accounting().value
+
+
+# what each rank process runs at start-up (sitecustomize) to break its probe in one way
+BREAKAGES = {
+    "missing_symbol": "import ddlbench.train.memory as m\nm.ACCOUNTING_FLAG = 'FLAGS_ddlbench_no_such_flag'\n",
+    "runtime_error": (
+        "import ddlbench.train.memory as m\n"
+        "def broken(profiler):\n"
+        "    raise RuntimeError('the profile does not add up')\n"
+        "m.allocator_peak = broken\n"
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("breakage", sorted(BREAKAGES))
+def test_a_broken_probe_leaves_an_ok_point_with_not_probed(tmp_path, monkeypatch, breakage):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BREAKAGES[breakage])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    point = make_point(warmup_steps=2, steps=2)
+    record = run_point(point, out=tmp_path / "record.json", launcher="local")
+    assert record.status == "ok", record.reason
+    rank = record.ranks[0]
+    assert rank.memory_probe.startswith("not probed: "), rank.memory_probe
+    assert ("FLAGS_ddlbench_no_such_flag" if breakage == "missing_symbol" else "does not add up") in rank.memory_probe
+    assert rank.tensor_peak_bytes is None and record.metrics.tensor_peak_bytes is None
+    assert len(rank.step_times_s) == 2  # the point measured what it measures
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_window_is_the_probed_step_on_cuda_too():
+    """The same window as on the CPU: sizes in whole 2 MiB, so the caching allocator rounds nothing."""
+    device = torch.device("cuda")
+    probe = MemoryProbe(device, enabled=True)
+    probe.start()
+    earlier = torch.empty(32 * MIB, dtype=torch.uint8, device=device)  # freed before the probed step
+    del earlier
+    kept = torch.empty(4 * MIB, dtype=torch.uint8, device=device)
+    pool = torch.empty(2 * MIB, dtype=torch.uint8, device=device)
+    with probe.probing():
+        during = torch.empty(8 * MIB, dtype=torch.uint8, device=device)
+        del during
+    figures = probe.finish(pool.nbytes)
+    assert figures.resident_bytes == kept.nbytes
+    assert figures.peak_bytes == kept.nbytes + 8 * MIB
+    assert figures.method.startswith("cuda caching allocator")
+    # the whole run's peak, which the reset at the probed step's start must not lose
+    assert probe.cuda_run_peaks()[0] >= 32 * MIB
 
 
 GPT = dict(model="gpt_tiny", dataset="tokens_small", model_options=(), batch_size=1, warmup_steps=2, steps=2)

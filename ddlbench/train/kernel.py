@@ -150,10 +150,11 @@ def train_point(
     """Run the point's warm-up and measured steps on this rank; return what it measured.
 
     Warm-up steps are timed loosely (for the record only). The last of them, when there are two or
-    more, runs under the memory probe (ddlbench.train.memory), whose allocator events start before
-    the model is built. The measured steps form one window: every rank leaves warm-up at a barrier,
-    times each step's start and end (host timer, or CUDA events with no synchronisation and no
-    `.item()` inside the window), and maps them onto rank 0's clock (ddlbench.train.clock).
+    more, runs under the memory probe (ddlbench.train.memory): the peak of live tensor bytes during that
+    one step, counted from before the model is built, less the input pool. The measured steps form one
+    window: every rank leaves warm-up at a barrier, times each step's start and end (host timer, or CUDA
+    events with no synchronisation and no `.item()` inside the window), and maps them onto rank 0's
+    clock (ddlbench.train.clock).
 
     Input: synthetic points cycle through batches made resident before timing; real-data points read
     each step's own batch through a DataLoader (ddlbench.train.data.loader), warm-up steps included, and
@@ -183,7 +184,6 @@ def train_point(
     batches = [] if real else step_batches(point, start, stop, ctx.device, dataset)
     batches = [(execution.prepare_inputs(x), y) for x, y in batches]  # NHWC once, outside the timed steps
     pool_bytes = storage_bytes(t for batch in batches for t in batch)
-    memory.inputs_resident()
     fault = planned_fault(point.point_id) if ctx.rank == ctx.world_size - 1 else None
     delay = delay_s(fault)
     clock_group = host_group(ctx.backend)
@@ -242,6 +242,7 @@ def train_point(
     log.info("rank %d: %d steps, last loss %s", ctx.rank, len(starts), values[-1] if values else None)
 
     inside = recorder.figures()
+    cuda_peaks = memory.cuda_run_peaks() if on_cuda else (None, None)  # the whole run's, inputs included
     offset = clock.offset_s
     last = point.warmup_steps + point.steps
     traced = range(last - max(1, point.trace_steps), last)
@@ -262,8 +263,8 @@ def train_point(
         tensor_resident_bytes=figures.resident_bytes,
         input_pool_bytes=figures.input_pool_bytes,
         memory_probe=figures.method + (LOADER_MEMORY_NOTE if loader and figures.peak_bytes is not None else ""),
-        cuda_peak_allocated_bytes=torch.cuda.max_memory_allocated(ctx.device) if on_cuda else None,
-        cuda_peak_reserved_bytes=torch.cuda.max_memory_reserved(ctx.device) if on_cuda else None,
+        cuda_peak_allocated_bytes=cuda_peaks[0],
+        cuda_peak_reserved_bytes=cuda_peaks[1],
         device=ctx.device.type,
         device_name=torch.cuda.get_device_name(ctx.device) if on_cuda else "",
         backend=ctx.backend,
