@@ -62,9 +62,15 @@ class Figure:
     basis: str  # what the value and its interval are over
     node: str | None = None  # the node a per-node figure ran on
     why_missing: str = ""  # why a figure the suite should produce has no value
+    # the figure's value in each independent launch (a training figure: each repetition's window throughput);
+    # what a regression is judged from (ddlbench.analysis.verdicts). Empty where the figure comes from one
+    # launch (a calibration's iterations, a ratio of two configurations), which then draws no verdict.
+    launches: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["launches"] = list(self.launches)
+        return data
 
     @classmethod
     def unmeasured(cls, name: str, *, unit: str, kind: str, why: str, node: str | None = None) -> Figure:
@@ -208,6 +214,7 @@ def _throughput(row: dict[str, Any], summary: dict[str, Any] | None) -> Figure:
         value, low, high = (summary[f"samples_per_s_{s}"] for s in ("median", "ci_low", "ci_high"))
         n = int(summary["samples_per_s_n"])
         basis = f"median step throughput of the median repetition (of {reps}), 95 % CI over its {n} steps"
+    values = summary.get("rep_samples_per_s_values")
     return Figure(
         name=name,
         unit="samples/s",
@@ -218,6 +225,7 @@ def _throughput(row: dict[str, Any], summary: dict[str, Any] | None) -> Figure:
         n=n,
         basis=basis,
         node=_node(row),
+        launches=tuple(json.loads(values)) if isinstance(values, str) else (),
     )
 
 
