@@ -240,6 +240,8 @@ def _models_text(models: list[dict[str, Any]]) -> str:
             f"  {m['points']} points, {m['observations']} observations; SMAPE {_pct(m['smape_percent'])} in-sample, "
             f"{_pct(m['cv_smape_percent'])} leave-one-out; s = {_num(m['residual_sd'])}"
         )
+        if m["measured"] and all(point["n"] < 2 for point in m["measured"]):
+            lines.append("  one launch per configuration: the band is the model's misfit, not run-to-run")
         for p in m["predictions"]:
             band = (
                 "no band (too few observations)"
@@ -253,14 +255,24 @@ def _models_text(models: list[dict[str, Any]]) -> str:
 
 def _cheapest_text(answer: dict[str, Any]) -> str:
     lines = [f"target: {answer['target']}"]
+    if answer.get("band"):
+        lines.append(f"bands: {answer['band']}; nothing is claimed across a band without one")
     if not answer["choices"]:
         lines.append("no candidate meets the target: " + answer.get("why", ""))
     for choice in answer["choices"]:
+        if choice["sure"]:
+            verdict = "meets it across its band (95 % PI over launches)"
+        elif choice["band"] != "95 % prediction interval over launches":
+            verdict = f"meets it on the central value ({choice['band']})"
+        else:
+            verdict = "meets it on the central value only"
         lines.append(
-            f"{choice['label']} at {choice['x']}: {choice['figure']} {choice['value']:.4g} "
-            f"(95 % PI [{_num(choice['low'])}, {_num(choice['high'])}]), cost {choice['cost_node_h_per_epoch']:.4g} "
-            f"node-h/epoch; {'meets it across its band' if choice['sure'] else 'meets it on the central value only'}"
+            f"{choice['label']} at {choice['x']:g} (global batch {choice['global_batch_size']}): {choice['figure']} "
+            f"{choice['value']:.4g} (95 % PI [{_num(choice['low'])}, {_num(choice['high'])}]), cost "
+            f"{choice['cost_node_h_per_epoch']:.4g} node-h/epoch; {verdict}"
         )
+    for refused in answer.get("refused", []):
+        lines.append(f"{refused['label']} at {refused['x']:g}: not a configuration ({refused['why']})")
     return "\n".join(lines) + "\n"
 
 

@@ -71,12 +71,12 @@ class Point:
     @property
     def replicas(self) -> int:
         """Data-parallel replicas of the model: world_size // split."""
-        return self.world_size // self.split
+        return replicas_of(world_size=self.world_size, split=self.split)
 
     @property
     def global_batch_size(self) -> int:
         """Samples consumed per optimizer step by the whole job: batch_size per replica times the replicas."""
-        return self.batch_size * self.replicas
+        return global_batch_of(batch_size=self.batch_size, world_size=self.world_size, split=self.split)
 
     @functools.cached_property
     def spec_hash(self) -> str:
@@ -145,6 +145,22 @@ _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "trace_steps": 0,
     "node": "",
 }
+
+
+def replicas_of(*, world_size: int, split: int) -> int:
+    """Data-parallel replicas of a model cut over `split` ranks among `world_size`: world_size // split.
+
+    Point.replicas is this; it is a function of the raw fields for figures of configurations that are no
+    Point (a series extrapolated to more nodes)."""
+    return world_size // split
+
+
+def global_batch_of(*, batch_size: int, world_size: int, split: int) -> int:
+    """Samples per optimizer step of the whole job: batch_size per replica × replicas_of(world_size, split).
+
+    THE global batch (Point.global_batch_size is this): what "the same global batch" means wherever
+    strategies are compared (ddlbench.analysis.keys.comparison_key)."""
+    return batch_size * replicas_of(world_size=world_size, split=split)
 
 
 def node_tag(node: str) -> str:

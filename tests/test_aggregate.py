@@ -10,7 +10,16 @@ import pytest
 
 from ddlbench.analysis.aggregate import build_table, save_table
 from ddlbench.analysis.configurations import summarize_configurations
-from ddlbench.analysis.keys import CONFIG_FIELDS, STRATEGY_FIELDS, baseline_key, config_key, series_key
+from ddlbench.analysis.keys import (
+    COMPARED_APART,
+    CONFIG_FIELDS,
+    STRATEGY_FIELDS,
+    baseline_key,
+    baseline_replica_key,
+    comparison_key,
+    config_key,
+    series_key,
+)
 from ddlbench.config import sweep_config_from_mapping
 from ddlbench.point import Point
 from ddlbench.records import MEASUREMENT_VERSION, PointRecord, Stats, record_path, write_record
@@ -90,7 +99,16 @@ def test_every_configuration_field_separates_configurations_and_repetition_does_
         other = replace(point, **{name: _changed(point, name)})
         assert config_key(other) != config_key(point), name
         assert (series_key(other) == series_key(point)) == (name == "nodes"), name
-        assert (baseline_key(other) == baseline_key(point)) == (name in STRATEGY_FIELDS), name
+        assert (baseline_replica_key(other) == baseline_replica_key(point)) == (name in STRATEGY_FIELDS), name
+        # like for like holds the global batch equal: a strategy field that changes it (split) separates
+        alike = name in COMPARED_APART and other.global_batch_size == point.global_batch_size
+        assert (baseline_key(other) == baseline_key(point)) == alike, name
+        assert (comparison_key(other) == comparison_key(point)) == alike, name
+    # a pipeline over both ranks at twice the per-replica batch runs ddp's global batch: alike
+    pipeline = replace(point, strategy="gpipe", split=2, micro_batches=2, batch_size=2 * point.batch_size)
+    assert pipeline.global_batch_size == point.global_batch_size
+    assert comparison_key(pipeline) == comparison_key(point) and baseline_key(pipeline) == baseline_key(point)
+    assert baseline_replica_key(pipeline) != baseline_replica_key(point)
 
 
 def test_a_pure_split_grows_with_the_world_inside_one_series_and_a_hybrid_split_is_its_own_series():
@@ -141,7 +159,10 @@ def test_speedup_is_over_the_smallest_node_count_of_each_series_and_one_there(tm
     assert summary.loc[("dp_pp", 4, 4), "base_samples_per_s"] == 90.0
 
 
-def test_ddp_is_compared_only_with_itself_equal_in_everything_but_the_strategy(tmp_path):
+def test_ddp_is_compared_at_the_same_global_batch_else_at_the_same_per_replica_batch_and_says_which(tmp_path):
+    """On 2 nodes × 1 rank, gpipe (one replica over both ranks) at batch 16 runs 16 samples a step, as ddp
+    at batch 8 does: they are compared. gpipe at batch 8 runs 8, which no ddp point does: it falls back to
+    ddp at batch 8 (16 samples a step) and says so. Tuned ddp is compared with default ddp."""
     plan = plan_of(tmp_path, strategies=["ddp", "gpipe"], nodes=[2], batch_size=[8, 16], threads=[1, 2])
     tuned = [replace(p, strategy_options=(("bucket_cap_mb", "1"),)) for p in plan.points if p.strategy == "ddp"]
     plan = replace(plan, points=plan.points + tuple(tuned))
@@ -155,12 +176,25 @@ def test_ddp_is_compared_only_with_itself_equal_in_everything_but_the_strategy(t
     summary = summarize_configurations(build_table(plan))
     default_ddp = summary[(summary["strategy"] == "ddp") & (summary["strategy_options"] == "{}")]
     assert list(default_ddp["vs_baseline"]) == [1.0] * 4  # exactly, at every batch size and thread count
+    assert set(default_ddp["baseline_held_equal"]) == {"global batch"}
     tuned_ddp = summary[summary["strategy_options"] != "{}"]
     assert tuned_ddp["vs_baseline"].to_list() == pytest.approx([1.1] * 4)
     gpipe = summary[summary["strategy"] == "gpipe"].set_index(["batch_size", "threads"])
+    ddp_at = {(p.global_batch_size, p.threads): p.batch_size for p in plan.points if p.strategy == "ddp"}
     for (batch, threads), row in gpipe.iterrows():
-        assert row["vs_baseline"] == pytest.approx(speeds[("gpipe", batch, threads)] / speeds[("ddp", batch, threads)])
-        assert row["baseline_samples_per_s"] == speeds[("ddp", batch, threads)]
+        same_global = ddp_at.get((row["global_batch_size"], threads))
+        expected = same_global or batch  # the ddp batch it is compared with
+        assert row["baseline_held_equal"] == ("global batch" if same_global else "per-replica batch")
+        assert row["vs_baseline"] == pytest.approx(
+            speeds[("gpipe", batch, threads)] / speeds[("ddp", expected, threads)]
+        )
+        assert row["baseline_samples_per_s"] == speeds[("ddp", expected, threads)]
+    assert gpipe.loc[(16, 1), "vs_baseline"] == pytest.approx(90.0 / 100.0)  # both 16 samples a step
+    assert gpipe.loc[(8, 2), "baseline_held_equal"] == "per-replica batch"  # 8 samples; ddp's least is 16
+    alone = summarize_configurations(
+        build_table(replace(plan, points=tuple(p for p in plan.points if p.strategy != "ddp")))
+    )
+    assert set(alone["baseline_held_equal"]) == {"no ddp alike"} and alone["vs_baseline"].isna().all()
 
 
 def test_repetitions_give_a_median_and_a_ci_from_six_on(tmp_path):

@@ -4,8 +4,9 @@ One row per planned point. Its columns, by group:
 
 - one column per `Point` field, named after it (options as canonical JSON), derived from the dataclass
   (ddlbench.analysis.keys), plus world_size, replicas and global_batch_size;
-- config_key, series_key, baseline_key: which configuration, which line over nodes, and which ddp
-  points the point is compared with (ddlbench.analysis.keys says how each is derived);
+- config_key, series_key, baseline_key, baseline_replica_key: which configuration, which line over
+  nodes, and which configurations it is compared with like for like (the same global batch) or, failing
+  a ddp there, at the same per-replica batch (ddlbench.analysis.keys says how each is derived);
 - status, reason, measurement_version and other_measurement_version (figures of another version mean
   something else: they are left out of every comparison unless asked for);
 - per point, over its kept measured steps (records.Stats): samples_per_s_<s> and step_time_s_<s> for
@@ -25,7 +26,8 @@ One row per planned point. Its columns, by group:
 - provenance: hosts, versions, SLURM job;
 - per configuration, over its repetitions, repeated on each of its rows that took part
   (ddlbench.analysis.configurations.POINT_SUMMARY_COLUMNS): n_repetitions, rep_samples_per_s_* …,
-  speedup, scaling_efficiency, base_*, vs_baseline, baseline_*.
+  speedup, scaling_efficiency, base_*, vs_baseline, baseline_* (baseline_held_equal: which batch the
+  ddp it divides by holds equal).
 """
 
 from __future__ import annotations
@@ -68,10 +70,10 @@ COUNT_COLUMNS = (
     "straggler_slowest_steps",
     "straggler_steps",
 )
+# per-configuration columns of text: a key, which batch the ddp baseline holds equal, the repetitions' values (JSON)
+TEXT_COLUMNS = ("baseline_config_key", "baseline_held_equal", "rep_samples_per_s_values")
 FLOAT_COLUMNS = tuple(
-    column
-    for column in POINT_SUMMARY_COLUMNS
-    if column not in (*BOOLEAN_COLUMNS, *COUNT_COLUMNS, "baseline_config_key")
+    column for column in POINT_SUMMARY_COLUMNS if column not in (*BOOLEAN_COLUMNS, *COUNT_COLUMNS, *TEXT_COLUMNS)
 )
 # rank facts copied as they are, from the first rank that states them
 FACT_COLUMNS = ("split_flops_share", "gradient_path", "gradient_reduction")

@@ -20,9 +20,13 @@ series (ddlbench.analysis.keys.series_key), speedup(n) = T(n) / T(n0) and scalin
 speedup(n) / (n / n0), with T = rep_samples_per_s_median and n0 the series' smallest node count,
 kept as base_nodes and base_samples_per_s (samples/s). Dimensionless.
 
-vs_baseline = T ÷ T of the ddp configuration equal in every field but the strategy's own (strategy,
-strategy_options, split, micro_batches): ddp at its default options, or the only ddp variant there is.
-A ratio of medians; ratios are never averaged (rule 4).
+vs_baseline = T ÷ T of the ddp configuration like for like (ddlbench.analysis.keys.comparison_key):
+equal in every field but the strategy's own (strategy, strategy_options, split, micro_batches) and the
+per-replica batch, at the same global batch (Point.global_batch_size, samples per optimizer step): ddp
+at its default options, or the only ddp variant there is. Where no ddp ran at that global batch, the ddp
+configuration at the same per-replica batch_size (then the two run different global batches), and
+where there is none either, no ratio. baseline_held_equal says which: "global batch", "per-replica
+batch" or "no ddp alike". A ratio of medians; ratios are never averaged (rule 4).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import pandas as pd
 from ddlbench.analysis.keys import BASELINE_STRATEGY, CONFIG_FIELDS
 from ddlbench.statistics import coefficient_of_variation, is_noisy, median_ci, percentile
 
-KEY_COLUMNS = ("config_key", "series_key", "baseline_key")
+KEY_COLUMNS = ("config_key", "series_key", "baseline_key", "baseline_replica_key")
 SIZE_COLUMNS = ("world_size", "replicas", "global_batch_size")
 STEP_COLUMNS = tuple(
     f"{figure}_{name}"
@@ -60,6 +64,7 @@ POINT_SUMMARY_COLUMNS = [
     "vs_baseline",
     "baseline_samples_per_s",
     "baseline_config_key",
+    "baseline_held_equal",
 ]
 # the largest over repetitions (memory, parameters, stages, dropped warm-up steps)
 MAX_COLUMNS = (
@@ -171,23 +176,40 @@ def add_scaling(summary: pd.DataFrame) -> pd.DataFrame:
     return summary
 
 
+HELD_EQUAL = {"baseline_key": "global batch", "baseline_replica_key": "per-replica batch"}
+NO_BASELINE = f"no {BASELINE_STRATEGY} alike"
+
+
 def add_baseline(summary: pd.DataFrame) -> pd.DataFrame:
-    """vs_baseline and the ddp configuration it divides by (its key, options and samples/s)."""
-    baselines: dict[str, dict[str, Any]] = {}
+    """vs_baseline, the ddp configuration it divides by (its key, options and samples/s) and which batch
+    the two hold equal (baseline_held_equal): the global batch where such a ddp ran, else the per-replica one."""
+    ddp = summary.loc[summary["strategy"] == BASELINE_STRATEGY]
+    found = {column: _baselines(ddp, column) for column in HELD_EQUAL}
+    base, held = [], []
+    for row in summary[list(HELD_EQUAL)].to_dict("records"):
+        column = next((column for column in HELD_EQUAL if row[column] in found[column]), None)
+        base.append(found[column][row[column]] if column else None)
+        held.append(HELD_EQUAL[column] if column else NO_BASELINE)
+    summary["baseline_samples_per_s"] = [b["rep_samples_per_s_median"] if b else float("nan") for b in base]
+    summary["baseline_config_key"] = [b["config_key"] if b else None for b in base]
+    summary["baseline_strategy_options"] = [b["strategy_options"] if b else None for b in base]
+    summary["baseline_held_equal"] = held
+    summary["vs_baseline"] = summary["rep_samples_per_s_median"] / summary["baseline_samples_per_s"]
+    return summary
+
+
+def _baselines(ddp: pd.DataFrame, key_column: str) -> dict[str, dict[str, Any]]:
+    """Per key, the one ddp configuration to divide by: the one at default options, or the only one."""
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    columns = ["baseline_key", "config_key", "strategy_options", "rep_samples_per_s_median"]
-    for row in summary.loc[summary["strategy"] == BASELINE_STRATEGY, columns].to_dict("records"):
-        groups[row["baseline_key"]].append(row)
+    columns = [key_column, "config_key", "strategy_options", "rep_samples_per_s_median"]
+    for row in ddp[columns].to_dict("records"):
+        groups[row[key_column]].append(row)
+    baselines = {}
     for key, candidates in groups.items():
         chosen = [c for c in candidates if _no_options(c["strategy_options"])] or candidates
         if len(chosen) == 1:
             baselines[key] = chosen[0]
-    base = [baselines.get(key) for key in summary["baseline_key"]]
-    summary["baseline_samples_per_s"] = [b["rep_samples_per_s_median"] if b else float("nan") for b in base]
-    summary["baseline_config_key"] = [b["config_key"] if b else None for b in base]
-    summary["baseline_strategy_options"] = [b["strategy_options"] if b else None for b in base]
-    summary["vs_baseline"] = summary["rep_samples_per_s_median"] / summary["baseline_samples_per_s"]
-    return summary
+    return baselines
 
 
 def _no_options(options: object) -> bool:

@@ -6,11 +6,18 @@ to Point separates configurations in every table, figure, speedup and comparison
 - configuration: every Point field but `repetition` (repetitions are independent launches of it);
 - series: the configuration without `nodes`, and without `split` where the strategy splits the model
   over the whole world (pure model/pipeline/tensor/ParaDL splits, split = world size by definition);
-- baseline: the configuration without the fields a strategy owns (`strategy`, `strategy_options`,
-  `split`, `micro_batches`), so ddp is compared only with points equal in everything else.
+- comparison (like for like, `comparison_key`; its hash is `baseline_key`): the configuration without
+  the fields a strategy owns (`strategy`, `strategy_options`, `split`, `micro_batches`) and without the
+  per-replica `batch_size`, with the global batch (Point.global_batch_size = batch_size × world_size //
+  split) held equal instead: strategies compared with each other, or with ddp, run the same samples per
+  optimizer step on the same nodes, ranks, threads, model, data and precision. (A pipeline of 2 ranks at
+  batch 32 runs 32 samples a step; ddp on the same 2 ranks at batch 32 runs 64, at batch 16 it runs 32.)
+- replica baseline (`baseline_replica_key`): the configuration without the strategy's own fields only,
+  per-replica batch held equal: the fallback when no ddp ran at the same global batch, named as such.
 
-Keys are short hashes of the canonical JSON of what they keep (Point.to_dict, which leaves fields at
-their defaults out, so a new defaulted field keeps old keys).
+config and series keys are short hashes of the canonical JSON of what they keep (Point.to_dict, which
+leaves fields at their defaults out, so a new defaulted field keeps old keys); the comparison key is a
+tuple of (field, value) over every comparison field, and its hash the same tuple's.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+from collections.abc import Mapping
 from typing import Any
 
 from ddlbench.catalog import STRATEGIES
@@ -30,6 +39,13 @@ CONFIG_FIELDS: tuple[str, ...] = tuple(name for name in POINT_FIELDS if name != 
 # fields a strategy owns: the only ones a point may differ in from the ddp point it is compared with
 STRATEGY_FIELDS: tuple[str, ...] = ("strategy", "strategy_options", "split", "micro_batches")
 BASELINE_STRATEGY = "ddp"
+# the fields two configurations compared like for like may differ in: the strategy's own, and the
+# per-replica batch, which a strategy's layout sets so that the global batch is the one held equal
+COMPARED_APART: tuple[str, ...] = (*STRATEGY_FIELDS, "batch_size")
+COMPARISON_FIELDS: tuple[str, ...] = (
+    *(name for name in CONFIG_FIELDS if name not in COMPARED_APART),
+    "global_batch_size",
+)
 # option fields are tuples of pairs on a Point; in tables they are canonical JSON objects
 JSON_FIELDS = ("model_options", "strategy_options")
 _KEY_LENGTH = 16  # hex digits of sha256: collisions are out of reach for any sweep
@@ -53,6 +69,20 @@ def point_columns(point: Point) -> dict[str, Any]:
     return row
 
 
+def point_of_row(row: Mapping[str, Any], **changes: Any) -> Point:
+    """The Point a table row (point_columns) names, with `changes`; a row without `repetition` (a
+    configuration) gets repetition 0. Raises KeyError naming a Point field the row lacks."""
+    fields = {name: _plain(row[name]) for name in POINT_FIELDS if name in row} | changes
+    fields.setdefault(REPETITION_FIELD, 0)
+    for name in JSON_FIELDS:
+        if isinstance(fields.get(name), str):
+            fields[name] = json.loads(fields[name] or "{}")
+    missing = [name for name in POINT_FIELDS if name not in fields]
+    if missing:
+        raise KeyError(f"a row without the Point fields {', '.join(missing)}")
+    return Point.from_dict(fields)
+
+
 def configuration(point: Point) -> dict[str, Any]:
     """The point's canonical spec without its repetition number."""
     spec = json.loads(point.to_json())  # = to_dict(), from the point's cached canonical JSON (faster)
@@ -74,8 +104,27 @@ def series_key(point: Point) -> str:
     return _digest(spec)
 
 
+def comparison_key(row: Mapping[str, Any] | Point) -> tuple[tuple[str, Any], ...]:
+    """Like for like: equal for exactly the configurations that differ in nothing but the strategy's own
+    fields (STRATEGY_FIELDS) and the per-replica batch_size, at the same global batch.
+
+    `row` is a Point, or a row of the aggregated table or of the configuration summary (a mapping with
+    a column per configuration field, options as canonical JSON, and global_batch_size, which the table
+    takes from Point.global_batch_size). A field the row lacks counts as None. The key is a tuple of
+    (field, value) pairs in COMPARISON_FIELDS order: hashable, for grouping and dictionary keys."""
+    if isinstance(row, Point):
+        row = point_columns(row) | {"global_batch_size": row.global_batch_size}
+    return tuple((name, _plain(row.get(name))) for name in COMPARISON_FIELDS)
+
+
 def baseline_key(point: Point) -> str:
-    """Equal for the configurations that differ only in the strategy and its own settings."""
+    """The comparison key's hash: the ddp configuration a point is compared with has the same one."""
+    return _digest(dict(comparison_key(point)))
+
+
+def baseline_replica_key(point: Point) -> str:
+    """Equal for the configurations that differ only in the strategy and its own settings, per-replica
+    batch held equal (so a pipeline and ddp then run different global batches)."""
     spec = configuration(point)
     for name in STRATEGY_FIELDS:
         spec.pop(name, None)
@@ -83,13 +132,29 @@ def baseline_key(point: Point) -> str:
 
 
 def keys(point: Point) -> dict[str, str]:
-    """The three keys at once, from one spec (each key alone builds it again: 10,000 points, seconds)."""
+    """The four keys at once, from one spec (each key alone builds it again: 10,000 points, seconds)."""
     spec = configuration(point)
     series = {name: value for name, value in spec.items() if name != "nodes"}
     if split_follows_world(point.strategy):
         series.pop("split", None)
-    baseline = {name: value for name, value in spec.items() if name not in STRATEGY_FIELDS}
-    return {"config_key": _digest(spec), "series_key": _digest(series), "baseline_key": _digest(baseline)}
+    replica = {name: value for name, value in spec.items() if name not in STRATEGY_FIELDS}
+    return {
+        "config_key": _digest(spec),
+        "series_key": _digest(series),
+        "baseline_key": baseline_key(point),
+        "baseline_replica_key": _digest(replica),
+    }
+
+
+def _plain(value: Any) -> Any:
+    """A table's value as the Point's: numpy scalars as Python ones, missing values (NaN, NA) as None."""
+    if value is None or type(value).__name__ == "NAType":  # pandas.NA, without importing pandas here
+        return None
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
 
 
 def _digest(spec: dict[str, Any]) -> str:

@@ -9,9 +9,12 @@ it is, so averages are not flattered. Averages are plain means over the points o
 over strategies (each strategy weighs the same, as the issue's target "average over strategies" reads),
 with the number of points each rests on. Only points that ran to the end (status ok) count.
 
-The recommendation check groups measured points by what a user chooses between: model, dataset, nodes,
-ranks per node, global batch and precision. In each group with at least two strategies it compares the
-strategy with the lowest predicted step time with the one with the lowest measured step time.
+The recommendation check groups measured points like for like (ddlbench.analysis.keys.comparison_key:
+equal in everything but the strategy's own fields and the per-replica batch, at the same global batch),
+the choice a user has between strategies. In each group with at least two strategies it compares the
+strategy with the lowest predicted step time with the one with the lowest measured step time; the
+group is named by its model, dataset, nodes, ranks per node, global batch and precision, and by any
+other field in which groups differ.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-GROUP = ["model", "dataset", "nodes", "ranks_per_node", "global_batch_size", "precision"]
+from ddlbench.analysis.keys import comparison_key
+
+# what a group's name always shows; comparison_key decides the groups
+LABEL = ("model", "dataset", "nodes", "ranks_per_node", "global_batch_size", "precision")
 
 
 def accuracy(predicted: float, measured: float) -> float:
@@ -119,8 +125,15 @@ class Pick:
 
 def picks(joined: pd.DataFrame) -> list[Pick]:
     out = []
-    columns = [c for c in GROUP if c in joined.columns]
-    for key, rows in joined.groupby(columns, sort=True, dropna=False):
+    groups: dict[tuple, list[int]] = {}
+    for index, row in zip(joined.index, joined.to_dict("records"), strict=True):
+        groups.setdefault(comparison_key(row), []).append(index)
+    # a field that tells groups apart beyond the label's (threads, options, ...) is named too
+    differing = [
+        name for name, _ in next(iter(groups), ()) if len({dict(key)[name] for key in groups}) > 1 and name not in LABEL
+    ]
+    for key in groups:  # in the table's order (the sweep's)
+        rows = joined.loc[groups[key]]
         per = rows.groupby("strategy").agg(
             measured=("step_time_s_median", "median"), predicted=("predicted_step_time_s", "median")
         )
@@ -128,11 +141,10 @@ def picks(joined: pd.DataFrame) -> list[Pick]:
             continue
         predicted_best = str(per["predicted"].idxmin())
         measured_best = str(per["measured"].idxmin())
+        fields = dict(key)
         out.append(
             Pick(
-                group=" ".join(
-                    f"{c}={v}" for c, v in zip(columns, key if isinstance(key, tuple) else (key,), strict=True)
-                ),
+                group=" ".join(f"{name}={fields[name]}" for name in (*LABEL, *differing) if fields[name] is not None),
                 strategies=len(per),
                 predicted_best=predicted_best,
                 measured_best=measured_best,

@@ -1,77 +1,66 @@
 """What a point asks of the analytical model, and the facts about its ranks every strategy model needs.
 
-`Setting` is the part of a sweep point (ddlbench.point.Point) a prediction depends on, so the oracle
-can ask about configurations that are not points of any sweep. Ranks are numbered node-major (rank =
-node × ranks_per_node + local rank), and a strategy's inner groups (tensor, pipeline, ParaDL splits)
-are consecutive ranks, as ddlbench.train.strategies.common.build_mesh lays them out.
+`Setting` is a sweep point (ddlbench.point.Point) whose launch-only fields default, so the oracle can
+ask about configurations that are not points of any sweep; its sizes are Point's. Ranks are numbered
+node-major (rank = node × ranks_per_node + local rank), and a strategy's inner groups (tensor,
+pipeline, ParaDL splits) are consecutive ranks, as ddlbench.train.strategies.common.build_mesh lays
+them out.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ddlbench.analysis.analytic.layers import ModelTable
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.simulate import Program, Timeline, simulate
 from ddlbench.catalog import STRATEGIES
+from ddlbench.point import Point
 
 
 @dataclass(frozen=True, kw_only=True)
-class Setting:
-    """One configuration to predict (the fields of ddlbench.point.Point that matter)."""
+class Setting(Point):
+    """One configuration to predict: a Point whose fields a prediction does not read (the launch's
+    repetition, steps, seed, learning rate, time limit) have defaults, so the oracle can ask about
+    configurations no sweep made. Its sizes (world_size, replicas, global_batch_size) are Point's own.
 
-    model: str
-    dataset: str
-    strategy: str
-    nodes: int
-    ranks_per_node: int
-    batch_size: int  # samples per model replica per step
+    batch_size is per model replica; split the ranks sharing one replica (pipeline stages, tensor and
+    ParaDL parts), as the sweep resolves it (ddlbench.sweep.resolve_layout): 1 for pure data
+    parallelism, the world size for a model cut over every rank."""
+
     threads: int = 1
-    micro_batches: int = 1
-    split: int = 1  # ranks sharing one replica (pipeline stages, tensor/ParaDL parts)
-    precision: str = "fp32"
-    model_options: tuple[tuple[str, str], ...] = ()
-    strategy_options: tuple[tuple[str, str], ...] = ()
-    point_id: str = ""
+    repetition: int = 0
+    warmup_steps: int = 0
+    steps: int = 1
+    seed: int = 0
+    learning_rate: float = 0.0
+    timeout_s: float = 0.0
 
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.ranks_per_node
-
-    @property
-    def replicas(self) -> int:
-        return self.world_size // self.split
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.batch_size * self.replicas
+    def __post_init__(self) -> None:
+        # the strategy models read the layout from split and replicas alone: an inconsistent one would be
+        # simulated as one layout and counted (global batch, samples/s) as another
+        spec = STRATEGIES.get(self.strategy)
+        if spec.split_dim is None and self.split != 1:
+            raise ValueError(f"Setting {self.strategy} keeps one rank per replica: split must be 1, not {self.split}")
+        if spec.split_dim is not None and not spec.data_parallel and self.split != self.world_size:
+            raise ValueError(
+                f"Setting {self.strategy} cuts one replica over all {self.world_size} ranks: split must be "
+                f"{self.world_size}, not {self.split}"
+            )
 
     def options(self) -> dict[str, str]:
-        """The strategy's options with its defaults filled in (as Point.resolved_strategy_options)."""
-        return STRATEGIES.get(self.strategy).default_options() | dict(self.strategy_options)
+        """The strategy's options with its defaults filled in (Point.resolved_strategy_options)."""
+        return self.resolved_strategy_options()
 
     def option(self, key: str) -> str:
         return self.options()[key]
 
     @classmethod
-    def of_point(cls, point) -> Setting:  # ddlbench.point.Point; not imported: analysis stays below launch
-        return cls(
-            model=point.model,
-            dataset=point.dataset,
-            strategy=point.strategy,
-            nodes=point.nodes,
-            ranks_per_node=point.ranks_per_node,
-            batch_size=point.batch_size,
-            threads=point.threads,
-            micro_batches=point.micro_batches,
-            split=point.split,
-            precision=point.precision,
-            model_options=tuple(point.model_options),
-            strategy_options=tuple(point.strategy_options),
-            point_id=point.point_id,
-        )
+    def of_point(cls, point: Point) -> Setting:
+        """The point itself as a Setting: every field kept, so its point_id is the point's."""
+        return cls(**{f.name: getattr(point, f.name) for f in fields(Point)})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,8 @@
 """The oracle: every strategy that can run a model at a node count, ranked by predicted step time.
 
 For each node count the candidates are the zoo's strategies that accept the model's family, each at one
-layout a user would try first, all at the same global batch (so their samples/s compare):
+layout a user would try first, all at the same global batch (Point.global_batch_size, so their samples/s
+compare; a layout whose replicas do not divide it is refused with why):
 - data-parallel (ddp, horovod, zero2, fsdp): one replica per rank, batch = global / ranks;
 - pipelines (gpipe, 1f1b, interleaved_1f1b) and model_parallel: one replica over all ranks, batch =
   global; micro-batches 2 × stages (Narayanan et al.: the bubble (S−1)/(m+S−1) is a third at m = 2S),
@@ -17,13 +18,12 @@ of explanation names its step's largest part and how far ahead of the runner-up 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ddlbench.analysis.analytic.layout import Setting
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.predict import Prediction, TableSource, introspected_table, predict
 from ddlbench.catalog import MODELS, STRATEGIES
-from ddlbench.point import Point
 from ddlbench.validity import why_skipped
 
 DATA_PARALLEL = ("ddp", "horovod", "zero2", "fsdp")
@@ -54,6 +54,8 @@ class Verdict:
 def candidates(
     model: str, dataset: str, *, nodes: int, ranks_per_node: int, global_batch: int, threads: int, precision: str
 ) -> list[Setting]:
+    """Each strategy at its first layout, batch_size = global_batch ÷ its replicas (Point.replicas); where
+    that does not divide, the setting runs another global batch and `_refusal` says so."""
     family = MODELS.get(model).family
     world = nodes * ranks_per_node
     out = []
@@ -61,36 +63,33 @@ def candidates(
         if family not in STRATEGIES.get(name).families:
             continue
         if name in DATA_PARALLEL:
-            split, batch = 1, global_batch // world
+            split = 1
         elif name in WHOLE_WORLD:
-            split, batch = world, global_batch
+            split = world
         else:
             split = ranks_per_node if nodes > 1 else max(1, world // 2)
-            batch = global_batch // (world // split) if split else global_batch
+        layout = Setting(model=model, dataset=dataset, strategy=name, nodes=nodes, ranks_per_node=ranks_per_node,
+                         batch_size=1, threads=threads, split=split, precision=precision)  # fmt: skip
+        batch = max(1, global_batch // layout.replicas)
         stages = split * (2 if name == "interleaved_1f1b" else 1)
         micro = 1
         if name in PIPELINED:
-            micro = min(max(1, batch), 2 * stages)
+            micro = min(batch, 2 * stages)
             while micro > 1 and batch % micro:
                 micro -= 1
             if name == "interleaved_1f1b" and micro % split:
                 micro = split
-        out.append(
-            Setting(model=model, dataset=dataset, strategy=name, nodes=nodes, ranks_per_node=ranks_per_node,
-                    batch_size=max(1, batch), threads=threads, micro_batches=micro, split=split, precision=precision,
-                    point_id=f"{name}-n{nodes}x{ranks_per_node}-s{split}-b{max(1, batch)}-mb{micro}")
-        )  # fmt: skip
+        out.append(replace(layout, batch_size=batch, micro_batches=micro))
     return out
 
 
-def _refusal(setting: Setting) -> str | None:
-    point = Point(
-        model=setting.model, dataset=setting.dataset, strategy=setting.strategy, nodes=setting.nodes,
-        ranks_per_node=setting.ranks_per_node, batch_size=setting.batch_size, threads=setting.threads, repetition=0,
-        warmup_steps=1, steps=1, seed=0, learning_rate=0.01, timeout_s=60.0, micro_batches=setting.micro_batches,
-        split=setting.split, precision=setting.precision, model_options=setting.model_options,
-    )  # fmt: skip
-    return why_skipped(point)
+def _refusal(setting: Setting, global_batch: int) -> str | None:
+    if setting.global_batch_size != global_batch:
+        return (
+            f"global batch {global_batch} does not divide over {setting.replicas} replicas: "
+            f"batch {setting.batch_size} per replica would run {setting.global_batch_size}"
+        )
+    return why_skipped(setting)
 
 
 def consult(
@@ -119,7 +118,7 @@ def consult(
         ):
             if strategies and setting.strategy not in strategies:
                 continue
-            refused = _refusal(setting)
+            refused = _refusal(setting, batch)
             prediction = None
             if refused is None:
                 try:

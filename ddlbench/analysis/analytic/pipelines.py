@@ -103,7 +103,7 @@ def model_pipeline(
 ) -> StrategyRun:
     """A pipeline of `split` ranks (replicas in dp_pp run alike; rank 0's replica stands for all)."""
     s, table = ctx.setting, ctx.table
-    ranks = s.split if s.split > 1 else s.world_size
+    ranks = s.split  # the Setting's split is Point's: the world size for a model cut over every rank
     micro = micro or s.micro_batches
     stages = ranks * stages_per_rank
     bounds = cut_stages(ctx, stages)
@@ -153,7 +153,7 @@ def model_pipeline(
         r: sum(table.blocks[i].params for k in range(stages) if rank_of[k] == r for i in range(*bounds[k]))
         for r in range(ranks)
     }
-    replicas = s.world_size // ranks
+    replicas = s.replicas
     for r in range(ranks):
         deps = [last_of[r]]
         if replicas > 1:

@@ -58,8 +58,8 @@ def block_scale(ctx: Context, split_layers: set[str], parts: int) -> list[float]
 
 def model_tensor(ctx: Context, times_for) -> StrategyRun:
     s, table = ctx.setting, ctx.table
-    t = s.split if s.split > 1 else s.world_size
-    group, dp = _groups(ctx) if s.split > 1 else (list(range(s.world_size)), [0])
+    t = s.split  # the Setting's split is Point's: the world size for a model cut over every rank
+    group, dp = _groups(ctx)
     # the attention (its heads) and the MLP, with their Linears: what a tensor-parallel rank computes 1/t of
     split = {layer.name for layer in table.layers if TENSOR_SPLIT & set(layer.name.split(".")[1:])}
     scale = block_scale(ctx, split, t)
@@ -142,8 +142,8 @@ def model_tensor(ctx: Context, times_for) -> StrategyRun:
 
 def model_filter_channel(ctx: Context, times_for, *, kind: str) -> StrategyRun:
     s, table = ctx.setting, ctx.table
-    p = s.split if s.split > 1 else s.world_size
-    group, dp = _groups(ctx) if s.split > 1 else (list(range(s.world_size)), [0])
+    p = s.split
+    group, dp = _groups(ctx)
     share = predict_split_share(s.model, s.dataset, s.model_options, kind, p)
     names = set(share.names)
     scale = block_scale(ctx, names, p)
@@ -217,8 +217,8 @@ def model_filter_channel(ctx: Context, times_for, *, kind: str) -> StrategyRun:
 
 def model_spatial(ctx: Context, times_for) -> StrategyRun:
     s, table = ctx.setting, ctx.table
-    p = s.split if s.split > 1 else s.world_size
-    group, dp = _groups(ctx) if s.split > 1 else (list(range(s.world_size)), [0])
+    p = s.split
+    group, dp = _groups(ctx)
     share = predict_split_share(s.model, s.dataset, s.model_options, "spatial", p)
     region = share.split  # the first `region` blocks run on slabs
     scale = [1.0 / p if i < region else 1.0 for i in range(len(table.blocks))]

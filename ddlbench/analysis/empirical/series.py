@@ -1,8 +1,12 @@
 """A sweep's records (its aggregated table) as series to model: one figure over one or more parameters,
 everything else held fixed, with every repetition kept.
 
+Each value is one launch: the table has one row per repetition (an independent launch of the same
+configuration), and a series takes one figure per row, never a launch's per-step statistics, so the
+spread among a point's values, and the prediction bands that rest on it, is run-to-run variation.
 The figures, per repetition r of a configuration (its window throughput R_r = samples of the kept window ÷
-the window's wall time, samples_per_s_overall in the table; B the global batch; n the nodes):
+the window's wall time, samples_per_s_overall in the table; B the global batch, Point.global_batch_size,
+the table's global_batch_size; n the nodes):
 - samples_per_s: R_r (samples/s);
 - step_time_s: B / R_r (s), the mean step time of the window;
 - speedup: R_r / R̃₀ with R̃₀ the median over repetitions of the series' smallest scale (dimensionless);
@@ -21,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ddlbench.analysis.keys import CONFIG_FIELDS, describe, varying_fields
+from ddlbench.analysis.keys import CONFIG_FIELDS, describe, split_follows_world, varying_fields
 from ddlbench.errors import DdlbenchError
 
 FIGURES = {
@@ -95,8 +99,14 @@ def series_from_table(
         for name in CONFIG_FIELDS
         if name in rows.columns and name not in over and name not in implied and not _follows(name, over)
     ]
+    by = [rows[name].astype(str) for name in held]
+    if _follows("split", over) and "split" in rows.columns:
+        # a hybrid's split is its own choice (keys.series_key): one series per split, never mixed as repetitions
+        by.append(
+            pd.Series([_own_split(s, t) for s, t in zip(rows["split"], rows["strategy"], strict=True)], rows.index)
+        )
     families = []
-    for _, family in rows.groupby([rows[name].astype(str) for name in held], sort=True, dropna=False):
+    for _, family in rows.groupby(by, sort=True, dropna=False):
         grouped = family.groupby([family[name] for name in over], sort=True)
         points = [
             (tuple(float(v) for v in (key if isinstance(key, tuple) else (key,))), group) for key, group in grouped
@@ -121,7 +131,7 @@ def series_from_table(
                     label=label,
                     x=tuple(p for p, _ in points),
                     values=values,
-                    fixed={name: first.get(name) for name in held},
+                    fixed={name: first.get(name) for name in held} | _split_held(first, over),
                 )
             )
     return out
@@ -130,6 +140,18 @@ def series_from_table(
 def _follows(name: str, over: tuple[str, ...]) -> bool:
     # split grows with the world for strategies that cut one replica over all ranks: keys.series_key's rule
     return name == "split" and ("nodes" in over or "world_size" in over)
+
+
+def _own_split(split: Any, strategy: Any) -> str:
+    """The split where it is a choice (hybrids, data parallelism's 1); "world" where it follows the world."""
+    return "world" if split_follows_world(str(strategy)) else str(split)
+
+
+def _split_held(first: dict[str, Any], over: tuple[str, ...]) -> dict[str, Any]:
+    """split in the series' fixed fields where it is held (left out where it grows with the world)."""
+    if not _follows("split", over) or "split" not in first or split_follows_world(str(first.get("strategy"))):
+        return {}
+    return {"split": first["split"]}
 
 
 def _figure_values(figure, points, over, first, epoch_samples, price):
