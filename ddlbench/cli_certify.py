@@ -53,9 +53,7 @@ def add_commands(commands: Any) -> None:
     certify.set_defaults(handler=_certify)
 
     history = commands.add_parser("history", help="list the runs in the results database")
-    history.add_argument(
-        "--db", type=Path, help="results database (default: $DDLBENCH_HISTORY, else results/history.sqlite)"
-    )
+    _add_database_options(history)
     history.add_argument("--system")
     history.add_argument("--partition")
     history.add_argument("--kind", choices=("sweep", "certificate"))
@@ -65,11 +63,31 @@ def add_commands(commands: Any) -> None:
     compare = commands.add_parser("compare", help="two runs of the results database side by side")
     compare.add_argument("run_a", metavar="RUN_A")
     compare.add_argument("run_b", metavar="RUN_B")
-    compare.add_argument(
-        "--db", type=Path, help="results database (default: $DDLBENCH_HISTORY, else results/history.sqlite)"
-    )
+    _add_database_options(compare)
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
     compare.set_defaults(handler=_compare)
+
+
+def _add_database_options(command: Any) -> None:
+    """`history` and `compare` find the database by the rule a sweep stores by (ddlbench/history/db.py)."""
+    command.add_argument(
+        "--db",
+        type=Path,
+        help="results database (default: $DDLBENCH_HISTORY, else history.sqlite in the --configfile's "
+        "results_dir, else results/history.sqlite: where the sweep stored its figures)",
+    )
+    command.add_argument(
+        "--configfile",
+        type=Path,
+        metavar="SWEEP",
+        help="the sweep (or certification suite) file whose results_dir holds the database",
+    )
+
+
+def _database(args: argparse.Namespace) -> Path:
+    from ddlbench.history.db import history_path, results_dir_of
+
+    return history_path(args.db, results_dir=results_dir_of(args.configfile))
 
 
 def _certify(args: argparse.Namespace) -> int:
@@ -215,15 +233,17 @@ def _print_summary(certificate: dict[str, Any], html: Path) -> None:
 
 def _history(args: argparse.Namespace) -> int:
     from ddlbench.cli_predict import print_table
-    from ddlbench.history.db import history_path, list_runs
+    from ddlbench.history.db import list_runs
 
-    runs = list_runs(db=args.db, system=args.system, partition=args.partition, kind=args.kind)
+    db = _database(args)
+    runs = list_runs(db=db, system=args.system, partition=args.partition, kind=args.kind)
     if args.json:
         print(json.dumps([run.__dict__ | {"figures": None} for run in runs], indent=1))
         return 0
     if not runs:
-        print(f"no runs in {history_path(args.db)}")
+        print(f"no runs in {db} (another database: --configfile SWEEP, --db or $DDLBENCH_HISTORY)")
         return 0
+    print(f"runs in {db}:")
     header = ["id", "kind", "date", "system:partition", "name", "config", "ddlbench", "measurement", "passed"]
     rows = [
         [
@@ -248,7 +268,8 @@ def _compare(args: argparse.Namespace) -> int:
     from ddlbench.history.compare import compare_runs
     from ddlbench.history.db import load_run
 
-    a, b = load_run(args.run_a, db=args.db), load_run(args.run_b, db=args.db)
+    db = _database(args)
+    a, b = load_run(args.run_a, db=db), load_run(args.run_b, db=db)
     rows = compare_runs(a, b)
     if args.json:
         print(json.dumps({"a": a.id, "b": b.id, "figures": rows}, indent=1))

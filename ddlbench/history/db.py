@@ -8,14 +8,31 @@ each with its unit, value, 95 % interval, n and basis, its node when per node, a
 reference band and verdict. A run whose content was stored before (same kind, config hash and figures:
 an aggregate run again over the same records) is not stored twice.
 
-Where: --db, else $DDLBENCH_HISTORY, else history.sqlite in the results folder: the sweep's `results_dir`
-when a sweep or certificate is stored, ./results for `ddlbench history` and `compare`.
+Where: one rule for every command, so that `history` and `compare` read what a sweep wrote: --db (the
+`aggregate` step's --history), else $DDLBENCH_HISTORY, else history.sqlite in the sweep's `results_dir`
+(`aggregate` and `certify` know their sweep; `history` and `compare` are told it with --configfile),
+else in results/, the default `results_dir`, relative to the working directory like it.
+
+Writers at once: each store is one `BEGIN IMMEDIATE` transaction (the duplicate check, the run and its
+figures together), and a writer waits up to BUSY_TIMEOUT_S for another to finish; readers take no write
+lock. So any number of sweeps may aggregate into one database at once and none loses a run, wherever
+the filesystem's POSIX (fcntl) locks hold. They hold on a local disk. On a network filesystem they hold
+as far as its locks do: GPFS and Lustre mounted with `flock` lock across hosts, Lustre with `localflock`
+and NFS mounted `nolock` within one host only, and NFS's lock manager is known to lose locks (SQLite
+warns that a database there can be corrupted). ddlbench writes only in `aggregate` and `certify`, which
+run where Snakemake runs (local rules), never in a SLURM job: sweeps started from one login node write
+from one host. Sweeps started from several hosts into one database on a network filesystem need its
+locks to hold across hosts, or a database each ($DDLBENCH_HISTORY). The journal is SQLite's default
+rollback journal: write-ahead logging needs shared memory between the writers, which no network
+filesystem provides. A write to a database on a network filesystem logs a warning that says so.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -24,10 +41,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ddlbench.errors import DdlbenchError
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 DB_NAME = "history.sqlite"
+BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another's transaction before giving up
+# filesystems whose locks may not hold across hosts (a write there logs a warning)
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "beegfs", "ceph", "glusterfs", "fuse.sshfs")
 RUN_FIELDS = (
     "kind", "name", "system", "partition", "config_hash", "date", "ddlbench_version", "measurement_version",
     "git_commit", "passed", "source",
@@ -78,25 +102,110 @@ def history_path(db: str | Path | None = None, *, results_dir: str | Path = "res
     return Path(db or os.environ.get("DDLBENCH_HISTORY") or Path(results_dir) / DB_NAME)
 
 
+def results_dir_of(configfile: str | Path | None) -> Path:
+    """The `results_dir` of a sweep (or certification suite) file, the schema's default without one or
+    where the file names none; only that key is read, so a certification suite's words pass."""
+    from ddlbench.config.schema import sweep_schema
+
+    default = Path(sweep_schema()["properties"]["results_dir"]["default"])
+    if configfile is None:
+        return default
+    try:
+        raw = yaml.safe_load(Path(configfile).read_text())
+    except OSError as exc:
+        raise DdlbenchError(f"--configfile: cannot read {str(configfile)!r}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise DdlbenchError(f"--configfile: {configfile} is not valid YAML: {exc}") from None
+    value = raw.get("results_dir") if isinstance(raw, dict) else None
+    if value is not None and (not isinstance(value, str) or not value):
+        raise DdlbenchError(f"--configfile: results_dir: {value!r} in {configfile} is not a folder name")
+    return Path(value) if value else default
+
+
 @contextmanager
-def connect(db: str | Path | None = None) -> Iterator[sqlite3.Connection]:
-    """The database, created with its schema on first use; refused by name when it is not ours."""
+def connect(db: str | Path | None = None, *, write: bool = False) -> Iterator[sqlite3.Connection]:
+    """The database in one transaction (`BEGIN IMMEDIATE` to write), committed when the block ends;
+    created with its schema on first use; refused by name when it is not ours or stays locked."""
     path = history_path(db)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if write:
+        _warn_on_network_filesystem(path.resolve())
+    connection = None
     try:
-        connection = sqlite3.connect(path, timeout=60)
-        connection.execute("PRAGMA foreign_keys = ON")
-        connection.executescript(_SCHEMA)
-        (version,) = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    except sqlite3.DatabaseError as exc:
-        raise DdlbenchError(f"{path} is not a ddlbench results database: {exc}") from None
-    if int(version) != SCHEMA_VERSION:
-        raise DdlbenchError(f"{path} has schema version {version}; this ddlbench reads {SCHEMA_VERSION}")
-    try:
-        with connection:
+        try:
+            connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            connection.execute("PRAGMA foreign_keys = ON")
+            version = _schema_version(connection)
+            if version is None:  # a new database (a concurrent creator's schema is kept: IF NOT EXISTS)
+                connection.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\nCOMMIT;")
+                version = _schema_version(connection)
+            connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise DdlbenchError(
+                    f"{path} stayed locked for {BUSY_TIMEOUT_S:g} s by another writer ({exc}); on a network "
+                    "filesystem, see docs/certify.md on where its locks hold"
+                ) from None
+            raise DdlbenchError(f"{path} cannot be opened as a results database: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise DdlbenchError(f"{path} is not a ddlbench results database: {exc}") from None
+        if version is None or int(version) != SCHEMA_VERSION:
+            raise DdlbenchError(f"{path} has schema version {version}; this ddlbench reads {SCHEMA_VERSION}")
+        try:
             yield connection
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
+        connection.execute("COMMIT")
     finally:
-        connection.close()
+        if connection is not None:
+            connection.close()
+
+
+def _schema_version(connection: sqlite3.Connection) -> str | None:
+    """The stored schema version; None for a database without ddlbench's tables yet."""
+    try:
+        row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" not in str(exc):
+            raise
+        return None
+    return None if row is None else str(row[0])
+
+
+@functools.cache
+def _warn_on_network_filesystem(path: Path) -> None:
+    """Once per database and process: say so when it sits on a filesystem whose locks may not hold."""
+    kind = filesystem_of(path)
+    if kind in NETWORK_FILESYSTEMS:
+        log.warning(
+            "the results database %s is on a %s filesystem: concurrent writers are safe only as far as its "
+            "locks hold (docs/certify.md says where); write from one host, or give each host its own "
+            "database with $DDLBENCH_HISTORY",
+            path,
+            kind,
+        )
+
+
+def filesystem_of(path: Path, mounts: str | None = None) -> str | None:
+    """The type of the filesystem holding `path` (Linux: the longest mount point above it in
+    /proc/self/mounts, or `mounts` given as that file's text); None where that cannot be read."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/self/mounts").read_text()
+        except OSError:
+            return None
+    best, kind = "", None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = str(path) == point or str(path).startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
 
 
 def store_run(run: dict[str, Any], figures: list[dict[str, Any]], *, db: str | Path | None = None) -> tuple[int, bool]:
@@ -108,7 +217,7 @@ def store_run(run: dict[str, Any], figures: list[dict[str, Any]], *, db: str | P
     fingerprint = hashlib.sha256(
         json.dumps([run["kind"], run["config_hash"], run["system"], run["partition"], rows], default=str).encode()
     ).hexdigest()
-    with connect(db) as connection:
+    with connect(db, write=True) as connection:  # the duplicate check and the insert in one transaction
         found = connection.execute("SELECT id FROM runs WHERE fingerprint = ?", (fingerprint,)).fetchone()
         if found:
             return int(found[0]), False
