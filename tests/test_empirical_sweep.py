@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ddlbench.analysis.keys import point_of_row
 from tests.conftest import run_cli, run_snakemake
 from tests.report_data import between
 
@@ -105,6 +106,25 @@ def test_the_cheapest_configuration_meets_the_target_at_the_least_node_hours(swe
     assert all(c["value"] >= target for c in answer["choices"])
     assert cheapest["cost"] == min(c["cost"] for c in answer["choices"])
     assert cheapest["cost_node_h_per_epoch"] == pytest.approx(cheapest["x"] * 50_000 / cheapest["samples_per_s"] / 3600)
+    # two launches of each configuration: the band is run-to-run, and the step's work is Point's global batch
+    assert answer["band"] == "" and all(
+        c["band"] == "95 % prediction interval over launches" for c in answer["choices"]
+    )
+    measured = table.iloc[0].to_dict()
+    step = run_cli("fit", "--configfile", str(path), "--cheapest", "--target", "step_time_s<=100", "--format", "json")
+    choices = json.loads(step.stdout)["choices"]
+    assert {c["x"] for c in choices} == {1.0, 2.0, 4.0}  # measured, and the sweep's scaling.at
+    for choice in choices:
+        batch = point_of_row(measured, nodes=int(choice["x"])).global_batch_size  # 8 per rank, 1 rank per node
+        assert choice["global_batch_size"] == batch
+        assert choice["value"] == pytest.approx(batch / choice["samples_per_s"])
+    # the first launch of each alone: no run-to-run band, so nothing is claimed surely, and the output says why
+    once = sweep_dir.parent / "once.parquet"
+    table[table["repetition"] == 0].to_parquet(once)
+    single = run_cli("fit", "--table", str(once), "--cheapest", "--target", f"samples_per_s>={target}")
+    assert single.returncode == 0, single.stderr
+    assert "one launch per configuration: no run-to-run band" in single.stdout
+    assert "across its band" not in single.stdout
     unreachable = run_cli("fit", "--configfile", str(path), "--cheapest", "--target", "samples_per_s>=1e12")
     assert unreachable.returncode == 1 and "no candidate meets the target" in unreachable.stdout
     bad = run_cli("fit", "--configfile", str(path), "--cheapest", "--target", "speed>5")
