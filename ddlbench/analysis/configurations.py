@@ -9,7 +9,9 @@ Two levels of statistics, both nonparametric (ddlbench.statistics; Hoefler & Bel
 - over repetitions, rep_samples_per_s_*: each repetition contributes its window throughput,
   samples_per_s_overall = samples of the kept window ÷ its wall time (rule 3: a rate over a window is
   total work over total time, not a mean of per-step rates); the median over repetitions, its 95 % CI
-  (None below 6 repetitions), CV and noise flag. rep_step_time_s_* does the same with each
+  (None below 6 repetitions), CV and noise flag; rep_samples_per_s_values lists each repetition's
+  (a JSON list in repetition order), what verdicts between configurations compare
+  (ddlbench.analysis.verdicts). rep_step_time_s_* does the same with each
   repetition's mean step time of the window, global_batch_size ÷ samples_per_s_overall (seconds);
 - over steps, samples_per_s_* and step_time_s_* (and input_wait_s_*, input_wait_share_* where the
   point read through a loader): the step statistics (records.Stats) of the median repetition, the
@@ -56,6 +58,7 @@ POINT_SUMMARY_COLUMNS = [
     *(f"rep_samples_per_s_{name}" for name in REP_STATS),
     *(f"rep_step_time_s_{name}" for name in REP_STATS),
     "median_repetition",
+    "rep_samples_per_s_values",
     "any_oversubscribed",
     "speedup",
     "scaling_efficiency",
@@ -136,6 +139,9 @@ def _summarize(key: str, reps: list[dict[str, Any]]) -> dict[str, Any]:
     ordered = sorted(reps, key=lambda rep: (float(rep["samples_per_s_overall"]), rep["repetition"]))
     median_rep = ordered[(len(ordered) - 1) // 2]
     row["median_repetition"] = median_rep["repetition"]
+    # each launch's window throughput, in repetition order: what verdicts compare (ddlbench.analysis.verdicts)
+    by_repetition = sorted(reps, key=lambda rep: rep["repetition"])
+    row["rep_samples_per_s_values"] = json.dumps([float(rep["samples_per_s_overall"]) for rep in by_repetition])
     row |= {column: _value(median_rep.get(column)) for column in STEP_COLUMNS}
     versions = sorted({int(rep["measurement_version"]) for rep in reps if _value(rep.get("measurement_version"))})
     row["measurement_versions"] = ",".join(str(version) for version in versions)
