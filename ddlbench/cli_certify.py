@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from ddlbench.analysis.verdicts import TEST
 from ddlbench.errors import DdlbenchError
 
 log = logging.getLogger("ddlbench")
@@ -280,7 +281,7 @@ def _compare(args: argparse.Namespace) -> int:
         print("note: the runs measured with different measurement versions; their figures mean different things")
     if a.config_hash != b.config_hash:
         print("note: the runs' configurations differ (config hash); a change may come from the configuration")
-    header = ["figure", "node", "unit", "A [95 % CI]", "B [95 % CI]", "change", "intervals overlap", "verdict"]
+    header = ["figure", "node", "unit", "A [95 % CI]", "B [95 % CI]", "change", "B ÷ A over launches", "verdict"]
     body = [
         [
             row["name"],
@@ -289,13 +290,22 @@ def _compare(args: argparse.Namespace) -> int:
             _with_ci(row["a"]),
             _with_ci(row["b"]),
             _percent(row["change"]),
-            "" if row["overlap"] is None else ("yes" if row["overlap"] else "no"),
+            _ratio(row),
             row["verdict"],
         ]
         for row in rows
     ]
     print_table(header, body)
+    print(f"verdicts from launches: {TEST} over the {len(rows)} figures (p < 0.05); one launch draws none")
     return 0
+
+
+def _ratio(row: dict[str, Any]) -> str:
+    """'×0.77 [0.71, 0.83] p=0.002 (3+3)': the ratio of geometric means over launches, its 95 % CI, Holm's p."""
+    if row.get("p") is None:
+        return ""
+    low, high = row["ratio_ci"]
+    return f"×{row['ratio']:.3g} [{low:.3g}, {high:.3g}] p={row['p']:.2g} ({row['launches'][0]}+{row['launches'][1]})"
 
 
 def _describe(run: Any) -> str:

@@ -37,12 +37,13 @@ def subset(expected: dict, actual: dict) -> bool:
     return {key: actual.get(key) for key in expected} == expected
 
 
-def sweep_records(tmp_path, per_node: dict[str, float], two_nodes: float, name: str = "agg"):
-    """A sweep folder whose single-node point ran once on each node of `per_node`, plus a 2-node point."""
-    plan = plan_of(tmp_path / name, strategies=["ddp"], nodes=[1, 2], each_node=list(per_node))
+def sweep_records(tmp_path, per_node: dict[str, float], two_nodes: float, name: str = "agg", repetitions: int = 1):
+    """A sweep folder whose single-node point ran on each node of `per_node`, plus a 2-node point; each
+    `repetitions` times, the launches 1 samples/s apart around the value."""
+    plan = plan_of(tmp_path / name, strategies=["ddp"], nodes=[1, 2], each_node=list(per_node), repetitions=repetitions)
     records = []
     for point in plan.points:
-        value = per_node[point.node] if point.node else two_nodes
+        value = (per_node[point.node] if point.node else two_nodes) + point.repetition - (repetitions - 1) / 2
         records.append(record_for(point, value, steps=steps_around(value)))
     write(plan, records)
     return plan.config.sweep_dir
@@ -258,27 +259,39 @@ def test_certificate_html_escapes_names_from_references_and_records():
 
 def test_history_keeps_sweeps_and_certificates_and_compare_judges_changes(tmp_path, capsys):
     db = tmp_path / "history.sqlite"
-    plan = plan_of(tmp_path / "sweep", strategies=["ddp"], nodes=[1, 2])
-    write(plan, [record_for(p, v, steps=steps_around(v)) for p, v in zip(plan.points, (100.0, 150.0), strict=True)])
+    plan = plan_of(tmp_path / "sweep", strategies=["ddp"], nodes=[1, 2], repetitions=3)
+    spread = {0: -2.0, 1: 0.0, 2: 2.0}  # each configuration's three launches, ±2 samples/s apart
+
+    def measure(speeds: dict[int, float]) -> None:
+        write(
+            plan,
+            [record_for(p, v := speeds[p.nodes] + spread[p.repetition], steps=steps_around(v)) for p in plan.points],
+        )
+
+    measure({1: 100.0, 2: 150.0})
     config_json = json.dumps(plan.config.to_dict())
     assert main(["-q", "aggregate", "--config-json", config_json, "--history", str(db)]) == 0
     assert main(["-q", "aggregate", "--config-json", config_json, "--history", str(db)]) == 0  # not stored twice
-    # the same sweep measured again: 1 node 30 % faster (beyond both intervals), 2 nodes within noise
-    write(plan, [record_for(p, v, steps=steps_around(v)) for p, v in zip(plan.points, (130.0, 150.5), strict=True)])
+    # the same sweep measured again: 1 node 30 % faster, launch after launch; 2 nodes 0.3 % within ±2
+    measure({1: 130.0, 2: 150.5})
     assert main(["-q", "aggregate", "--config-json", config_json, "--history", str(db)]) == 0
     runs = list_runs(db=db)
     assert [run.kind for run in runs] == ["sweep", "sweep"] and runs[0].config_hash == plan.config.config_hash()
     first = load_run(runs[0].id, db=db)
     assert {f["name"] for f in first.figures} >= {ONE, TWO, EFFICIENCY}
     one = next(f for f in first.figures if f["name"] == ONE)
-    assert one["unit"] == "samples/s" and one["n"] == 8 and one["ci_low"] < one["value"] < one["ci_high"]
+    assert one["unit"] == "samples/s" and one["launches"] == [98.0, 100.0, 102.0]
     capsys.readouterr()
     assert main(["-q", "compare", str(runs[0].id), str(runs[1].id), "--db", str(db), "--json"]) == 0
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["figures"]}
-    assert rows[ONE]["change"] == pytest.approx(0.3) and rows[ONE]["overlap"] is False
-    assert rows[ONE]["verdict"] == "better"
-    assert rows[TWO]["overlap"] is True and rows[TWO]["verdict"] == "same within noise"
-    assert rows[EFFICIENCY]["verdict"] == "worse"  # 150.5/130/2 < 150/100/2, intervals crosswise disjoint
+    assert rows[ONE]["change"] == pytest.approx(0.3) and rows[ONE]["launches"] == [3, 3]
+    assert rows[ONE]["verdict"] == "better" and rows[ONE]["p"] < 0.05
+    assert rows[ONE]["ratio_ci"][0] < 1.3 < rows[ONE]["ratio_ci"][1]
+    assert rows[TWO]["verdict"] == "same within noise" and rows[TWO]["p"] > 0.05
+    # an efficiency is a ratio of two configurations from one launch each: no run-to-run interval
+    assert rows[EFFICIENCY]["verdict"] == "one launch: no run-to-run interval"
+    assert main(["-q", "compare", str(runs[0].id), str(runs[1].id), "--db", str(db)]) == 0
+    assert "Welch" in capsys.readouterr().out
     assert main(["-q", "history", "--db", str(db)]) == 0
     listing = capsys.readouterr().out
     assert "sweep" in listing and plan.config.config_hash()[:12] in listing
@@ -294,16 +307,27 @@ def test_compare_refuses_an_unknown_run(tmp_path, capsys):
 
 def test_a_regression_against_the_last_passing_certificate_is_flagged_while_the_band_still_passes(tmp_path):
     refs = references(tmp_path, {ONE: {"value": 100.0, "lower": -0.3, "upper": 0.3, "unit": "samples/s"}})
-    before = sweep_records(tmp_path, {"n1": 100.0, "n2": 100.0}, two_nodes=190.0, name="monday")
+    before = sweep_records(tmp_path, {"n1": 100.0, "n2": 100.0}, two_nodes=190.0, name="monday", repetitions=3)
     code, first = certify(tmp_path, before, refs)
     assert code == 0 and first["regressions"] == []
-    after = sweep_records(tmp_path, {"n1": 85.0, "n2": 100.0}, two_nodes=190.0, name="tuesday")
+    after = sweep_records(tmp_path, {"n1": 85.0, "n2": 100.0}, two_nodes=190.0, name="tuesday", repetitions=3)
     code, second = certify(tmp_path, after, refs)
     assert code == 0 and second["passed"] is True  # 85 is within 100 − 30 %
     flagged = {(row["name"], row["node"]) for row in second["regressions"]}
     assert (ONE, "n1") in flagged and (ONE, "n2") not in flagged
     row = next(r for r in second["regressions"] if r["node"] == "n1")
     assert row["previous_run"] == first["history_run"] and row["change"] == pytest.approx(-0.15)
+    assert row["p"] < 0.05 and row["ratio"] == pytest.approx(0.85, rel=1e-3)
+
+
+def test_one_launch_draws_no_regression_however_narrow_its_steps(tmp_path):
+    """Steps of one launch are not samples of the machine: 15 % down with tight step intervals, one launch
+    each, is no regression (the old rule, disjoint step intervals, called it one)."""
+    refs = references(tmp_path, {ONE: {"value": 100.0, "lower": -0.3, "upper": 0.3, "unit": "samples/s"}})
+    code, first = certify(tmp_path, sweep_records(tmp_path, {"n1": 100.0}, two_nodes=190.0, name="monday"), refs)
+    assert code == 0
+    code, second = certify(tmp_path, sweep_records(tmp_path, {"n1": 85.0}, two_nodes=190.0, name="tuesday"), refs)
+    assert code == 0 and second["compared_with"] == first["history_run"] and second["regressions"] == []
 
 
 def test_the_regression_baseline_is_the_last_pass_of_the_same_suite_and_measurement_version(tmp_path):
@@ -311,7 +335,7 @@ def test_the_regression_baseline_is_the_last_pass_of_the_same_suite_and_measurem
     version (every figure twice this suite's), are no baseline: with only those there is no regression
     check, and the next run is compared with this suite's own last pass."""
     refs = references(tmp_path, {ONE: {"value": 100.0, "lower": -0.3, "upper": 0.3, "unit": "samples/s"}})
-    before = sweep_records(tmp_path, {"n1": 100.0, "n2": 100.0}, two_nodes=190.0, name="monday")
+    before = sweep_records(tmp_path, {"n1": 100.0, "n2": 100.0}, two_nodes=190.0, name="monday", repetitions=3)
     _, template = certify(tmp_path, before, refs, "--db", str(tmp_path / "elsewhere.sqlite"))
     doubled = [figure | {"value": figure["value"] and 2 * figure["value"]} for figure in template["figures"]]
     for changes in ({"suite": "another_suite"}, {"measurement_version": MEASUREMENT_VERSION + 1}):
@@ -320,7 +344,7 @@ def test_the_regression_baseline_is_the_last_pass_of_the_same_suite_and_measurem
     code, first = certify(tmp_path, before, refs)
     assert code == 0 and first["regressions"] == [] and "compared_with" not in first
     assert any(note.startswith("no regression check:") and "suite agg " in note for note in first["notes"])
-    after = sweep_records(tmp_path, {"n1": 85.0, "n2": 100.0}, two_nodes=190.0, name="tuesday")
+    after = sweep_records(tmp_path, {"n1": 85.0, "n2": 100.0}, two_nodes=190.0, name="tuesday", repetitions=3)
     code, second = certify(tmp_path, after, refs)
     assert code == 0 and second["compared_with"] == first["history_run"]
     assert {row["previous_run"] for row in second["regressions"]} <= {first["history_run"]}

@@ -208,3 +208,35 @@ def test_the_filesystem_is_the_one_of_the_longest_mount_point_above_the_path():
     assert filesystem_of(Path("/home/local disk/history.sqlite"), mounts) == "xfs"
     assert filesystem_of(Path("/scratch/ana/history.sqlite"), mounts) == "lustre"
     assert filesystem_of(Path("/scratchy/history.sqlite"), mounts) == "ext4"
+
+
+def test_a_version_1_database_is_upgraded_in_place_and_keeps_its_runs(tmp_path):
+    """Schema 2 adds each figure's per-launch values; a file of schema 1 (no `launches` column) keeps its
+    runs, reads them without launches, and stores new figures with theirs."""
+    path = tmp_path / "old.sqlite"
+    old_schema = history_db._SCHEMA.replace(",\n    launches TEXT", "").replace(
+        f"'schema_version', '{history_db.SCHEMA_VERSION}'", "'schema_version', '1'"
+    )
+    assert "launches" not in old_schema
+    with sqlite3.connect(path) as connection:
+        connection.executescript(old_schema)
+        connection.execute(
+            "INSERT INTO runs (kind, name, system, partition, config_hash, date, ddlbench_version, "
+            "measurement_version, fingerprint) VALUES ('sweep', 'old', 'local', 'cpu', 'h', 'd', 'v', 3, 'f')"
+        )
+        connection.execute(
+            "INSERT INTO figures (run_id, name, unit, value) VALUES (1, 'train/x/samples_per_s', 'samples/s', 9.0)"
+        )
+    (old,) = list_runs(db=path)
+    assert load_run(old.id, db=path).figures[0]["launches"] == []
+    run = {"kind": "sweep", "name": "new", "system": "local", "partition": "cpu", "config_hash": "h2",
+           "date": "d2", "ddlbench_version": "v", "measurement_version": 4, "git_commit": None, "passed": None,
+           "source": None}  # fmt: skip
+    new_id, _ = store_run(
+        run,
+        [{"name": "train/x/samples_per_s", "unit": "samples/s", "value": 10.0, "launches": (9.5, 10.0, 10.5)}],
+        db=path,
+    )
+    assert load_run(new_id, db=path).figures[0]["launches"] == [9.5, 10.0, 10.5]
+    with sqlite3.connect(path) as connection:
+        assert connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"

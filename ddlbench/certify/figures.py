@@ -151,6 +151,7 @@ def _configurations(table: pd.DataFrame) -> pd.DataFrame | None:
         return None
     fed = table[table["n_repetitions"].notna() & (table["repetition"] == table["median_repetition"])]
     columns = ["config_key", "n_repetitions", "samples_per_s_n"]
+    columns += ["rep_samples_per_s_values"] if "rep_samples_per_s_values" in table.columns else []
     columns += [
         f"{prefix}_{stat}"
         for prefix in ("rep_samples_per_s", "samples_per_s")

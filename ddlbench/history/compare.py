@@ -1,25 +1,32 @@
-"""Two runs side by side, figure by figure: the change, and whether it is beyond the noise.
+"""Two runs side by side, figure by figure: the change, and whether running again could explain it.
 
-For each figure both runs hold (same name, same node): change = (B − A) ÷ A, a fraction; `overlap`
-whether their 95 % intervals overlap (None when either has none). The verdict says which way it went for
-the figure's direction (lower is better for times, unit `s`; higher for every other figure: rates,
-bandwidths, FLOP/s, efficiencies):
+For each figure both runs hold (same name, same node): change = (B − A) ÷ A, a fraction of the medians.
+The verdict rests on launches (ddlbench.analysis.verdicts): the figure's per-launch values in A against
+those in B (each repetition's window throughput for a training figure), Welch's t on their logarithms,
+Holm-corrected over every figure of the comparison (one family). It says which way a figure went for its
+direction (lower is better for times, unit `s`; higher for every other figure: rates, bandwidths, FLOP/s,
+efficiencies):
 
-- `better` / `worse`: the intervals do not overlap, or (without intervals) |change| > NO_INTERVAL_CHANGE;
-- `same within noise`: they overlap (or, without intervals, the change is within NO_INTERVAL_CHANGE);
+- `better` / `worse`: the adjusted p < 0.05;
+- `same within noise`: tested, and not separated;
+- `one launch: no run-to-run interval` (or how many launches are missing): a run holds fewer than 3
+  launches of the figure; the steps or iterations of one launch are not independent samples of the
+  machine, so they draw no verdict, however narrow their interval;
 - `only in A` / `only in B`, or `not measured` where a run holds the figure without a value.
 
-Disjoint 95 % intervals are a conservative test of a difference (Hoefler & Belli, rule 7: non-overlap
-implies a difference at well beyond 95 %; overlap does not prove sameness).
+`ratio` (geometric mean of B's launches ÷ A's) and its 95 % interval, `p` (Holm-adjusted) and the
+launch counts come with every tested row.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from ddlbench.analysis.verdicts import Contrast, contrast, judge
 from ddlbench.history.db import Run
 
-NO_INTERVAL_CHANGE = 0.10  # without intervals, a change beyond ±10 % counts as one
+SAME = "same within noise"
 
 
 def higher_is_better(unit: str) -> bool:
@@ -27,17 +34,18 @@ def higher_is_better(unit: str) -> bool:
 
 
 def compare_runs(a: Run, b: Run) -> list[dict[str, Any]]:
-    """One row per figure of either run, in A's order then B's new ones."""
+    """One row per figure of either run, in A's order then B's new ones; the verdicts judged together."""
     first = {(figure["name"], figure["node"]): figure for figure in a.figures}
     second = {(figure["name"], figure["node"]): figure for figure in b.figures}
     keys = list(first) + [key for key in second if key not in first]
-    return [compare_figures(first.get(key), second.get(key), key=key) for key in keys]
+    return judge_rows([compare_figures(first.get(key), second.get(key), key=key) for key in keys])
 
 
 def compare_figures(
     a: dict[str, Any] | None, b: dict[str, Any] | None, *, key: tuple[str, str | None]
 ) -> dict[str, Any]:
-    row: dict[str, Any] = {"name": key[0], "node": key[1], "a": a, "b": b, "change": None, "overlap": None}
+    """One figure's row before the family's verdict: its change and its contrast (see judge_rows)."""
+    row: dict[str, Any] = {"name": key[0], "node": key[1], "a": a, "b": b, "change": None}
     if a is None or b is None:
         return row | {"verdict": "only in B" if a is None else "only in A"}
     row["unit"] = b["unit"]
@@ -45,40 +53,62 @@ def compare_figures(
         return row | {"verdict": "not measured"}
     if a["value"]:
         row["change"] = (b["value"] - a["value"]) / abs(a["value"])
-    intervals = None not in (a["ci_low"], a["ci_high"], b["ci_low"], b["ci_high"])
-    if intervals:
-        row["overlap"] = a["ci_low"] <= b["ci_high"] and b["ci_low"] <= a["ci_high"]
-        moved = not row["overlap"]
-    else:
-        moved = row["change"] is not None and abs(row["change"]) > NO_INTERVAL_CHANGE
-    if not moved:
-        return row | {"verdict": "same within noise"}
-    up = b["value"] > a["value"]
-    return row | {"verdict": "better" if up == higher_is_better(b["unit"]) else "worse"}
+    row["contrast"] = contrast(launches(a), launches(b))
+    return row
+
+
+def judge_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row's verdict, with Holm's correction over the rows that have a contrast."""
+    tested = [row for row in rows if isinstance(row.get("contrast"), Contrast)]
+    for row, verdict in zip(tested, judge([row.pop("contrast") for row in tested]), strict=True):
+        item = verdict.contrast
+        row |= {"ratio": item.ratio, "ratio_ci": (item.ci_low, item.ci_high), "p": verdict.p_adjusted}
+        row |= {"launches": (item.n_a, item.n_b)}
+        if verdict.direction is None:
+            row["verdict"] = item.why_no_test or SAME
+        else:
+            up = verdict.direction == "higher"
+            row["verdict"] = "better" if up == higher_is_better(row["unit"]) else "worse"
+    return rows
+
+
+def launches(figure: dict[str, Any]) -> list[float]:
+    """The figure's per-launch values (a list, or JSON text as the database keeps it). A figure that keeps
+    none came from one launch (a calibration's iterations, a ratio of two configurations): its value is
+    that launch's."""
+    values = figure.get("launches")
+    if not values:
+        return [] if figure.get("value") is None else [float(figure["value"])]
+    if isinstance(values, str):
+        values = json.loads(values)
+    return [float(v) for v in values]
 
 
 def regressions(previous: Run, figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The figures of a new certificate that got worse than in `previous` (a passing certificate of the
-    same partition), by compare_figures' rule, whatever their reference band says."""
+    """The figures of a new certificate that got worse than in `previous` (the last passing certificate of
+    the same suite, partition and measurement version), by compare_runs' rule, whatever their reference
+    band says: from launches, Holm-corrected over the figures both hold."""
     before = {(figure["name"], figure["node"]): figure for figure in previous.figures}
-    found = []
-    for figure in figures:
-        key = (figure["name"], figure["node"])
-        if key not in before:
-            continue
-        row = compare_figures(before[key], figure, key=key)
-        if row["verdict"] == "worse":
-            found.append(
-                {
-                    "name": figure["name"],
-                    "node": figure["node"],
-                    "unit": figure["unit"],
-                    "value": figure["value"],
-                    "previous_value": before[key]["value"],
-                    "change": row["change"],
-                    "overlap": row["overlap"],
-                    "previous_run": previous.id,
-                    "previous_date": previous.date,
-                }
-            )
-    return found
+    rows = judge_rows(
+        [
+            compare_figures(before[key], figure, key=key)
+            for figure in figures
+            if (key := (figure["name"], figure["node"])) in before
+        ]
+    )
+    return [
+        {
+            "name": row["name"],
+            "node": row["node"],
+            "unit": row["unit"],
+            "value": row["b"]["value"],
+            "previous_value": row["a"]["value"],
+            "change": row["change"],
+            "ratio": row["ratio"],
+            "p": row["p"],
+            "previous_run": previous.id,
+            "previous_date": previous.date,
+        }
+        for row in rows
+        if row["verdict"] == "worse"
+    ]

@@ -47,7 +47,7 @@ from ddlbench.errors import DdlbenchError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: figures keep their per-launch values (`launches`); a version-1 file is upgraded in place
 DB_NAME = "history.sqlite"
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another's transaction before giving up
 # filesystems whose locks may not hold across hosts (a write there logs a warning)
@@ -58,7 +58,7 @@ RUN_FIELDS = (
 )  # fmt: skip
 FIGURE_FIELDS = (
     "name", "unit", "kind", "value", "ci_low", "ci_high", "n", "basis", "node", "status", "reference", "lower",
-    "upper", "passed",
+    "upper", "passed", "launches",
 )  # fmt: skip
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -72,7 +72,8 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS figures (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     name TEXT NOT NULL, unit TEXT NOT NULL, kind TEXT, value REAL, ci_low REAL, ci_high REAL, n INTEGER,
-    basis TEXT, node TEXT, status TEXT, reference REAL, lower REAL, upper REAL, passed INTEGER
+    basis TEXT, node TEXT, status TEXT, reference REAL, lower REAL, upper REAL, passed INTEGER,
+    launches TEXT
 );
 CREATE INDEX IF NOT EXISTS figures_by_run ON figures (run_id);
 CREATE INDEX IF NOT EXISTS runs_by_place ON runs (system, partition, kind, date);
@@ -139,6 +140,8 @@ def connect(db: str | Path | None = None, *, write: bool = False) -> Iterator[sq
             if version is None:  # a new database (a concurrent creator's schema is kept: IF NOT EXISTS)
                 connection.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\nCOMMIT;")
                 version = _schema_version(connection)
+            if version is not None and int(version) == 1:
+                version = _upgrade_from_1(connection)
             connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
@@ -161,6 +164,17 @@ def connect(db: str | Path | None = None, *, write: bool = False) -> Iterator[sq
     finally:
         if connection is not None:
             connection.close()
+
+
+def _upgrade_from_1(connection: sqlite3.Connection) -> str | None:
+    """Version 1 → 2: figures gain `launches`. Checked again under the write lock, so two processes that
+    both found version 1 upgrade it once."""
+    connection.execute("BEGIN IMMEDIATE")
+    if int(_schema_version(connection) or 0) == 1:
+        connection.execute("ALTER TABLE figures ADD COLUMN launches TEXT")
+        connection.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    connection.execute("COMMIT")
+    return _schema_version(connection)
 
 
 def _schema_version(connection: sqlite3.Connection) -> str | None:
@@ -213,7 +227,7 @@ def store_run(run: dict[str, Any], figures: list[dict[str, Any]], *, db: str | P
     missing = [field for field in RUN_FIELDS if field not in run]
     if missing:
         raise DdlbenchError(f"a history run needs {', '.join(missing)}")
-    rows = [tuple(_plain(figure.get(field)) for field in FIGURE_FIELDS) for figure in figures]
+    rows = [tuple(_plain(figure.get(field), field) for field in FIGURE_FIELDS) for figure in figures]
     fingerprint = hashlib.sha256(
         json.dumps([run["kind"], run["config_hash"], run["system"], run["partition"], rows], default=str).encode()
     ).hexdigest()
@@ -306,11 +320,14 @@ def _run(row: tuple[Any, ...]) -> Run:
 def _figure(values: tuple[Any, ...]) -> dict[str, Any]:
     figure = dict(zip(FIGURE_FIELDS, values, strict=True))
     figure["passed"] = None if figure["passed"] is None else bool(figure["passed"])
+    figure["launches"] = json.loads(figure["launches"]) if figure["launches"] else []
     return figure
 
 
-def _plain(value: Any) -> Any:
-    """SQLite's types: numpy scalars as Python ones, booleans as 0/1."""
+def _plain(value: Any, field: str = "") -> Any:
+    """SQLite's types: numpy scalars as Python ones, booleans as 0/1, launches as a JSON list (None if none)."""
+    if field == "launches":
+        return json.dumps([float(v) for v in value]) if value else None
     if hasattr(value, "item"):
         value = value.item()
     if isinstance(value, bool):

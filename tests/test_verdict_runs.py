@@ -1,0 +1,82 @@
+"""Verdicts on real launches: the same sweep run twice on the same host (an A/A pair) is never called
+better or worse, at 1 repetition (no run-to-run interval) and at 3; a 30 % slower step, injected into
+every measured step (DDLBENCH_INJECT_FAULT=slow:<s>), is called worse at the default repetitions.
+The runs are real local launches (one process, gloo), stored in a real results database and compared by
+`ddlbench compare`, as a user would."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+import yaml
+
+from ddlbench.cli import main
+from ddlbench.config import load_sweep_config
+from ddlbench.history.db import list_runs
+from ddlbench.launch.runner import run_point
+from ddlbench.records import read_record, record_path
+from ddlbench.sweep import expand_sweep
+
+pytestmark = pytest.mark.slow
+
+STEPS = 30  # measured steps per launch, as the issue's A/A pair used
+
+
+def default_repetitions() -> int:
+    return int(yaml.safe_load(open("workflow/config/default.yaml"))["repetitions"])
+
+
+def run_sweep(tmp_path, name: str, repetitions: int, db) -> int:
+    """Run a one-configuration sweep for real, aggregate it into `db`; its run id."""
+    raw = {
+        "name": "aa", "results_dir": str(tmp_path / name), "models": ["resnet8"], "datasets": ["cifar10"],
+        "strategies": ["ddp"], "nodes": [1], "batch_size": [16], "warmup_steps": 3, "steps": STEPS,
+        "repetitions": repetitions, "timeout_s": 120,
+    }  # fmt: skip
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    plan = expand_sweep(load_sweep_config(path))
+    for point in plan.points:
+        record = run_point(point, out=record_path(plan.config.sweep_dir, point.point_id), launcher="local")
+        assert record.status == "ok", record.reason
+    assert main(["-q", "aggregate", "--configfile", str(path), "--history", str(db)]) == 0
+    return max(run.id for run in list_runs(db=db))
+
+
+def compare(db, a: int, b: int, capsys) -> dict:
+    capsys.readouterr()
+    assert main(["-q", "compare", str(a), str(b), "--db", str(db), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["figures"]
+    (row,) = [r for r in rows if r["name"].endswith("/samples_per_s")]
+    return row
+
+
+def median_step_s(tmp_path, name: str) -> float:
+    records = [read_record(p) for p in (tmp_path / name).rglob("record.json")]
+    return statistics.median(r.metrics.step_time_s.median for r in records)
+
+
+def test_an_aa_pair_is_never_called_different_and_a_thirty_percent_slowdown_is(tmp_path, monkeypatch, capsys):
+    db = tmp_path / "history.sqlite"
+    reps = default_repetitions()
+    assert reps >= 3, "the default sweep must run the launches a verdict needs"
+    # one launch each: no run-to-run interval, whatever the two medians
+    one_a, one_b = run_sweep(tmp_path, "one_a", 1, db), run_sweep(tmp_path, "one_b", 1, db)
+    row = compare(db, one_a, one_b, capsys)
+    assert row["verdict"] == "one launch: no run-to-run interval"
+    # A/A at 3 launches
+    a, b = run_sweep(tmp_path, "a", 3, db), run_sweep(tmp_path, "b", 3, db)
+    row = compare(db, a, b, capsys)
+    print("A/A at 3 launches:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")})
+    assert row["launches"] == [3, 3] and row["verdict"] == "same within noise", row
+    # B again at the default repetitions with every measured step 30 % longer (a sleep inside the step)
+    monkeypatch.setenv("DDLBENCH_INJECT_FAULT", f"slow:{0.3 * median_step_s(tmp_path, 'a'):.6f}")
+    slow = run_sweep(tmp_path, "slow", reps, db)
+    monkeypatch.delenv("DDLBENCH_INJECT_FAULT")
+    base = a if reps == 3 else run_sweep(tmp_path, "base", reps, db)
+    row = compare(db, base, slow, capsys)
+    print("30 % slower:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")})
+    assert row["verdict"] == "worse", row
+    assert 1 / 1.3 * 0.8 < row["ratio"] < 1 / 1.3 * 1.2  # throughput ÷ 1.3, give or take the noise
