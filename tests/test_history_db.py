@@ -55,15 +55,13 @@ def _writer(db: str, writer: int, start, out: str) -> None:
 def test_two_processes_storing_at_once_lose_nothing(tmp_path):
     db = tmp_path / "history.sqlite"
     spawn = multiprocessing.get_context("spawn")
-    start = spawn.Event()
+    start = spawn.Barrier(2)  # both writers imported and ready, then released together (however busy the host)
     outs = [tmp_path / f"writer{writer}.json" for writer in (1, 2)]
     writers = [
         spawn.Process(target=_writer, args=(str(db), w, start, str(out))) for w, out in zip((1, 2), outs, strict=True)
     ]
     for process in writers:
         process.start()
-    time.sleep(0.5)  # both started (spawn imports ddlbench in each), then released together
-    start.set()
     for process in writers:
         process.join(timeout=300)
     assert [process.exitcode for process in writers] == [0, 0]
