@@ -6,8 +6,8 @@ the median wall-clock time, over --repeats runs (default 3), of:
   expand      load_sweep_config + expand_sweep, in process
   expand+ids  the same, plus every point's point_id (the ids name the output paths)
   plan CLI    `ddlbench plan --configfile F --format ids`, end to end as a subprocess
-  snakemake   `snakemake -n` on the project's Snakefile (points + aggregate + report + all)
-  trivial     `snakemake -n` on a trivial Snakefile with the same number of jobs: Snakemake's own floor
+  snakemake   `snakemake -n` on the project's Snakefile (points + aggregate + fit_scaling + report + all)
+  trivial     `snakemake -n` on a trivial Snakefile of the same DAG shape: Snakemake's own floor
 
 Each dry run must plan the expected number of jobs, or the script stops. Outputs go to the temporary
 folder (the sweep's results_dir), never to the repository's results/.
@@ -38,7 +38,16 @@ BIN = Path(sys.executable).parent
 TIMEOUT_S = 900
 # Every axis but `nodes` is fixed: 2 models x 2 datasets x 5 ranks x 5 batch sizes x 5 repetitions.
 POINTS_PER_NODE_VALUE = 2 * 2 * 5 * 5 * 5
+RANKS_PER_NODE = [1, 2, 4, 8, 16]
+# A dry run runs nothing, but the Snakefile's preamble refuses a point whose ranks × threads exceed
+# --cores (ddlbench.launch.cores.check_plan_cores): give the largest point's cores (threads are 1).
+CORES = max(RANKS_PER_NODE)
+# jobs of each rule besides the points' (one each), in the project's Snakefile and the trivial one
+DDLBENCH_JOBS = {"aggregate": 1, "fit_scaling": 1, "report": 1, "all": 1}
+TRIVIAL_JOBS = {"aggregate": 1, "fit": 1, "report": 1, "all": 1}
 
+# The same DAG shape as the project's Snakefile (points → aggregate → fit_scaling → report → all), each
+# job a plain `touch`: what Snakemake alone costs to plan it.
 TRIVIAL_SNAKEFILE = """\
 IDS = [f"p{{i}}" for i in range({points})]
 
@@ -54,8 +63,13 @@ rule aggregate:
     output: "out/table.txt"
     shell: "touch {{output}}"
 
-rule report:
+rule fit:
     input: "out/table.txt"
+    output: "out/models.txt"
+    shell: "touch {{output}}"
+
+rule report:
+    input: "out/table.txt", "out/models.txt"
     output: "out/report.txt"
     shell: "touch {{output}}"
 """
@@ -69,7 +83,7 @@ def sweep_config(points: int, results_dir: Path) -> dict[str, object]:
         "datasets": ["cifar10", "mnist"],
         "strategies": ["ddp"],
         "nodes": list(range(1, points // POINTS_PER_NODE_VALUE + 1)),
-        "ranks_per_node": [1, 2, 4, 8, 16],
+        "ranks_per_node": RANKS_PER_NODE,
         "batch_size": [16, 32, 64, 128, 256],
         "threads": [1],
         "repetitions": 5,
@@ -92,13 +106,12 @@ def run(command: list[str], cwd: Path) -> str:
     return done.stdout + done.stderr
 
 
-def dry_run(cwd: Path, extra: list[str], rule: str, jobs: int) -> None:
-    """`snakemake -n` in cwd; stop unless its job stats show `jobs` jobs of `rule`."""
-    output = run([str(BIN / "snakemake"), "-n", "--cores", "1", "--quiet", "rules", *extra], cwd)
-    counts = re.findall(rf"^{rule}\s+(\d+)\s*$", output, flags=re.MULTILINE)
-    totals = re.findall(r"^total\s+(\d+)\s*$", output, flags=re.MULTILINE)
-    if not counts or int(counts[-1]) != jobs or not totals or int(totals[-1]) != jobs + 3:
-        sys.exit(f"plan_speed: expected {jobs} {rule} jobs (+3), dry run said:\n{output[-2000:]}")
+def dry_run(cwd: Path, extra: list[str], expected: dict[str, int]) -> None:
+    """`snakemake -n` in cwd; stop unless its job stats show exactly the `expected` jobs per rule."""
+    output = run([str(BIN / "snakemake"), "-n", "--cores", str(CORES), "--quiet", "rules", *extra], cwd)
+    counts = {rule: int(count) for rule, count in re.findall(r"^(\w+)\s+(\d+)\s*$", output, flags=re.MULTILINE)}
+    if counts != {**expected, "total": sum(expected.values())}:
+        sys.exit(f"plan_speed: expected jobs {expected}, dry run said:\n{output[-2000:]}")
 
 
 def main() -> None:
@@ -140,9 +153,9 @@ def main() -> None:
             "expand+ids": median_time(ids, args.repeats),
             "plan CLI": median_time(plan_cli, args.repeats),
             "snakemake -n": median_time(
-                lambda: dry_run(REPO, ["--configfile", str(config)], "run_point", n), args.repeats
+                lambda: dry_run(REPO, ["--configfile", str(config)], {"run_point": n, **DDLBENCH_JOBS}), args.repeats
             ),
-            "trivial -n": median_time(lambda: dry_run(trivial, [], "one", n), args.repeats),
+            "trivial -n": median_time(lambda: dry_run(trivial, [], {"one": n, **TRIVIAL_JOBS}), args.repeats),
         }
 
     print(f"{n} points, median of {args.repeats} run(s), wall-clock seconds")
