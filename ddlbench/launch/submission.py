@@ -19,11 +19,10 @@ from typing import Any
 
 from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
-from ddlbench.launch.resources import Resources, Site, resources_for, snakemake_resources, submitit_parameters
-from ddlbench.launch.slurm import ClusterFacts, check_cluster, query_cluster
+from ddlbench.launch.resources import Resources, Site, resources_for, submitit_parameters
+from ddlbench.launch.slurm import ClusterFacts, query_cluster
 from ddlbench.point import Point
 from ddlbench.records import record_path
-from ddlbench.sweep import Plan
 
 log = logging.getLogger(__name__)
 
@@ -69,16 +68,6 @@ def plan_resources(
         )
         for point in points
     }
-
-
-def point_resources(plan: Plan, site: Site) -> dict[str, dict[str, Any]]:
-    """Snakemake resources of every point of a plan (the run_point rule reads them)."""
-    planned = plan_resources(plan.points, site, sweep=plan.config)
-    return {point_id: snakemake_resources(resources) for point_id, resources in planned.items()}
-
-
-def check_plan_on_cluster(plan: Plan, site: Site) -> None:
-    check_cluster(list(plan_resources(plan.points, site, sweep=plan.config).items()))
 
 
 class PointJob:
