@@ -39,9 +39,6 @@ TIMEOUT_S = 900
 # Every axis but `nodes` is fixed: 2 models x 2 datasets x 5 ranks x 5 batch sizes x 5 repetitions.
 POINTS_PER_NODE_VALUE = 2 * 2 * 5 * 5 * 5
 RANKS_PER_NODE = [1, 2, 4, 8, 16]
-# A dry run runs nothing, but the Snakefile's preamble refuses a point whose ranks × threads exceed
-# --cores (ddlbench.launch.cores.check_plan_cores): give the largest point's cores (threads are 1).
-CORES = max(RANKS_PER_NODE)
 # jobs of each rule besides the points' (one each), in the project's Snakefile and the trivial one
 DDLBENCH_JOBS = {"aggregate": 1, "fit_scaling": 1, "report": 1, "all": 1}
 TRIVIAL_JOBS = {"aggregate": 1, "fit": 1, "report": 1, "all": 1}
@@ -106,9 +103,16 @@ def run(command: list[str], cwd: Path) -> str:
     return done.stdout + done.stderr
 
 
-def dry_run(cwd: Path, extra: list[str], expected: dict[str, int]) -> None:
-    """`snakemake -n` in cwd; stop unless its job stats show exactly the `expected` jobs per rule."""
-    output = run([str(BIN / "snakemake"), "-n", "--cores", str(CORES), "--quiet", "rules", *extra], cwd)
+def largest_point_cores(config: dict[str, object]) -> int:
+    """The cores of the sweep's largest point, nodes × ranks per node × threads: a dry run runs nothing, but
+    the Snakefile's preamble refuses a point whose ranks × threads exceed --cores (locally every "node"
+    is a process group on this host: ddlbench.launch.cores.check_plan_cores)."""
+    return max(config["nodes"]) * max(config["ranks_per_node"]) * max(config["threads"])
+
+
+def dry_run(cwd: Path, extra: list[str], expected: dict[str, int], cores: int) -> None:
+    """`snakemake -n --cores C` in cwd; stop unless its job stats show exactly the `expected` jobs per rule."""
+    output = run([str(BIN / "snakemake"), "-n", "--cores", str(cores), "--quiet", "rules", *extra], cwd)
     counts = {rule: int(count) for rule, count in re.findall(r"^(\w+)\s+(\d+)\s*$", output, flags=re.MULTILINE)}
     if counts != {**expected, "total": sum(expected.values())}:
         sys.exit(f"plan_speed: expected jobs {expected}, dry run said:\n{output[-2000:]}")
@@ -126,7 +130,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="plan-speed-") as tmp:
         tmp_dir = Path(tmp)
         config = tmp_dir / "sweep.yaml"
-        config.write_text(yaml.safe_dump(sweep_config(n, tmp_dir / "results"), sort_keys=False))
+        sweep = sweep_config(n, tmp_dir / "results")
+        config.write_text(yaml.safe_dump(sweep, sort_keys=False))
+        cores = largest_point_cores(sweep)  # both dry runs get the same, so Snakemake's share is alike
         trivial = tmp_dir / "trivial"
         trivial.mkdir()
         (trivial / "Snakefile").write_text(TRIVIAL_SNAKEFILE.format(points=n))
@@ -153,9 +159,10 @@ def main() -> None:
             "expand+ids": median_time(ids, args.repeats),
             "plan CLI": median_time(plan_cli, args.repeats),
             "snakemake -n": median_time(
-                lambda: dry_run(REPO, ["--configfile", str(config)], {"run_point": n, **DDLBENCH_JOBS}), args.repeats
+                lambda: dry_run(REPO, ["--configfile", str(config)], {"run_point": n, **DDLBENCH_JOBS}, cores),
+                args.repeats,
             ),
-            "trivial -n": median_time(lambda: dry_run(trivial, [], {"one": n, **TRIVIAL_JOBS}), args.repeats),
+            "trivial -n": median_time(lambda: dry_run(trivial, [], {"one": n, **TRIVIAL_JOBS}, cores), args.repeats),
         }
 
     print(f"{n} points, median of {args.repeats} run(s), wall-clock seconds")
