@@ -1,19 +1,60 @@
 """Predictions against measurements, through the real workflow: a sweep with `calibrate:` measures this
 machine first (collectives and layer profiles), predicts every point in the DAG, runs the points, and its
-report sets predicted beside measured."""
+report sets predicted beside measured.
+
+Step times are judged only by what a machine-wide slowdown cannot fake: ratios between configurations
+(a predicted time(B)/time(A) against the measured one) and the oracle's pick against the measured fastest.
+Both are judged over launches (each configuration runs MIN_LAUNCHES times; a launch's figure is its
+median step), by the test of ddlbench.analysis.verdicts: run to run, a point's step time on these hosts
+moves by ±35 %, far more than between its steps, so only the spread of launches says how sure a measured
+ratio is. Everything twice as slow leaves every ratio, interval and verdict as it was."""
 
 from __future__ import annotations
+
+import itertools
+import math
 
 import pandas as pd
 import pytest
 import yaml
 
-from ddlbench.analysis.analytic.accuracy import by_strategy, join
+from ddlbench.analysis.analytic.accuracy import by_strategy, join, picks
+from ddlbench.analysis.analytic.machine_model import MachineModel
+from ddlbench.analysis.analytic.oracle import consult
+from ddlbench.analysis.keys import comparison_key
+from ddlbench.analysis.verdicts import ALPHA, MIN_LAUNCHES, Contrast, contrast, judge
+from ddlbench.statistics import student_t_quantile
 from tests.conftest import run_snakemake
 
-pytestmark = pytest.mark.slow
-
 STRATEGIES = ["ddp", "zero2", "fsdp", "gpipe", "1f1b"]
+# (strategy, per-replica batch, micro-batches) on 2 ranks: the data-parallel ones at batch 16 and the
+# pipelines (one replica over both ranks) at batch 32 all run a global batch of 32, so the oracle's pick
+# is checked among five; ddp at batch 8 gives a ratio within one strategy
+CONFIGURATIONS = {
+    ("ddp", 8, 1),
+    ("ddp", 16, 1),
+    ("zero2", 16, 1),
+    ("fsdp", 16, 1),
+    ("gpipe", 32, 2),
+    ("1f1b", 32, 4),
+}
+# Ratios compared where the two sides use the machine alike: both ranks computing at once (data parallel),
+# or both alternating (pipelines). Between a pipeline and data parallelism the measured ratio depends on
+# how many cores are free: a pipeline's idle stage leaves its core to another process, so on a loaded
+# 2-core host (load average 8) the 1.8× predicted for gpipe against ddp at equal global batch measured
+# 1.09× in one run and 2.2× in the next. There only the pick's order is checked.
+RATIOS = [
+    (("ddp", 8), ("ddp", 16)),  # the compute per step against the batch (profiled at 4, 8, 16)
+    (("ddp", 16), ("zero2", 16)),  # sharding the optimizer state: the same work, other collectives
+    (("ddp", 16), ("fsdp", 16)),  # sharding the parameters: all-gathers before each block
+    (("gpipe", 32), ("1f1b", 32)),  # two schedules, 2 and 4 micro-batches: the bubble against the batch
+]
+# How far a predicted ratio may be off before a measurement refutes it: each step time within ±10 %
+# (issue 12's target for the model's time accuracy, ≥ 92 % on average) puts a ratio within
+# 1.1/0.9 = 1.22, rounded up to 1.25. A ratio is refuted only when its launches' interval (Bonferroni
+# over the RATIOS, family-wise ALPHA) lies wholly outside [1/TOLERANCE, TOLERANCE]; a pick only when a
+# strategy the model put more than TOLERANCE behind it is measured faster (Holm over the group).
+TOLERANCE = 1.25
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +79,7 @@ def measured(tmp_path_factory):
             }
         )
     )
+    batches, micro = [8, 16, 32], [1, 2, 4]
     sweep = root / "sweep.yaml"
     sweep.write_text(
         yaml.safe_dump(
@@ -49,15 +91,17 @@ def measured(tmp_path_factory):
                 "strategies": STRATEGIES,
                 "nodes": [1],
                 "ranks_per_node": [2],
-                "batch_size": [16],
-                "micro_batches": [1, 2],
+                "batch_size": batches,
+                "micro_batches": micro,
                 "threads": [1],
                 "warmup_steps": 2,
                 "steps": 5,
+                "repetitions": MIN_LAUNCHES,
                 "calibrate": str(suite),
                 "exclude": [
-                    *({"strategy": s, "micro_batches": 2} for s in ("ddp", "zero2", "fsdp")),
-                    {"strategy": "gpipe", "micro_batches": 1},
+                    {"strategy": s, "batch_size": b, "micro_batches": m}
+                    for s, b, m in itertools.product(STRATEGIES, batches, micro)
+                    if (s, b, m) not in CONFIGURATIONS
                 ],
             }
         )
@@ -68,10 +112,81 @@ def measured(tmp_path_factory):
     return folder, pd.read_parquet(folder / "table.parquet"), pd.read_csv(folder / "predictions.csv")
 
 
+def _launches(joined: pd.DataFrame) -> dict[tuple[str, int], tuple[list[float], float]]:
+    """(strategy, batch_size) → (each launch's median step time in s, the predicted step time in s)."""
+    out = {}
+    for (strategy, batch), rows in joined.groupby(["strategy", "batch_size"]):
+        (predicted,) = set(rows["predicted_step_time_s"])  # one configuration, one prediction
+        out[(str(strategy), int(batch))] = (rows.sort_values("repetition")["step_time_s_median"].tolist(), predicted)
+    return out
+
+
+def _interval(item: Contrast, level: float) -> tuple[float, float]:
+    """The `level` interval of the contrast's ratio: Welch's, exp(d ± t_ν·se), with se taken back from
+    its 95 % interval."""
+    if item.ci_high == item.ratio:  # no spread on either side
+        return item.ratio, item.ratio
+    se = math.log(item.ci_high / item.ratio) / student_t_quantile(0.975, item.dof)
+    half = student_t_quantile(0.5 + level / 2, item.dof) * se
+    return item.ratio * math.exp(-half), item.ratio * math.exp(half)
+
+
+def refuted_ratios(launches, pairs=RATIOS) -> list[str]:
+    """The pairs whose measured ratio B/A refutes the predicted one (see TOLERANCE), in words.
+
+    B's launches are divided by the predicted ratio, so the contrast's ratio is measured ÷ predicted."""
+    level = 1 - ALPHA / len(pairs)
+    refuted = []
+    for a, b in pairs:
+        (times_a, predicted_a), (times_b, predicted_b) = launches[a], launches[b]
+        predicted = predicted_b / predicted_a
+        item = contrast(times_a, [t / predicted for t in times_b])
+        assert item.tested, (a, b, item.why_no_test)
+        low, high = _interval(item, level)
+        if high < 1 / TOLERANCE or low > TOLERANCE:
+            refuted.append(
+                f"{b} / {a}: predicted ×{predicted:.3g}, measured ÷ predicted ×{item.ratio:.3g} "
+                f"[{low:.3g}, {high:.3g}] ({level:.2%} interval over {item.n_a}+{item.n_b} launches)"
+            )
+    return refuted
+
+
+def contradicted_picks(joined: pd.DataFrame) -> list[str]:
+    """Groups (like for like) where a strategy the model put more than TOLERANCE behind the oracle's pick
+    is measured faster than it, separably over launches (Holm over the group), in words."""
+    groups: dict[tuple, list[int]] = {}
+    for index, row in zip(joined.index, joined.to_dict("records"), strict=True):
+        groups.setdefault(comparison_key(row), []).append(index)
+    contradicted = []
+    for indices in groups.values():
+        rows = joined.loc[indices]
+        if rows["strategy"].nunique() < 2:
+            continue
+        (pick,) = picks(rows)
+        times = {s: r.sort_values("repetition")["step_time_s_median"].tolist() for s, r in rows.groupby("strategy")}
+        predicted = rows.groupby("strategy")["predicted_step_time_s"].median()
+        best = pick.predicted_best
+        others = [s for s in times if s != best]
+        for other, verdict in zip(others, judge([contrast(times[best], times[o]) for o in others]), strict=True):
+            behind = predicted[other] / predicted[best]
+            if verdict.direction == "lower" and behind > TOLERANCE:
+                contradicted.append(
+                    f"{pick.group}: the oracle picks {best}, predicted ×{behind:.3g} ahead of {other}, but {other} "
+                    f"takes {verdict.text} of {best}'s step time (measured fastest: {pick.measured_best})"
+                )
+    return contradicted
+
+
+def _slowed(joined: pd.DataFrame, factor: float) -> pd.DataFrame:
+    return joined.assign(step_time_s_median=joined["step_time_s_median"] * factor)
+
+
+@pytest.mark.slow
 def test_every_point_is_predicted_from_the_machine_calibrated_first(measured):
     folder, table, predictions = measured
     assert (folder / "machine.yaml").exists()
     assert set(predictions["point_id"]) == set(table["point_id"])
+    assert len(table) == len(CONFIGURATIONS) * MIN_LAUNCHES
     # the calibration profiled resnet8, so compute comes from the profile, not from FLOP rates
     assert set(predictions["compute_source"]) == {"profile"}
     html = (folder / "report.html").read_text()
@@ -80,6 +195,7 @@ def test_every_point_is_predicted_from_the_machine_calibrated_first(measured):
         assert f'<td class="text">{strategy}</td>' in html
 
 
+@pytest.mark.slow
 def test_memory_is_predicted_within_a_fifth_of_the_measured_peak(measured):
     """The model counts what the allocator holds (ddlbench.train.memory); transient workspaces of single
     kernels are what it leaves out. On resnet20 at batch 32 it was within 11 % for these strategies."""
@@ -90,12 +206,44 @@ def test_memory_is_predicted_within_a_fifth_of_the_measured_peak(measured):
         assert row.memory_worst is not None and row.memory_worst >= 0.8, (strategy, row)
 
 
-def test_step_time_is_predicted_within_a_factor_three(measured):
-    """On 2 shared cores a point's step time moves ±35 % from run to run, and more when anything else runs
-    between the calibration and the sweep (a CI run beside other work measured one point at 2.3× its
-    prediction), so this asserts the model's order of magnitude only: a unit or a missing term is off by
-    far more. benchmarks/analytic_accuracy.py reports its accuracy on a quiet machine."""
+@pytest.mark.slow
+def test_predicted_ratios_between_configurations_hold_over_launches(measured):
     _, table, predictions = measured
     joined = join(table, predictions)
-    ratio = joined["predicted_step_time_s"] / joined["step_time_s_median"]
-    assert ratio.between(1 / 3, 3.0).all(), joined[["point_id", "step_time_s_median", "predicted_step_time_s"]]
+    launches = _launches(joined)
+    assert launches[("ddp", 16)][1] > 1.3 * launches[("ddp", 8)][1]  # the batch's ratio is one to judge
+    assert refuted_ratios(launches) == [], joined[["point_id", "step_time_s_median", "predicted_step_time_s"]]
+    assert refuted_ratios(_launches(_slowed(joined, 2.0))) == []  # a machine twice as slow changes nothing
+
+
+@pytest.mark.slow
+def test_the_oracles_pick_is_not_beaten_by_a_strategy_it_put_behind(measured):
+    folder, table, predictions = measured
+    joined = join(table, predictions)
+    (pick,) = picks(joined[joined["global_batch_size"] == 32])
+    assert pick.strategies == len(STRATEGIES)  # all five at one global batch: one like-for-like group
+    # the pick is the oracle's: consulted on the calibrated machine, it recommends the same strategy
+    machine = MachineModel.from_file(folder / "machine.yaml")
+    (verdict,) = consult("resnet8", "cifar10", machine, nodes=[1], ranks_per_node=2, global_batch=32,
+                         strategies=STRATEGIES)  # fmt: skip
+    assert verdict.recommended.setting.strategy == pick.predicted_best, verdict.reason
+    assert contradicted_picks(joined) == [], joined[["point_id", "step_time_s_median", "predicted_step_time_s"]]
+    assert contradicted_picks(_slowed(joined, 2.0)) == []
+
+
+def test_the_ratio_check_refutes_a_wrong_ratio_and_not_a_slowdown():
+    """The decision rule on launches whose answer is known: B takes twice A's time, ±3 % run to run."""
+    a, b = [1.00, 1.03, 0.97], [2.04, 1.95, 2.01]
+
+    def launches(predicted_b: float, factor: float = 1.0):
+        return {("a", 1): ([factor * t for t in a], 1.0), ("b", 1): ([factor * t for t in b], predicted_b)}
+
+    pairs = [(("a", 1), ("b", 1))]
+    assert refuted_ratios(launches(2.0), pairs) == []
+    assert refuted_ratios(launches(2.0, factor=2.0), pairs) == []  # everything twice as slow
+    assert refuted_ratios(launches(2.2), pairs) == []  # off by 10 %: within TOLERANCE
+    assert len(refuted_ratios(launches(1.0), pairs)) == 1  # predicted equal, measured twice
+    assert len(refuted_ratios(launches(3.0), pairs)) == 1  # a term counted twice
+    # the same launches with a spread of ±35 % cannot refute a 1.5× error: the interval says so
+    noisy = {("a", 1): ([0.7, 1.0, 1.35], 1.0), ("b", 1): ([2.7, 1.4, 2.0], 3.0)}
+    assert refuted_ratios(noisy, pairs) == []
