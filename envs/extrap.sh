@@ -17,6 +17,11 @@
 # PyPI. Uses uv when it can find one ($UV, else `uv` on PATH, else ddlbench's .venv/bin/uv), else
 # python -m venv + pip. Environment: UV, EXTRAP_PYTHON (interpreter to base the venv on).
 # Skips all work when VENV_DIR/.installed records the same pins and interpreter and extrap imports.
+#
+# Exit status: 0 ready; 3 the environment cannot be built on this machine (no CPython 3.11 or 3.12, no
+# package index, a pin the index lacks: the cross-check tests skip with the reason, or fail under
+# DDLBENCH_REQUIRE_EXTRAP=1); 1 anything else (bad usage, a directory it must not replace, an Extra-P that
+# installs but does not model as it should).
 set -euo pipefail
 
 EXTRAP_PIN="extrap==4.2.5"
@@ -45,6 +50,11 @@ die() {
     log "error: $*"
     exit 1
 }
+unavailable() {
+    log "unavailable: $*"
+    exit 3
+}
+NO_INDEX="(is a package index reachable?)"
 
 [[ $# -eq 1 && -n "$1" ]] || die "usage: envs/extrap.sh VENV_DIR"
 VENV=$1
@@ -56,7 +66,7 @@ STAMP="$VENV/.installed"
 py_ok() { "$1" -c 'import sys; sys.exit(0 if sys.version_info[:2] in ((3, 11), (3, 12)) else 1)' 2>/dev/null; }
 BASE_PY=""
 if [[ -n "${EXTRAP_PYTHON:-}" ]]; then
-    py_ok "$EXTRAP_PYTHON" || die "EXTRAP_PYTHON=$EXTRAP_PYTHON is not a CPython 3.11 or 3.12"
+    py_ok "$EXTRAP_PYTHON" || unavailable "EXTRAP_PYTHON=$EXTRAP_PYTHON is not a CPython 3.11 or 3.12"
     BASE_PY=$EXTRAP_PYTHON
 else
     for cand in python3.11 python3.12 python3; do
@@ -66,7 +76,7 @@ else
         fi
     done
 fi
-[[ -n "$BASE_PY" ]] || die "no CPython 3.11 or 3.12 found (set EXTRAP_PYTHON=/path/to/python3.11)"
+[[ -n "$BASE_PY" ]] || unavailable "no CPython 3.11 or 3.12 found (set EXTRAP_PYTHON=/path/to/python3.11)"
 BASE_PY=$("$BASE_PY" -c 'import sys; print(sys.executable)')
 PYVER=$("$BASE_PY" -c 'import platform; print(platform.python_version())')
 
@@ -121,15 +131,15 @@ if [[ -n "$UV_BIN" ]]; then
     log "creating $VENV with $("$UV_BIN" --version) on Python $PYVER"
     export UV_PYTHON_DOWNLOADS=never # only PyPI is reachable: never fetch a managed interpreter
     "$UV_BIN" venv --quiet --clear --python "$BASE_PY" "$VENV" || die "uv venv failed"
-    "$UV_BIN" pip install --quiet --python "$PY" --no-deps "$EXTRAP_PIN" || die "installing $EXTRAP_PIN failed"
-    "$UV_BIN" pip install --quiet --python "$PY" "${PINS[@]}" || die "installing the pinned dependencies failed"
+    "$UV_BIN" pip install --quiet --python "$PY" --no-deps "$EXTRAP_PIN" || unavailable "installing $EXTRAP_PIN failed $NO_INDEX"
+    "$UV_BIN" pip install --quiet --python "$PY" "${PINS[@]}" || unavailable "installing the pinned dependencies failed $NO_INDEX"
 else
     log "creating $VENV with python -m venv + pip on Python $PYVER (no uv found)"
     "$BASE_PY" -m venv --clear "$VENV" || die "python -m venv failed"
     PIP=("$PY" -m pip --quiet --disable-pip-version-check --no-input)
-    "${PIP[@]}" install --no-deps "$EXTRAP_PIN" || die "installing $EXTRAP_PIN failed"
+    "${PIP[@]}" install --no-deps "$EXTRAP_PIN" || unavailable "installing $EXTRAP_PIN failed $NO_INDEX"
     # extrap's own metadata still asks for PySide6-Essentials and scikit-learn: not wanted, do not warn.
-    "${PIP[@]}" install --no-warn-conflicts "${PINS[@]}" || die "installing the pinned dependencies failed"
+    "${PIP[@]}" install --no-warn-conflicts "${PINS[@]}" || unavailable "installing the pinned dependencies failed $NO_INDEX"
 fi
 
 # --- smoke test: the driver must model y = 2 + 3p and say so ---------------------------------------
