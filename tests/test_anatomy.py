@@ -4,6 +4,7 @@ torch.distributed's functions on a real one-rank gloo group."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -152,6 +153,47 @@ def test_synchronous_and_waited_collectives(timed):
         ("wait", "wait reduce_scatter_tensor"),
     }
     assert [e["name"] for e in events if e["cat"] == "phase"] == ["forward", "backward"]
+
+
+PARTS = ("data_s", "forward_s", "backward_s", "update_s", "other_s", "comm_exposed_s")
+
+
+def test_the_parts_of_real_steps_hold_what_a_clock_outside_the_recorder_saw():
+    """On the host clock, with sleeps whose lengths are known: each phase holds at least its sleeps, the
+    sleep outside every phase lands in other_s (time the phases do not claim is not lost), and the step
+    lies within the test's own stamps taken around it. time.sleep waits at least its argument on the
+    monotonic clock, so every bound holds however busy the machine is."""
+    planned = {"data": 0.002, "forward": 0.004, "backward": 0.006, "update": 0.002}
+    unrecorded, recomputed = 0.005, 0.001
+    rec = IterationRecorder()
+    recorder.install(rec)
+    outside: list[float] = []
+    try:
+        rec.open_window()
+        for index in range(3):
+            began = time.monotonic()
+            rec.begin_step(index)
+            for kind, seconds in planned.items():
+                with recorder.phase(kind):
+                    time.sleep(seconds)
+                    if kind == "backward":
+                        with recorder.phase("forward"):  # a recomputed forward is backward's
+                            time.sleep(recomputed)
+                if kind == "forward":
+                    time.sleep(unrecorded)  # inside the step, outside every phase
+            rec.end_step()
+            outside.append(time.monotonic() - began)
+        rec.close_window()
+    finally:
+        recorder.install(None)
+    f = rec.figures().figures
+    for i, wall in enumerate(outside):
+        assert math.fsum(f[name][i] for name in PARTS) == pytest.approx(f["step_s"][i], rel=1e-12)
+        assert sum(planned.values()) + recomputed + unrecorded <= f["step_s"][i] <= wall + 1e-6
+        for kind, seconds in planned.items():
+            assert f[f"{kind}_s"][i] >= seconds + (recomputed if kind == "backward" else 0.0)
+        assert f["other_s"][i] >= unrecorded
+        assert f["comm_exposed_s"][i] == 0.0
 
 
 def test_nothing_is_stamped_outside_the_window():
