@@ -41,7 +41,7 @@ CONFIGURATIONS = {
 # Ratios compared where the two sides use the machine alike: both ranks computing at once (data parallel),
 # or both alternating (pipelines). Between a pipeline and data parallelism the measured ratio depends on
 # how many cores are free: a pipeline's idle stage leaves its core to another process, so on a loaded
-# 2-core host (load average 8) the 1.8× predicted for gpipe against ddp at equal global batch measured
+# 2-core host (load average 8–9) the 1.8× predicted for gpipe against ddp at equal global batch measured
 # 1.09× in one run and 2.2× in the next. There only the pick's order is checked.
 RATIOS = [
     (("ddp", 8), ("ddp", 16)),  # the compute per step against the batch (profiled at 4, 8, 16)
