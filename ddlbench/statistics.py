@@ -6,6 +6,7 @@ Pure Python (no numpy, no torch), so records, aggregation and reports share one 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -97,6 +98,7 @@ def is_noisy(median: float, ci: tuple[float, float] | None) -> bool:
     return (ci[1] - ci[0]) / 2 > NOISE_HALF_WIDTH * abs(median)
 
 
+@functools.lru_cache(maxsize=4096)  # fits and bands ask for the same few (probability, dof) again and again
 def student_t_quantile(probability: float, dof: float) -> float:
     """The `probability` quantile of Student's t with `dof` degrees of freedom (e.g. 0.975 for a two-sided
     95 % interval), by bisection on its cdf written with the regularised incomplete beta function:
