@@ -80,3 +80,22 @@ def test_an_aa_pair_is_never_called_different_and_a_thirty_percent_slowdown_is(t
     print("30 % slower:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")})
     assert row["verdict"] == "worse", row
     assert 1 / 1.3 * 0.8 < row["ratio"] < 1 / 1.3 * 1.2  # throughput ÷ 1.3, give or take the noise
+
+    # certify: A's own references (±30 %) pass A; B (A again) passes with no regression; the slow run is one
+    refs, certs = tmp_path / "refs.yaml", tmp_path / "certs.sqlite"
+    assert certify(tmp_path, "a", certs, "--write-references", str(refs), "--min-tolerance", "0.3")[0] == 1
+    assert certify(tmp_path, "a", certs, "--references", str(refs))[1]["passed"] is True
+    code, again = certify(tmp_path, "b", certs, "--references", str(refs))
+    assert code == 0 and again["regressions"] == [] and again["compared_with"], again["notes"]
+    if reps == 3:
+        _, slower = certify(tmp_path, "slow", certs, "--references", str(refs))
+        assert [r["name"] for r in slower["regressions"]] == [row["name"]], slower["regressions"]
+
+
+def certify(tmp_path, name: str, db, *args: str) -> tuple[int, dict]:
+    """`ddlbench certify --from-records` on a sweep's records, as the suite 'aa' (every folder the same)."""
+    out = tmp_path / f"certificate-{name}.json"
+    folder = tmp_path / name / "aa"
+    code = main(["-q", "certify", "--system", "here", "--partition", "local", "--from-records", str(folder),
+                 "--json", str(out), "--db", str(db), *args])  # fmt: skip
+    return code, json.loads(out.read_text()) if out.exists() else {}
