@@ -27,7 +27,7 @@ def as_dtype(inputs: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def train_reference(
-    point: Point, *, shards: int = 1, dtype: torch.dtype = torch.float32
+    point: Point, *, shards: int = 1, dtype: torch.dtype = torch.float32, steps: int | None = None
 ) -> tuple[dict[str, torch.Tensor], list[float]]:
     """Train the point's model in one process over the same global batches as the parallel run.
 
@@ -35,6 +35,7 @@ def train_reference(
     which is what data parallelism computes when a layer (BatchNorm) depends on the whole local batch,
     and what a pipeline computes over its micro-batches. It runs on the point's `threads`, like each
     of its ranks, so a second thread count regroups the reference's sums too.
+    `steps` stops early (default: the point's warm-up and measured steps).
     Returns the final state dict and the loss of each step (mean over shards).
     """
     previous_threads = torch.get_num_threads()
@@ -45,7 +46,7 @@ def train_reference(
         optimizer = torch.optim.SGD(model.parameters(), lr=point.learning_rate, momentum=MOMENTUM)
         batches = step_batches(point, 0, point.global_batch_size, torch.device("cpu"))
         losses = []
-        for step in range(point.warmup_steps + point.steps):
+        for step in range(point.warmup_steps + point.steps if steps is None else steps):
             inputs, targets = batches[step % len(batches)]
             optimizer.zero_grad(set_to_none=True)
             total = 0.0

@@ -25,6 +25,8 @@ from tests.equivalence import check_against_reference
 
 
 @pytest.mark.slow
+@pytest.mark.equivalence
+@pytest.mark.equivalence_sse
 def test_two_rank_horovod_matches_single_process(tmp_path, horovod_installed):
     # GroupNorm: each rank's half of the batch computes exactly what the full batch does, so the
     # reference is one full-batch step per global batch (shards=1). Horovod averages the gradients in

@@ -45,7 +45,9 @@ def tp_local_parameters(model: torch.nn.Module, tp: int) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("threads", [1, 2])  # 2: other groupings of every sum, on the ranks and in the reference
+@pytest.mark.equivalence
+# 2: other groupings of every sum, on the ranks and in the reference
+@pytest.mark.parametrize("threads", [pytest.param(1, marks=pytest.mark.equivalence_sse), 2])
 def test_tensor_on_two_ranks_matches_single_process(tmp_path, threads):
     record = check_against_reference(
         tmp_path, strategy="tensor", nodes=1, ranks_per_node=2, batch_size=8, threads=threads, **GPT_TINY
@@ -79,6 +81,8 @@ def train_on_rows(point, start: int, stop: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
+@pytest.mark.equivalence
+@pytest.mark.equivalence_sse
 def test_dp_tp_on_two_by_two_ranks_matches_single_process(tmp_path):
     fields = dict(strategy="dp_tp", nodes=1, ranks_per_node=4, split=2, batch_size=4, **GPT_TINY)
     record = check_against_reference(tmp_path, **fields)
