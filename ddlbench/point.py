@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from ddlbench.catalog import STRATEGIES
@@ -107,7 +108,10 @@ class Point:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        # every field is a str, number, bool or a tuple of string pairs (made dicts below), so a shallow
+        # copy is what dataclasses.asdict gives, without its deep copy of each value (most of a
+        # 10,000-point plan's time in the Snakefile: benchmarks/plan_speed.py)
+        data = {field.name: getattr(self, field.name) for field in _FIELDS}
         data["model_options"] = dict(self.model_options)
         data["strategy_options"] = dict(self.strategy_options)
         for name, default in _OMITTED_AT_DEFAULT.items():
@@ -132,6 +136,7 @@ class Point:
         return cls(**fields)
 
 
+_FIELDS = dataclasses.fields(Point)
 _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "micro_batches": 1,
     "split": 1,
