@@ -38,7 +38,7 @@ test: venv
 # capability: ATen's scalar kernels and oneDNN's SSE4.1 ones, where `make test` ran the machine's best
 # (AVX2, AVX-512). Two kernel families on every machine: a check that holds by one CPU's rounding fails here.
 # CI runs the marked subset (equivalence_sse: every strategy family, the float64 path, the sensitivity
-# checks; about 5 of the 20 minutes all of them take on 2 cores); EQUIVALENCE_SSE=equivalence runs them all.
+# checks: 3.5 min on 2 cores, where all of them take ~17); EQUIVALENCE_SSE=equivalence runs them all.
 EQUIVALENCE_SSE ?= equivalence_sse
 test-equivalence-sse: venv
 	@ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 $(BIN)/python -c "import torch; c = torch.backends.cpu.get_cpu_capability(); assert c == 'DEFAULT', c; print('ATen CPU capability', c)"
