@@ -43,29 +43,33 @@ def expand_sweep(config: SweepConfig) -> Plan:
         layout = resolve_layout(values)
         if not data.get(values["dataset"]):
             layout["loader_workers"] = 0  # synthetic data stays resident: no loader, whatever the axis says
-        for repetition in range(config.repetitions):
-            point = Point(
-                **(values | layout),
-                repetition=repetition,
-                warmup_steps=config.warmup_steps,
-                steps=config.steps,
-                seed=config.seed,
-                learning_rate=config.learning_rate,
-                timeout_s=config.timeout_s,
-                model_options=model_options[values["model"]],
-                strategy_options=_changed_options(values["strategy"], strategy_options.get(values["strategy"], ())),
-                data_path=data.get(values["dataset"], ""),
-                oversubscribe=config.oversubscribe,
-                trace_steps=min(config.trace_steps, config.steps),
-            )
-            if _is_excluded(values, config.exclude):
-                excluded[point] = None
-            elif (reason := why_skipped(point)) is not None:
+        fixed = (
+            values
+            | layout
+            | {
+                "warmup_steps": config.warmup_steps,
+                "steps": config.steps,
+                "seed": config.seed,
+                "learning_rate": config.learning_rate,
+                "timeout_s": config.timeout_s,
+                "model_options": model_options[values["model"]],
+                "strategy_options": _changed_options(values["strategy"], strategy_options.get(values["strategy"], ())),
+                "data_path": data.get(values["dataset"], ""),
+                "oversubscribe": config.oversubscribe,
+                "trace_steps": min(config.trace_steps, config.steps),
+            }
+        )
+        points = [Point(**fixed, repetition=repetition) for repetition in range(config.repetitions)]
+        # whether a configuration is excluded or cannot run does not depend on its repetition: decided once
+        if _is_excluded(values, config.exclude):
+            excluded.update(dict.fromkeys(points))
+        elif (reason := why_skipped(points[0])) is not None:
+            for point in points:
                 skipped.setdefault(point, reason)
-            elif point.nodes == 1 and config.each_node:
-                kept.update((replace(point, node=node), None) for node in config.each_node)
-            else:
-                kept[point] = None
+        elif points[0].nodes == 1 and config.each_node:
+            kept.update((replace(point, node=node), None) for point in points for node in config.each_node)
+        else:
+            kept.update(dict.fromkeys(points))
     if not kept:
         if skipped:
             reasons = sorted(set(skipped.values()))
