@@ -18,7 +18,14 @@ reference by the size of a rounding, with noise drawn from a fixed seed, finds t
 
 A fixture is fit for a float32 comparison when every seed's perturbed reference ends within
 `FIT_SHARE` of the bound; else it is compared in float64 (tests/float64.py), where no such noise
-reaches a gate. Run `python -m tests.chaos '<point fields as JSON>' [--shards N] [--forward]`.
+reaches a gate. The noise is as large as a rounding can be, so a verdict near the edge can differ with
+the kernels the reference itself runs on (resnet8 with GroupNorm on 8 samples, forward noise: 0.03 on
+AVX2 kernels, 42 for one seed on scalar ones): run it on two (ATEN_CPU_CAPABILITY=default
+ONEDNN_MAX_CPU_ISA=SSE41) and take the worse. Data and pipeline parallelism compute a sample's forward
+in the same sums as one process, as long as no kernel rounds a sample otherwise in a batch of 8 than in
+one of 16: their resnet8 fixtures at a global batch of 16 pass the gradient noise (0.03) and would not
+pass forward noise (20-24 bounds), so a CPU whose kernels are not batch-invariant shows up there first.
+Run `python -m tests.chaos '<point fields as JSON>' [--shards N] [--forward]`.
 """
 
 from __future__ import annotations

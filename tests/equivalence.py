@@ -72,7 +72,9 @@ class RoundingBound:
     where differences stay too small to reach any gate. The ratio one CPU measures does not tell: a
     chaotic fixture can sit at 1/300 of its bound on AVX2 and at 3 bounds on AVX-512. tests/chaos.py
     tells, on any CPU: it perturbs the reference by one rounding of each sum the strategy regroups and
-    sees whether it ends far away; every float32 fixture here ends within 1/25 of its bound under it.
+    sees whether it ends far away. Every float32 fixture here ends within 1/25 of its bound under it,
+    or is exact by construction (data parallelism with BatchNorm over each rank's half: both sides add
+    the same two half-batch gradients, a sum of two that no grouping changes; measured 0).
     """
 
     unit_roundoff: float

@@ -64,6 +64,11 @@ class Float64Check:
     run: Float64Run
     record: PointRecord | None
 
+    @property
+    def facts(self) -> list[list[dict[str, Any]]]:
+        """Each rank's trainer facts from the float64 run, and from the real run where there was one."""
+        return [self.run.facts] + ([[rank.facts for rank in self.record.ranks]] if self.record else [])
+
 
 def train_float64(point: Point, out: Path) -> Float64Run:
     """The point's strategy on real ranks (fresh spawned processes, gloo) in float64."""
@@ -170,9 +175,11 @@ def check_against_reference_float64(
     return Float64Check(run=run, record=record)
 
 
-def checked_facts(tmp_path: Path, *, in_float64: bool, **fields) -> list[dict[str, Any]]:
+def checked_facts(tmp_path: Path, *, in_float64: bool, real_run: bool = False, **fields) -> list[list[dict[str, Any]]]:
     """Each rank's trainer facts after the point passed its equivalence check: in float32 on the real run
-    (check_against_reference), or in float64 for a fixture that is chaotic in float32 (tests/chaos.py)."""
+    (check_against_reference: [real run's]), or in float64 for a fixture that is chaotic in float32
+    (tests/chaos.py: [float64 run's] and, with `real_run`, [float64 run's, real run's])."""
     if in_float64:
-        return check_against_reference_float64(tmp_path, **fields).run.facts
-    return [rank.facts for rank in check_against_reference(tmp_path, **fields).ranks]
+        return check_against_reference_float64(tmp_path, real_run=real_run, **fields).facts
+    assert not real_run, "a float32 check always runs the point for real"
+    return [[rank.facts for rank in check_against_reference(tmp_path, **fields).ranks]]

@@ -13,17 +13,17 @@ from torch import nn
 from ddlbench.train.models.cifar_resnet import build_resnet8
 from ddlbench.train.strategies.halo import Piece, SlabWindowed, geometry, halo_windows, output_extent, rank_plan
 from ddlbench.train.strategies.spatial import plan_region
-from tests.float64 import check_against_reference_float64, checked_facts
+from tests.float64 import check_against_reference_float64
 
 # Each output row is computed from the same inputs and weights as in one process, but the slab-shaped
 # convolutions may pick other kernels, the norm statistics are combined from per-slab moments, and each
 # weight gradient is the sum of two ranks' partial sums: rounding, within the bound of
-# tests/equivalence.py where training is smooth (measured: at most 1/200 of it, on ATen's AVX2 and scalar
-# kernels, 1 and 2 threads). Where a ReLU input sits within a rounding of its gate, the slabs' other
-# rounding flips it on some CPU and not another: those fixtures (tests/chaos.py finds them) are compared
-# in float64 (tests/float64.py). A missing or misplaced halo row moves boundary outputs by > 1e-2 (the
-# negative test below) and a statistic's gradient not shared moves parameters by 5e-3 (tried by hand):
-# hundreds of float32 bounds, millions of float64 ones.
+# tests/equivalence.py where training is smooth. But the slabs round a sample's forward otherwise than one
+# process does, and where a ReLU input sits within a rounding of its gate that flips it on some CPU and
+# not another (tests/chaos.py finds such fixtures): so the trainings are compared in float64
+# (tests/float64.py), measured within 1/40 of the float64 bound. A missing or misplaced halo row moves
+# boundary outputs by > 1e-2 (the negative test below) and a statistic's gradient not shared moves
+# parameters by 5e-3 (tried by hand): millions of float64 bounds.
 
 
 def _has(module: str) -> bool:
@@ -138,22 +138,26 @@ def test_region_ends_where_the_extent_stops_splitting(parts, children, layers):
 # --------------------------------------------------------------------------- real ranks against a reference
 
 
+# Slab-shaped convolutions round a sample's forward otherwise than whole ones, so every training here is
+# compared in float64 (tests/float64.py): resnet8 on 8 samples is chaotic in float32 with BatchNorm (the
+# real run ended 0.65 bounds away on AVX2 kernels, 1/500 on scalar ones; tests/chaos.py's perturbed
+# references 47-52 bounds away) and on the edge of it with GroupNorm (perturbed references 0.03 bounds
+# away on AVX2 kernels, 42 on scalar ones for one noise seed). One case per strategy also runs for real:
+# its record and first loss in float32.
 @pytest.mark.slow
 @pytest.mark.equivalence
 @pytest.mark.parametrize(
-    ("norm", "threads", "in_float64"),
+    ("norm", "threads", "real_run"),
     [
-        pytest.param("group", 1, False, marks=pytest.mark.equivalence_sse),
-        # BatchNorm too: statistics span every rank's slab. Chaotic in float32: tests/chaos.py's perturbed
-        # references end 47-52 bounds away (GroupNorm: 0.03), so compared in float64
-        ("batch", 1, True),
+        pytest.param("group", 1, True, marks=pytest.mark.equivalence_sse),
+        ("batch", 1, False),  # BatchNorm too: statistics span every rank's slab
         pytest.param("group", 2, False, id="group-threads2"),  # other groupings of the slabs' sums
     ],
 )
-def test_spatial_matches_single_process(tmp_path, norm, threads, in_float64):
-    facts = checked_facts(
+def test_spatial_matches_single_process(tmp_path, norm, threads, real_run):
+    check = check_against_reference_float64(
         tmp_path,
-        in_float64=in_float64,
+        real_run=real_run,
         strategy="spatial",
         model="resnet8",
         dataset="cifar10",
@@ -164,12 +168,13 @@ def test_spatial_matches_single_process(tmp_path, norm, threads, in_float64):
         shards=1,  # every rank sees the whole batch: the statistics are the full batch's
         threads=threads,
     )
-    assert [f["coords"]["sp"] for f in facts] == [0, 1] and all(f["mesh"] == {"sp": 2} for f in facts)
-    # stem and three blocks run on slabs; the head (adaptive pool, flatten, linear) runs replicated
-    assert all(f["spatial_children"] == 4 == f["gather_before_child"] for f in facts)
-    assert all(f["split_layers"] == 9 and f["slab_rows_first"] == 16 and f["slab_rows_last"] == 4 for f in facts)
-    assert all(f["halo_rows"]["0.0"] == 1 for f in facts)  # the stem's 3×3: one row from the neighbour
-    assert [f["halo_rows"]["2.conv1"] for f in facts] == [0, 1]  # 3×3 stride 2: only rank 1 reads across
+    for facts in check.facts:
+        assert [f["coords"]["sp"] for f in facts] == [0, 1] and all(f["mesh"] == {"sp": 2} for f in facts)
+        # stem and three blocks run on slabs; the head (adaptive pool, flatten, linear) runs replicated
+        assert all(f["spatial_children"] == 4 == f["gather_before_child"] for f in facts)
+        assert all(f["split_layers"] == 9 and f["slab_rows_first"] == 16 and f["slab_rows_last"] == 4 for f in facts)
+        assert all(f["halo_rows"]["0.0"] == 1 for f in facts)  # the stem's 3×3: one row from the neighbour
+        assert [f["halo_rows"]["2.conv1"] for f in facts] == [0, 1]  # 3×3 stride 2: only rank 1 reads across
 
 
 # float32 training of resnet20 on these batches is chaotic: the single-process reference against itself
@@ -193,20 +198,18 @@ def test_spatial_resnet20_matches_single_process_in_float64(tmp_path, norm):
     )
 
 
-# dp × sp with BatchNorm over each replica's 4 samples is chaotic in float32: slab-shaped convolutions
-# round their outputs otherwise than whole ones, a ReLU input near zero flips, and the run ended 3.2 bounds
-# away under oneDNN's AVX-512 kernels (here 1/300 of it); tests/chaos.py's perturbed references end up to
-# 54 bounds away (GroupNorm over the whole batch: 0.03). So that case is compared in float64.
+# dp × sp: in float64 like spatial (above); with BatchNorm over each replica's 4 samples the real run ended
+# 3.2 float32 bounds away under oneDNN's AVX-512 kernels (1/300 of it on AVX2 ones)
 @pytest.mark.slow
 @pytest.mark.equivalence
 @pytest.mark.parametrize(
-    ("norm", "shards", "in_float64"),
-    [("group", 1, False), pytest.param("batch", 2, True, marks=pytest.mark.equivalence_sse)],  # BatchNorm: per replica
+    ("norm", "shards", "real_run"),
+    [("group", 1, True), pytest.param("batch", 2, False, marks=pytest.mark.equivalence_sse)],  # BatchNorm: per replica
 )
-def test_dp_spatial_matches_single_process(tmp_path, norm, shards, in_float64):
-    facts = checked_facts(
+def test_dp_spatial_matches_single_process(tmp_path, norm, shards, real_run):
+    check = check_against_reference_float64(
         tmp_path,
-        in_float64=in_float64,
+        real_run=real_run,
         strategy="dp_spatial",
         model="resnet8",
         dataset="cifar10",
@@ -217,14 +220,15 @@ def test_dp_spatial_matches_single_process(tmp_path, norm, shards, in_float64):
         model_options=(("norm", norm),),
         shards=shards,
     )
-    assert [(f["coords"]["dp"], f["coords"]["sp"]) for f in facts] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert all(f["mesh"] == {"dp": 2, "sp": 2} for f in facts)
+    for facts in check.facts:
+        assert [(f["coords"]["dp"], f["coords"]["sp"]) for f in facts] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        assert all(f["mesh"] == {"dp": 2, "sp": 2} for f in facts)
 
 
-# (model, dataset, options, module, children on slabs, {layer: halo rows on rank 0 and 1}, in float64); the
-# halo rows are those test_halo_rows_of_the_zoo_layers derives by hand. resnet18 and cosmoflow are chaotic in
-# float32 (tests/chaos.py: perturbed references up to 0.98 and 3.6 bounds away; cosmoflow's real run ended
-# 3.6 bounds away under oneDNN's AVX-512 kernels), so they are compared in float64; vgg11 ends within 0.04.
+# (model, dataset, options, module, children on slabs, {layer: halo rows on rank 0 and 1}); the halo rows are
+# those test_halo_rows_of_the_zoo_layers derives by hand. In float64 like resnet8 (above): resnet18 and
+# cosmoflow are chaotic in float32 (tests/chaos.py: perturbed references up to 0.98 and 3.6 bounds away;
+# cosmoflow's real run ended 3.6 bounds away under oneDNN's AVX-512 kernels)
 _ZOO = [
     # VGG-11 on 32×32 over 2 ranks: 3×3 convs read a row from the neighbour, 2×2 max-pools none; the
     # seventh conv block ends at 1 row
@@ -235,7 +239,6 @@ _ZOO = [
         "ddlbench.train.models.vgg",
         7,
         {"0.0": [1, 1], "0.3": [0, 0]},
-        False,
     ),
     # the ImageNet stem on 32×32: 7×7/2 conv to 16 rows (halo 2 and 3), 3×3/2 max-pool to 8 (halo 0 and 1),
     # stages at 8, 4 and 2 rows; the last stage's 1 row does not split, so it runs replicated
@@ -246,12 +249,10 @@ _ZOO = [
         "ddlbench.train.models.resnet",
         7,
         {"0.0": [2, 3], "0.3": [0, 1], "3.shortcut.0": [0, 0]},
-        True,
     ),
     # 3-D, split along depth: 32, 16, 8, 4 planes, then the fifth block's 1 plane does not split
     pytest.param(
         *("cosmoflow", "cosmoflow32", (("norm", "group"),), "ddlbench.train.models.cosmoflow", 4, {"0.0": [1, 1]}),
-        True,
         marks=pytest.mark.equivalence_sse,  # 3-D convolutions: other kernels than the 2-D models'
     ),
 ]
@@ -260,16 +261,13 @@ _ZOO = [
 @pytest.mark.slow
 @pytest.mark.equivalence
 @pytest.mark.parametrize(
-    ("model", "dataset", "options", "module", "children", "halo", "in_float64"),
-    _ZOO,
-    ids=["vgg11", "resnet18", "cosmoflow"],
+    ("model", "dataset", "options", "module", "children", "halo"), _ZOO, ids=["vgg11", "resnet18", "cosmoflow"]
 )
-def test_spatial_zoo_models_match_single_process(tmp_path, model, dataset, options, module, children, halo, in_float64):
+def test_spatial_zoo_models_match_single_process(tmp_path, model, dataset, options, module, children, halo):
     if not _has(module):
         pytest.skip(f"{module} is not written yet")
-    facts = checked_facts(
+    facts = check_against_reference_float64(
         tmp_path,
-        in_float64=in_float64,
         strategy="spatial",
         model=model,
         dataset=dataset,
@@ -277,7 +275,7 @@ def test_spatial_zoo_models_match_single_process(tmp_path, model, dataset, optio
         ranks_per_node=2,
         batch_size=4,
         model_options=options,
-    )
+    ).run.facts
     assert all(f["spatial_children"] == children for f in facts), facts[0]["gather_reason"]
     for layer, rows in halo.items():
         assert [f["halo_rows"][layer] for f in facts] == rows, layer
