@@ -8,7 +8,9 @@ from ddlbench.records import record_path
 PLAN = PREPARED.plan
 SWEEP_DIR = str(PLAN.config.sweep_dir)
 REPORT = str(PLAN.config.report_path)
-RECORDS = [str(record_path(PLAN.config.sweep_dir, point_id)) for point_id in POINTS]
+# a point's record, as the pattern run_point makes (ddlbench.records.record_path spells the layout once)
+RECORD = str(record_path(PLAN.config.sweep_dir, "{point}"))
+RECORDS = expand(RECORD, point=list(POINTS))
 CONFIG_JSON = json.dumps(PLAN.config.to_dict(), sort_keys=True)
 # predictions (workflow/rules/predict.smk): a given machine file, or one calibrated first from a suite
 CALIBRATE_SUITE = PLAN.config.calibrate

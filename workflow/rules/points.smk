@@ -1,6 +1,6 @@
 rule run_point:
     output:
-        record=f"{SWEEP_DIR}/points/{{point}}/record.json",
+        record=RECORD,
     log:
         f"{SWEEP_DIR}/logs/run_point/{{point}}.log",
     params:

@@ -5,6 +5,8 @@
 # refusal is one line naming the key or point, and exit status 2.
 import sys
 
+from snakemake.common import get_function_params, overwrite_function_params
+
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.preflight import prepare_workflow, refusal
 
@@ -56,3 +58,9 @@ def resource_of_point(key):
 
 # the same keys for every point (a Snakemake rule has one set); none when running locally
 POINT_RESOURCES = {key: resource_of_point(key) for key in next(iter(RESOURCES.values()), {})}
+
+# Snakemake takes the signature of each of these functions (inspect.signature) anew at every call, a few
+# times per job, which costs a 10,000-point plan about a second (benchmarks/plan_speed.py). It is taken
+# once here instead and handed to Snakemake, as Snakemake's own ioutils hand on a wrapped function's.
+for _function in (point_spec, point_threads, *POINT_RESOURCES.values()):
+    overwrite_function_params(_function, get_function_params(_function))
