@@ -35,7 +35,7 @@ import json
 import math
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ddlbench.catalog import DATASETS
 from ddlbench.point import Point
@@ -52,7 +52,15 @@ def train_perturbed(
     point: Point, *, shards: int = 1, dtype: torch.dtype = torch.float32, forward: bool, seed: int | None
 ) -> dict[str, torch.Tensor]:
     """tests/reference.py's training, with rounding-sized noise drawn from `seed` (None: no noise)."""
+    previous_threads = torch.get_num_threads()
     torch.set_num_threads(point.threads)
+    try:
+        return _train(point, shards=shards, dtype=dtype, forward=forward, seed=seed)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _train(point: Point, *, shards: int, dtype: torch.dtype, forward: bool, seed: int | None) -> dict[str, Tensor]:
     model = build_model_as(point, dtype)
     u = UNIT_ROUNDOFF[dtype]
     terms = rounding_bound(point, model).terms
