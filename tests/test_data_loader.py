@@ -247,7 +247,6 @@ def test_workers_run_on_their_own_cores_and_the_ranks_threads_on_the_rest():
 # waits and its first loss, and the same ranks and loaders compare their parameters in float64.
 @pytest.mark.slow
 @pytest.mark.equivalence
-@pytest.mark.equivalence_sse
 def test_two_ranks_reading_real_data_match_one_process_and_record_their_wait(tmp_path, cifar):
     """2 ranks with a worker each, 10 steps (more than the synthetic pool of 8): every step a new global
     batch, and the run ends where one process training on the same batches does."""

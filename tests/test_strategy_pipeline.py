@@ -121,6 +121,7 @@ def test_dp_pp_four_ranks_matches_single_process(tmp_path: Path):
 
 @pytest.mark.slow
 @pytest.mark.equivalence
+@pytest.mark.equivalence_sse
 def test_batchnorm_pipeline_matches_a_reference_sharded_into_micro_batches(tmp_path: Path):
     """BatchNorm normalises each micro-batch alone: the reference cut into as many shards agrees with
     the pipeline, parameters and running statistics alike (the stages are declared static, so no

@@ -204,7 +204,7 @@ def test_spatial_resnet20_matches_single_process_in_float64(tmp_path, norm):
 @pytest.mark.equivalence
 @pytest.mark.parametrize(
     ("norm", "shards", "real_run"),
-    [("group", 1, True), pytest.param("batch", 2, False, marks=pytest.mark.equivalence_sse)],  # BatchNorm: per replica
+    [("group", 1, True), ("batch", 2, False)],  # BatchNorm: per replica
 )
 def test_dp_spatial_matches_single_process(tmp_path, norm, shards, real_run):
     check = check_against_reference_float64(
@@ -251,10 +251,7 @@ _ZOO = [
         {"0.0": [2, 3], "0.3": [0, 1], "3.shortcut.0": [0, 0]},
     ),
     # 3-D, split along depth: 32, 16, 8, 4 planes, then the fifth block's 1 plane does not split
-    pytest.param(
-        *("cosmoflow", "cosmoflow32", (("norm", "group"),), "ddlbench.train.models.cosmoflow", 4, {"0.0": [1, 1]}),
-        marks=pytest.mark.equivalence_sse,  # 3-D convolutions: other kernels than the 2-D models'
-    ),
+    ("cosmoflow", "cosmoflow32", (("norm", "group"),), "ddlbench.train.models.cosmoflow", 4, {"0.0": [1, 1]}),
 ]
 
 
