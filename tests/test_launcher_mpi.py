@@ -308,6 +308,7 @@ def test_every_rank_refuses_a_placement_other_than_the_points(mpirun):
 
 
 @pytest.mark.slow
+@pytest.mark.equivalence
 def test_two_rank_ddp_under_mpirun_matches_single_process(tmp_path, mpirun):
     from tests.equivalence import check_against_reference
 
@@ -356,6 +357,7 @@ def _mentions(process: Path, text: Path) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.equivalence
 def test_horovod_under_mpirun_uses_its_gloo_controller(tmp_path, mpirun):
     if importlib.util.find_spec("horovod") is None:
         if os.environ.get("DDLBENCH_REQUIRE_HOROVOD") == "1":
