@@ -14,6 +14,7 @@ folder (the sweep's results_dir), never to the repository's results/.
 
     make bench                                              # = .venv/bin/python benchmarks/plan_speed.py
     .venv/bin/python benchmarks/plan_speed.py --points 1000 --repeats 1
+    .venv/bin/python benchmarks/plan_speed.py --points 100 --repeats 1    # seconds: what CI runs
 """
 
 from __future__ import annotations
@@ -36,8 +37,12 @@ from ddlbench.sweep import expand_sweep
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 900
-# Every axis but `nodes` is fixed: 2 models x 2 datasets x 5 ranks x 5 batch sizes x 5 repetitions.
-POINTS_PER_NODE_VALUE = 2 * 2 * 5 * 5 * 5
+# Every axis but `nodes` and the repetitions is fixed: 2 models x 2 datasets x 5 ranks x 5 batch sizes; a
+# multiple of 500 points has 5 repetitions of each on as many node counts as it takes (10,000: nodes 1-20), a
+# smaller sweep (CI's) 1-4 repetitions on one node count.
+POINTS_PER_REPETITION = 2 * 2 * 5 * 5
+REPETITIONS = 5
+POINTS_PER_NODE_VALUE = POINTS_PER_REPETITION * REPETITIONS
 RANKS_PER_NODE = [1, 2, 4, 8, 16]
 # jobs of each rule besides the points' (one each), in the project's Snakefile and the trivial one
 DDLBENCH_JOBS = {"aggregate": 1, "fit_scaling": 1, "report": 1, "all": 1}
@@ -79,11 +84,11 @@ def sweep_config(points: int, results_dir: Path) -> dict[str, object]:
         "models": ["resnet8", "resnet20"],
         "datasets": ["cifar10", "mnist"],
         "strategies": ["ddp"],
-        "nodes": list(range(1, points // POINTS_PER_NODE_VALUE + 1)),
+        "nodes": list(range(1, max(1, points // POINTS_PER_NODE_VALUE) + 1)),
         "ranks_per_node": RANKS_PER_NODE,
         "batch_size": [16, 32, 64, 128, 256],
         "threads": [1],
-        "repetitions": 5,
+        "repetitions": REPETITIONS if points >= POINTS_PER_NODE_VALUE else points // POINTS_PER_REPETITION,
     }
 
 
@@ -120,11 +125,17 @@ def dry_run(cwd: Path, extra: list[str], expected: dict[str, int], cores: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--points", type=int, default=10_000, help="a multiple of 500 (default 10000)")
+    parser.add_argument(
+        "--points", type=int, default=10_000, help="100, 200, 300, 400 or a multiple of 500 (default 10000)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (default 3)")
     args = parser.parse_args()
-    if args.points <= 0 or args.points % POINTS_PER_NODE_VALUE or args.repeats <= 0:
-        parser.error(f"--points must be a positive multiple of {POINTS_PER_NODE_VALUE}; --repeats positive")
+    sizes = "100, 200, 300, 400 or a positive multiple of 500"
+    small = args.points in range(POINTS_PER_REPETITION, POINTS_PER_NODE_VALUE, POINTS_PER_REPETITION)
+    if not (small or (args.points > 0 and args.points % POINTS_PER_NODE_VALUE == 0)):
+        parser.error(f"--points {args.points}: accepted {sizes}")
+    if args.repeats <= 0:
+        parser.error(f"--repeats {args.repeats}: must be at least 1")
     n = args.points
 
     with tempfile.TemporaryDirectory(prefix="plan-speed-") as tmp:
