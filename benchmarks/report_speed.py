@@ -22,12 +22,14 @@ Nothing is written outside the temporary folder.
 
     make bench-report                                 # = .venv/bin/python benchmarks/report_speed.py
     .venv/bin/python benchmarks/report_speed.py --points 2000 --repeats 1 --keep /tmp/report-speed
+    .venv/bin/python benchmarks/report_speed.py --quick --repeats 1         # 32 points, seconds: what CI runs
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import shutil
 import statistics
@@ -58,6 +60,17 @@ BIN = Path(sys.executable).parent
 TIMEOUT_S = 900
 STEPS = 20
 POINTS_PER_REPETITION = 5 * 2 * 4 * 5 * 2 * 5
+# --quick (CI's size, seconds): 2 models × 1 dataset × ddp, zero2 × nodes 1, 2 × 1 rank × 2 batch sizes × 2
+# repetitions = 32 points, every part of the report still drawn
+QUICK_AXES = {
+    "models": ["resnet8", "resnet20"],
+    "datasets": ["cifar10"],
+    "strategies": ["ddp", "zero2"],
+    "nodes": [1, 2],
+    "ranks_per_node": [1],
+    "batch_size": [16, 32],
+    "repetitions": 2,
+}
 # samples/s of one rank at batch 32 (made up; only their order matters to the report)
 MODEL_SPEED = {"resnet8": 900.0, "resnet20": 400.0, "resnet18": 120.0, "vgg11": 150.0, "mobilenet_v2": 200.0}
 STRATEGY_EFFICIENCY = {"ddp": 0.92, "horovod": 0.9, "zero2": 0.85, "fsdp": 0.8}
@@ -69,8 +82,8 @@ FAILURES = (  # (share of points, status, reason)
 )
 
 
-def sweep_config(points: int, results_dir: Path) -> dict[str, object]:
-    return {
+def sweep_config(points: int, results_dir: Path, *, quick: bool = False) -> dict[str, object]:
+    config = {
         "name": "report-speed",
         "results_dir": str(results_dir),
         "models": list(MODEL_SPEED),
@@ -82,6 +95,7 @@ def sweep_config(points: int, results_dir: Path) -> dict[str, object]:
         "repetitions": points // POINTS_PER_REPETITION,
         "steps": STEPS,
     }
+    return config | QUICK_AXES if quick else config
 
 
 def synthetic_record(point: Point, rng: random.Random) -> PointRecord:
@@ -216,13 +230,20 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=10_000, help=f"a multiple of {POINTS_PER_REPETITION}")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each command (default 3)")
     parser.add_argument("--keep", type=Path, help="copy the sweep's folder (records, table, report) here")
+    parser.add_argument("--quick", action="store_true", help="a 32-point sweep instead of --points (seconds; CI)")
     args = parser.parse_args()
-    if args.points <= 0 or args.points % POINTS_PER_REPETITION or args.repeats <= 0:
-        parser.error(f"--points must be a positive multiple of {POINTS_PER_REPETITION}; --repeats positive")
+    if args.quick:
+        args.points = math.prod(len(QUICK_AXES[axis]) for axis in QUICK_AXES if axis != "repetitions")
+        args.points *= QUICK_AXES["repetitions"]
+    elif args.points <= 0 or args.points % POINTS_PER_REPETITION:
+        parser.error(f"--points {args.points}: must be a positive multiple of {POINTS_PER_REPETITION}")
+    if args.repeats <= 0:
+        parser.error(f"--repeats {args.repeats}: must be at least 1")
 
     with tempfile.TemporaryDirectory(prefix="report-speed-") as tmp:
         config_path = Path(tmp) / "sweep.yaml"
-        config_path.write_text(yaml.safe_dump(sweep_config(args.points, Path(tmp) / "results"), sort_keys=False))
+        sweep = sweep_config(args.points, Path(tmp) / "results", quick=args.quick)
+        config_path.write_text(yaml.safe_dump(sweep, sort_keys=False))
         plan = expand_sweep(load_sweep_config(config_path))
         if len(plan.points) != args.points:
             sys.exit(f"report_speed: the sweep expands to {len(plan.points)} points, not {args.points}")
