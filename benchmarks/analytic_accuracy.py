@@ -3,6 +3,7 @@
     python benchmarks/analytic_accuracy.py                      # calibrate, run the sweep, print accuracies
     python benchmarks/analytic_accuracy.py --machine M.yaml     # skip the calibration, predict from M
     python benchmarks/analytic_accuracy.py --report-only        # reuse what an earlier run measured
+    python benchmarks/analytic_accuracy.py --quick --results-dir /tmp/a   # CI's size: 5 launches, no verdict
 
 1. `ddlbench calibrate` with benchmarks/analytic/calibration.yaml (collectives, rates, and layer profiles
    of the sweep's models) → <results>/machine.yaml;
@@ -15,15 +16,19 @@
    averaged over strategies, ≥ 97 % for data parallelism, memory within 10 %).
 
 Nothing else should run on the machine meanwhile: the sweep's timings are what is being predicted.
+
+--quick runs benchmarks/analytic/quick_calibration.yaml and quick_sweep.yaml instead (ddp and gpipe on
+resnet8, a few steps): the same steps and printout in a minute, to show the benchmark still runs; its
+accuracies say nothing. --results-dir puts the calibration, the sweep and the report under another folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,7 +43,9 @@ DATA_PARALLEL = ("ddp", "horovod", "zero2", "fsdp")
 def run(command: list[str]) -> None:
     print("$", " ".join(command), flush=True)
     started = time.perf_counter()
-    subprocess.run(command, cwd=REPO, check=True)
+    # the workflow's rules call `ddlbench`: this interpreter's, whether or not its venv is active
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    subprocess.run(command, cwd=REPO, check=True, env={**os.environ, "PATH": path})
     print(f"  ({time.perf_counter() - started:.0f} s)", flush=True)
 
 
@@ -49,10 +56,21 @@ def main() -> int:
         "--report-only", action="store_true", help="run nothing new (Snakemake reruns only what is missing)"
     )
     parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="the quick calibration and sweep (CI's size)")
+    parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     args = parser.parse_args()
 
-    sweep = yaml.safe_load((HERE / "sweep.yaml").read_text())
+    prefix = "quick_" if args.quick else ""
+    sweep = yaml.safe_load((HERE / f"{prefix}sweep.yaml").read_text())
+    calibration = HERE / f"{prefix}calibration.yaml"
+    if args.results_dir is not None:
+        sweep["results_dir"] = str(args.results_dir.resolve())
     results = REPO / sweep["results_dir"] / sweep["name"]
+    results.mkdir(parents=True, exist_ok=True)
+    if args.results_dir is not None:  # the suite as run, kept beside its results
+        suite = yaml.safe_load(calibration.read_text()) | {"results_dir": sweep["results_dir"]}
+        calibration = results / "calibration-suite.yaml"
+        calibration.write_text(yaml.safe_dump(suite))
     machine = args.machine or results / "machine.yaml"
     if args.machine is None and not (args.report_only and machine.exists()):
         run(
@@ -62,16 +80,29 @@ def main() -> int:
                 "ddlbench",
                 "calibrate",
                 "--configfile",
-                str(HERE / "calibration.yaml"),
+                str(calibration),
                 "--out",
                 str(machine),
             ]
         )
     sweep["machine"] = str(machine.resolve())
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
-        yaml.safe_dump(sweep, handle)
+    sweep_file = results / "sweep-run.yaml"  # the sweep as run, with its machine file
+    sweep_file.write_text(yaml.safe_dump(sweep))
     # the points run once; the predictions and the report are made anew (the model may have changed)
-    run(["snakemake", "--cores", str(args.cores), "--configfile", handle.name, "-q", "--forcerun", "predict", "report"])
+    snakemake = str(Path(sys.executable).with_name("snakemake"))
+    run(
+        [
+            snakemake,
+            "--cores",
+            str(args.cores),
+            "--configfile",
+            str(sweep_file),
+            "-q",
+            "--forcerun",
+            "predict",
+            "report",
+        ]
+    )
 
     from ddlbench.analysis.analytic.accuracy import by_strategy, join, overall, picks
 
