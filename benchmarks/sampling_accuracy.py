@@ -3,6 +3,7 @@
     python benchmarks/sampling_accuracy.py            # runs both sweeps (about 10 minutes on 2 cores)
     python benchmarks/sampling_accuracy.py --reuse    # recompute from the records already there
     python benchmarks/sampling_accuracy.py --reuse-full --trials 5   # only the adaptive sweep, 5 times
+    python benchmarks/sampling_accuracy.py --quick --trials 1 --results-dir /tmp/s   # CI's size: seconds
 
 1. Snakemake runs benchmarks/sampling/sweep.yaml in full: every configuration, every repetition;
 2. Snakemake runs workflow/adaptive.smk on the same file: short runs of a few configurations, round by
@@ -16,12 +17,17 @@
    - accuracy lost = repeatability − prediction accuracy, in points; issue 13's targets: ≥ 95 % of the
      cost saved at ≤ 2 points lost.
 Nothing else should run meanwhile: both sweeps' timings are what is compared.
+
+--quick runs benchmarks/sampling/quick_sweep.yaml instead (four batch sizes, one launch each; the adaptive
+sweep measures three): the same steps and printout in seconds, to show the benchmark still runs; its
+figures say nothing. --results-dir puts both sweeps under another folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -38,11 +44,14 @@ from ddlbench.records import read_record  # noqa: E402
 from ddlbench.sampling.plan import node_seconds  # noqa: E402
 
 SWEEP = REPO / "benchmarks" / "sampling" / "sweep.yaml"
+QUICK_SWEEP = REPO / "benchmarks" / "sampling" / "quick_sweep.yaml"
 
 
 def run(*command: str) -> None:
     print("$", " ".join(command), flush=True)
-    subprocess.run(command, check=True, cwd=REPO)
+    # the workflow's rules call `ddlbench`: this interpreter's, whether or not its venv is active
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    subprocess.run(command, check=True, cwd=REPO, env={**os.environ, "PATH": path})
 
 
 def main() -> int:
@@ -52,12 +61,24 @@ def main() -> int:
     parser.add_argument(
         "--trials", type=int, default=3, help="independent adaptive sweeps against the one full sweep (default 3)"
     )
+    parser.add_argument("--quick", action="store_true", help="benchmarks/sampling/quick_sweep.yaml (CI's size)")
+    parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the file's results_dir")
     args = parser.parse_args()
-    config = sweep_config_from_mapping(yaml.safe_load(SWEEP.read_text()))
+    if args.trials < 1:
+        parser.error(f"--trials {args.trials}: must be at least 1")
+    sweep_file = QUICK_SWEEP if args.quick else SWEEP
+    raw = yaml.safe_load(sweep_file.read_text())
+    if args.results_dir is not None:
+        raw["results_dir"] = str(args.results_dir.resolve())
+    config = sweep_config_from_mapping(raw)
     sweep_dir = REPO / config.sweep_dir
+    if args.results_dir is not None:  # the sweep as run, kept beside its results
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        sweep_file = sweep_dir / "sweep-run.yaml"
+        sweep_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     snakemake = str(Path(sys.executable).with_name("snakemake"))
     if not args.reuse and not args.reuse_full:
-        run(snakemake, "--cores", "2", "--configfile", str(SWEEP), "--forceall")
+        run(snakemake, "--cores", "2", "--configfile", str(sweep_file), "--forceall")
     full = [read_record(p) for p in sorted((sweep_dir / "points").glob("*/record.json"))]
     full_cost = sum(node_seconds(r) for r in full)
     print(f"full sweep: {len(full)} runs, {full_cost:.1f} node-s (measured)")
@@ -65,7 +86,7 @@ def main() -> int:
     for trial in range(1 if args.reuse else args.trials):
         if not args.reuse:
             shutil.rmtree(sweep_dir / "adaptive", ignore_errors=True)
-            run(snakemake, "-s", "workflow/adaptive.smk", "--cores", "2", "--configfile", str(SWEEP), "--quiet")
+            run(snakemake, "-s", "workflow/adaptive.smk", "--cores", "2", "--configfile", str(sweep_file), "--quiet")
         print(f"\n--- adaptive sweep, trial {trial + 1}")
         outcomes.append(compare(full, full_cost, sweep_dir))
     saved = [o[0] for o in outcomes]
