@@ -55,7 +55,7 @@ def sweep_file(folder: Path, name: str, points: int) -> Path:
         "strategies": ["ddp"],
         "nodes": [1, 2],
         "batch_size": [4],
-        "warmup_steps": 0,
+        "warmup_steps": 1,
         "steps": 1,
         "repetitions": repetitions,
         "timeout_s": 60,
