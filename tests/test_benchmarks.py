@@ -1,0 +1,207 @@
+"""Every script in benchmarks/ runs at its smallest size and prints its figures, so that none rots.
+
+Each benchmark runs as a user runs it: a subprocess of this interpreter in the repository root, with its
+smallest arguments (`--quick`, `--points 100`, one round), writing only under the test's folder. A test
+asserts that the script exits 0 and that every figure line it prints is there and parses (a number where a
+number is printed, the counts of what was run), never the figures' values: at this size they are timings
+of a shared machine and accuracies of a two-point sweep.
+
+What a machine may lack skips with the reason, and fails instead where CI asks for it: the SLURM cluster
+(scheduler_load.py; DDLBENCH_REQUIRE_SLURM=1), Chromium (report_screenshot.py; DDLBENCH_REQUIRE_CHROMIUM=1),
+Extra-P's environment (empirical_accuracy.py beside Extra-P; DDLBENCH_REQUIRE_EXTRAP=1). A last test
+fails when a script of benchmarks/ has no test here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.browser import find_chromium
+from tests.slurm_support import cluster_answers
+from tests.test_extrap_crosscheck import VENV as EXTRAP_VENV
+from tests.test_extrap_crosscheck import require_extrap
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPO / "benchmarks"
+NUMBER = r"-?\d+(?:\.\d+)?"
+PERCENT = rf"(?:{NUMBER} %|–)"  # analytic_accuracy prints – for a figure it has no value of
+# the scripts each test below runs (bare_ddp.py is overhead.py's baseline, started by it once per rank)
+TESTED = {
+    "analytic_accuracy.py",
+    "bare_ddp.py",
+    "empirical_accuracy.py",
+    "overhead.py",
+    "plan_speed.py",
+    "report_screenshot.py",
+    "report_speed.py",
+    "sampling_accuracy.py",
+    "scheduler_load.py",
+}
+
+
+def run_benchmark(script: str, *args: str, timeout: float = 600) -> str:
+    """Run benchmarks/<script> with `args`; its stdout, after asserting it exited 0."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"},
+    )
+    assert done.returncode == 0, f"{script} exited {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return done.stdout
+
+
+def figure(output: str, pattern: str) -> re.Match[str]:
+    """The line of `output` that `pattern` matches in full (re.MULTILINE), or a failure naming it."""
+    found = re.search(rf"^{pattern}$", output, flags=re.MULTILINE)
+    assert found, f"no line matches {pattern!r} in:\n{output[-4000:]}"
+    return found
+
+
+@pytest.mark.slow
+def test_plan_speed_plans_its_smallest_sweep_with_both_snakefiles():
+    output = run_benchmark("plan_speed.py", "--points", "100", "--repeats", "1")
+    assert figure(output, r"(\d+) points, median of 1 run\(s\), wall-clock seconds").group(1) == "100"
+    for label in ("expand", "expand+ids", "plan CLI", "snakemake -n", "trivial -n"):
+        figure(output, rf"  {re.escape(label)}\s+{NUMBER} s\s+{NUMBER} ms/point")
+    figure(output, rf"  ddlbench Snakefile / trivial Snakefile: {NUMBER}x")
+    figure(output, rf"  ddlbench's extra planning cost: {NUMBER} ms per job")
+
+
+@pytest.fixture(scope="module")
+def report_speed(tmp_path_factory) -> tuple[str, Path]:
+    """report_speed.py's quick run: its output, and the folder its sweep was kept in (report included)."""
+    kept = tmp_path_factory.mktemp("report-speed") / "sweep"
+    return run_benchmark("report_speed.py", "--quick", "--repeats", "1", "--keep", str(kept)), kept
+
+
+@pytest.mark.slow
+def test_report_speed_times_aggregate_and_report_of_its_quick_sweep(report_speed):
+    output, kept = report_speed
+    points = int(figure(output, rf"wrote (\d+) records in {NUMBER} s").group(1))
+    assert figure(output, rf"(\d+) points \(records of {NUMBER} kB on average\), median of 1 run\(s\).*").group(
+        1
+    ) == str(points)
+    for label in ("aggregate", "report", "aggregate + report"):
+        figure(output, rf"  {re.escape(label)}\s+{NUMBER} s\s+\(runs: {NUMBER}\)")
+    figure(output, rf"  \(fit, once, not in the totals: {NUMBER} s; models.json {NUMBER} MB\)")
+    figure(output, rf"  report.html\s+{NUMBER} MB")
+    assert len(list((kept / "points").glob("*/record.json"))) == points
+    assert (kept / "report.html").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_report_screenshot_shoots_a_report(report_speed, tmp_path):
+    if find_chromium() is None:
+        if os.environ.get("DDLBENCH_REQUIRE_CHROMIUM") == "1":
+            pytest.fail("DDLBENCH_REQUIRE_CHROMIUM=1 but no Chromium: apt-get install chromium-headless-shell")
+        pytest.skip("no Chromium installed (apt-get install chromium-headless-shell)")
+    _, kept = report_speed
+    shot = tmp_path / "shot.png"
+    output = run_benchmark("report_screenshot.py", str(kept / "report.html"), "--out", str(shot), "--max-height", "600")
+    width, height = figure(output, rf"{re.escape(str(shot))}: (\d+)×(\d+) px, {NUMBER} kB").groups()
+    assert int(width) == 1200 and 0 < int(height) <= 600  # the default width, at most --max-height
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _accuracy_summaries(output: str, methods: tuple[str, ...]) -> None:
+    figure(output, r"(\d+) public series \(benchmarks/empirical/data/sources.yaml\), two largest scales held out")
+    for position in (r"first held out \(2×\)", r"second held out \(4×\)"):
+        line = figure(output, rf"{position}\s+.*target ≥ {NUMBER} %").group(0)
+        for method in methods:
+            assert re.search(rf"{re.escape(method)}: mean {NUMBER} % \(median {NUMBER} %\)", line), (method, line)
+    figure(output, r"ddlbench's 95 % prediction intervals hold \d+ of \d+ held-out measurements .*")
+
+
+@pytest.mark.slow
+def test_empirical_accuracy_scores_ddlbench_s_searches():
+    output = run_benchmark("empirical_accuracy.py", "--no-extrap")
+    _accuracy_summaries(output, ("ddlbench", "ddlbench-pmnf", "extrap (ours)"))
+    assert "Extra-P 4.2.5" not in output
+
+
+@pytest.mark.slow
+def test_empirical_accuracy_scores_extra_p_beside_them():
+    require_extrap(EXTRAP_VENV, dict(os.environ))
+    output = run_benchmark("empirical_accuracy.py", "--extrap-venv", str(EXTRAP_VENV))
+    _accuracy_summaries(output, ("ddlbench", "extrap (ours)", "Extra-P 4.2.5"))
+    same, series = figure(
+        output, r"extrap \(ours\) predicts what Extra-P 4.2.5 predicts on (\d+) of (\d+) series"
+    ).groups()
+    assert int(same) <= int(series)
+
+
+@pytest.mark.slow
+def test_analytic_accuracy_calibrates_runs_and_scores_its_quick_sweep(tmp_path):
+    output = run_benchmark("analytic_accuracy.py", "--quick", "--results-dir", str(tmp_path))
+    measured = figure(output, r"machine .*; (\d+) measured points with predictions \((\d+) not ok\)").groups()
+    assert measured == ("2", "0")
+    for strategy in ("ddp", "gpipe"):
+        figure(output, rf"{strategy}\s+1\s+{PERCENT}\s+{PERCENT}\s+{PERCENT}\s+{PERCENT}")
+    figure(output, rf"average over strategies: time {NUMBER} % \(target ≥ 92 %\), memory {NUMBER} % \(target ≥ 90 %\)")
+    figure(output, rf"data parallelism \(ddp\): time {NUMBER} % \(target ≥ 97 %\)")
+    summary = json.loads((tmp_path / "bench_analytic_quick" / "accuracy.json").read_text())
+    assert {row["strategy"] for row in summary["by_strategy"]} == {"ddp", "gpipe"}
+
+
+@pytest.mark.slow
+def test_sampling_accuracy_compares_its_quick_sweeps(tmp_path):
+    output = run_benchmark("sampling_accuracy.py", "--quick", "--trials", "1", "--results-dir", str(tmp_path))
+    assert figure(output, rf"full sweep: (\d+) runs, {NUMBER} node-s \(measured\)").group(1) == "4"
+    runs = int(figure(output, rf"adaptive:\s+(\d+) runs in \d+ rounds, {NUMBER} node-s \(measured\)").group(1))
+    assert 1 <= runs <= 4
+    figure(output, rf"saved: {NUMBER} % of the profiling cost")
+    figure(output, r"over 1 adaptive sweep\(s\):")
+    figure(output, rf"saved: median {NUMBER} % \(range {NUMBER}–{NUMBER} %\), target ≥ 95 %")
+    if runs < 4:  # a configuration left to the model: its prediction is scored
+        figure(
+            output, rf"mean accuracy {NUMBER} % against the full sweep's repeatability {NUMBER} %: {NUMBER} points lost"
+        )
+
+
+@pytest.mark.slow
+def test_overhead_runs_ddlbench_and_the_bare_loop_on_the_same_job():
+    output = run_benchmark("overhead.py", "--pairs", "1", "--steps", "2", "--warmup", "2", "--batch", "4")
+    losses = {}
+    for side in ("ddlbench", "traced", "bare"):
+        found = figure(
+            output,
+            rf"round  1  {side}\s+{NUMBER} samples/s  window\s+{NUMBER} s  launch→end\s+{NUMBER} s  "
+            rf"loss ({NUMBER})→({NUMBER})  .*",
+        )
+        losses[side] = (float(found.group(1)), float(found.group(2)))
+        figure(output, rf"  {side}\s+median\s+{NUMBER} samples/s   no CI \(n = 1 ≤ 5\)   range {NUMBER}–{NUMBER}")
+    for side, base in (("ddlbench", "bare"), ("traced", "bare"), ("traced", "ddlbench")):
+        figure(output, rf"  {side}/{base}: ratio of medians {NUMBER}.*; per-round ratios median {NUMBER}, range .*")
+    # the same model, batches and optimizer on both sides: the same losses (printed to 4 decimals)
+    assert losses["ddlbench"] == losses["traced"] == losses["bare"], losses
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_scheduler_load_counts_the_scheduler_calls_of_a_two_point_sweep():
+    problem = cluster_answers()
+    if problem:
+        if os.environ.get("DDLBENCH_REQUIRE_SLURM") == "1":
+            pytest.fail(f"DDLBENCH_REQUIRE_SLURM=1 but {problem}; run `make slurm-up`")
+        pytest.skip(f"{problem}; run `make slurm-up`")
+    output = run_benchmark("scheduler_load.py", "--points", "2", timeout=900)
+    figure(output, r"scheduler calls for a 2-point sweep .*")
+    for label in ("snakemake --profile slurm", "ddlbench submit (submitit arrays)"):
+        counts = figure(output, rf"{re.escape(label)}\s+{NUMBER}((?:\s+\d+ \[\s*\d+\]){{6}})").group(1)
+        assert int(re.findall(r"(\d+) \[", counts)[0]) >= 1, f"{label} called sbatch no time: {counts}"
+        figure(output, rf"{re.escape(label)}: per point on the login node \{{.*'sbatch': {NUMBER}.*\}}")
+
+
+def test_every_benchmark_script_has_a_test_here():
+    scripts = {path.name for path in BENCHMARKS.glob("*.py")}
+    assert scripts == TESTED, f"benchmarks without a test: {sorted(scripts - TESTED)}; gone: {sorted(TESTED - scripts)}"
