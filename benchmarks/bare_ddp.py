@@ -1,17 +1,22 @@
 """One rank of a bare, hand-written DDP training loop: the baseline that benchmarks/overhead.py holds ddlbench to.
 
-It is what a user would write with plain PyTorch, and nothing more: join a process group (gloo on CPU,
-NCCL on CUDA), wrap the point's model in DistributedDataParallel with its defaults, build
+It is what a user would write with plain PyTorch, and nothing more: set the intra-op threads
+(`torch.set_num_threads(point.threads)`, as a careful user and ddlbench do), join a process group (gloo
+on CPU, NCCL on CUDA), wrap the point's model in DistributedDataParallel with its defaults, build
 SGD(lr=point.learning_rate, momentum=0.9), and run the point's warm-up steps and then its measured
 steps of zero_grad, forward, cross-entropy, backward, optimizer step. Only the model and the batches
 come from ddlbench, so both sides train the same thing: `build_model(point)` (the same initial weights
 from the point's seed) and `step_batches(point, ...)` (the same pool of synthetic batches, rank r's
 samples [r·batch, (r+1)·batch) of every global batch, step i using pool entry i mod pool size).
+What the two sides share beyond that (the environment: threads, CPU placement, the allocator's settings)
+overhead.py sets for both, and says why.
 
-Timing: after warm-up, a barrier; then `time.perf_counter()` around the measured steps on each rank
-(on CUDA, one `torch.cuda.synchronize()` after the last step, inside the timed span). Losses are kept
-as detached tensors and read only after the window. Each rank writes `bare-rank-R.json` (elapsed
-seconds, losses, threads, CPU affinity) into --out; overhead.py takes the slowest rank's elapsed time.
+Timing: after warm-up, a barrier; then each rank stamps `time.perf_counter()` just before its first
+measured step and after its last (on CUDA after one `torch.cuda.synchronize()`). Losses are kept as
+detached tensors and read only after the window. Each rank writes `bare-rank-R.json` (the two stamps,
+elapsed seconds, losses, threads, CPU affinity, its minor page faults over the window) into --out.
+perf_counter is CLOCK_MONOTONIC, one clock for every process of a host, so overhead.py takes the window
+as ddlbench does: from the earliest rank's first step start to the latest rank's last step end.
 
 Gloo ranks can abort in their destructors at interpreter exit (SIGABRT after all work is done), so a
 rank ends with barrier + destroy_process_group + os._exit, the pattern of the project's notes.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -49,6 +55,7 @@ def train(point: Point, rank: int, world_size: int, init_method: str, device_kin
     device = torch.device("cuda", rank) if on_cuda else torch.device("cpu")
     if on_cuda:
         torch.cuda.set_device(device)
+    torch.set_num_threads(point.threads)
     dist.init_process_group("nccl" if on_cuda else "gloo", init_method=init_method, rank=rank, world_size=world_size)
 
     model = DistributedDataParallel(build_model(point).to(device), device_ids=[rank] if on_cuda else None)
@@ -65,16 +72,21 @@ def train(point: Point, rank: int, world_size: int, init_method: str, device_kin
 
     losses = [train_step(step) for step in range(point.warmup_steps)]
     dist.barrier()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     began = time.perf_counter()
     for step in range(point.warmup_steps, point.warmup_steps + point.steps):
         losses.append(train_step(step))
     if on_cuda:
         torch.cuda.synchronize(device)
-    elapsed_s = time.perf_counter() - began
+    ended = time.perf_counter()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
     result = {
         "rank": rank,
-        "elapsed_s": elapsed_s,
+        "window_start_s": began,
+        "window_end_s": ended,
+        "elapsed_s": ended - began,
+        "minor_page_faults": faults,
         "losses": [loss.item() for loss in losses],
         "threads": torch.get_num_threads(),
         "cpus": sorted(os.sched_getaffinity(0)),

@@ -6,41 +6,60 @@ rounds, and prints the global samples/s of every run, the median of each side (w
 median of the per-round ratios. The target is a ratio ≥ 0.98; it is printed, never asserted.
 
 Both sides train the same job: model --model on synthetic cifar10, strategy ddp, 1 node × --ranks
-ranks, --batch samples per rank, --threads intra-op threads per rank (OMP_NUM_THREADS), --warmup
-unmeasured steps then --steps measured ones, seed 0, SGD(lr 0.05, momentum 0.9), cross-entropy. Same
-initial weights (`ddlbench.train.kernel.build_model`) and same batches (`step_batches`, rank r's
-samples [r·batch, (r+1)·batch) of each global batch).
+ranks, --batch samples per rank, --threads intra-op threads per rank, --warmup unmeasured steps then
+--steps measured ones, seed 0, SGD(lr 0.05, momentum 0.9), cross-entropy. Same initial weights
+(`ddlbench.train.kernel.build_model`) and same batches (`step_batches`, rank r's samples
+[r·batch, (r+1)·batch) of each global batch).
 
   ddlbench  the path a sweep takes: `ddlbench.launch.runner.run_point(point, out=record,
             launcher="local")` in this process. It claims free cores and pins each rank to its own
             (when enough are free), starts one `python -m ddlbench.launch.worker` per rank (file://
             rendezvous), and each rank runs `train_point`: DDP (bucket 25 MB, no initial broadcast),
             a clock-offset estimate, warm-up steps (the last under the memory probe), a barrier, then
-            the measured steps, each stamped start and end. The figure is the record's
-            `metrics.samples_per_s_overall`: global batch × kept steps / (latest end of the last kept
-            step − earliest start of the first kept step) on one clock; leading steps ddlbench judges
-            still warming up are not kept (shown as "dropped"). "all steps" is the same formula over
-            every measured step, from the record's per-rank step stamps, for comparison with bare.
+            the measured steps, each stamped start and end.
   traced    the same as ddlbench with tracing on (`trace_steps` = --steps): every measured step's
             timeline is exported after the window as a Chrome/Perfetto trace beside the record. The
             phases and collectives are stamped in every step on both ddlbench sides (DDP's buckets
             through a communication hook); tracing only decides what is written afterwards.
-  bare      benchmarks/bare_ddp.py, one plain `python` process per rank started here with
-            OMP_NUM_THREADS=MKL_NUM_THREADS=--threads and a file:// rendezvous, unpinned (--pin-bare
-            pins rank r to the r-th --threads CPUs of the affinity, as ddlbench would). Plain
-            DistributedDataParallel with its defaults; after warm-up a barrier, then each rank times
-            its measured steps with perf_counter. Figure: global batch × steps / the slowest rank's
-            elapsed time.
+  bare      benchmarks/bare_ddp.py, one plain `python` process per rank started here: plain
+            DistributedDataParallel with its defaults, warm-up steps, a barrier, the measured steps.
 
+The same window on both sides: global batch × measured steps / (end of the last measured step on the
+latest rank − start of the first measured step on the earliest rank), every measured step counted, on one
+clock (ddlbench maps its ranks' stamps onto rank 0's; the bare ranks' perf_counter is the host's
+CLOCK_MONOTONIC). ddlbench's own figure, `metrics.samples_per_s_overall`, leaves out leading steps it
+judges still warming up: it is shown beside ("its figure", with the steps it dropped), not compared.
 Neither figure counts launch, imports or teardown ("launch→end" shows each run's whole wall time).
-Each run's first and last loss are printed: the two sides should agree, or they did not do the same work.
 
+The same settings on both sides, so that the ratio is ddlbench's own cost and nothing else:
+- threads: OMP_NUM_THREADS = MKL_NUM_THREADS = --threads in every rank's environment, and
+  torch.set_num_threads(--threads) in every rank (ddlbench's worker and bare_ddp.py both call it);
+- CPU placement: each bare rank is pinned to the CPUs the ddlbench rank of the same number had in that
+  round (ddlbench pins a rank to cores of its own when enough are free; when it did not, neither does
+  bare); --pin-bare pins bare rank r to the r-th --threads CPUs of the affinity whatever ddlbench did;
+- the allocator (--malloc, default fixed): glibc's malloc moves its mmap and trim thresholds with what a
+  process has allocated and freed so far, so how often a step's tensors are mapped fresh and handed back
+  to the kernel (and their pages faulted in again, zeroed, the next step) depends on the process's
+  history rather than on its loop. ddlbench's rank runs torch.profiler (its memory probe) from before the
+  model is built to the last warm-up step, and that history left it taking about half the bare loop's
+  minor page faults in the window (on resnet8, batch 32, 2 ranks on 2 cores: ~70k against ~140-175k over
+  30 steps, and 0.1-0.2 s less kernel time per rank): the bare loop ran ~1.2× slower, which made ddlbench
+  look faster than the loop it is held to. With `fixed`, both sides' processes get
+  GLIBC_TUNABLES=glibc.malloc.mmap_threshold=32 MiB (glibc's own ceiling for the moving threshold) and
+  glibc.malloc.trim_threshold=256 MiB (above these jobs' step footprint): neither side maps a step's
+  tensors fresh nor gives freed memory back between steps (1-7k faults each over the same 30 steps).
+  `default` leaves the allocator as a plain process has it, to see the effect. (Not glibc: no effect.)
+What stays ddlbench's own, and so is measured: its worker and launch, the DDP communication hook and
+the stamps of phases and collectives in every step, the clock-offset estimate, the memory probe.
+
+Each run's first and last loss are printed: the two sides should agree, or they did not do the same work.
 Timings on a shared 2-core machine vary by tens of percent from run to run; only figures within one
 invocation compare, and a ratio means little without the interval (--pairs 6 or more).
 
     make bench-overhead                     # = .venv/bin/python benchmarks/overhead.py $(OVERHEAD_ARGS)
     .venv/bin/python benchmarks/overhead.py --pairs 3 --steps 20
     .venv/bin/python benchmarks/overhead.py --model resnet20 --pairs 8 --steps 40
+    .venv/bin/python benchmarks/overhead.py --malloc default     # each side's allocator as it comes
 """
 
 from __future__ import annotations
@@ -72,19 +91,22 @@ DATASET = "cifar10"
 TARGET_RATIO = 0.98
 TIMEOUT_S = 600.0
 LOG_TAIL_CHARS = 3000
+# --malloc fixed: glibc's thresholds, the same in every rank of both sides (the module docstring says why)
+MALLOC_TUNABLES = {"glibc.malloc.mmap_threshold": 32 * 2**20, "glibc.malloc.trim_threshold": 256 * 2**20}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Run:
     """One launch of one side."""
 
-    side: str  # "ddlbench" or "bare"
-    samples_per_s: float  # global samples/s over the measured window (each side's formula: module docstring)
+    side: str  # "ddlbench", "traced" or "bare"
+    samples_per_s: float  # global samples/s over every measured step, the same window on each side (docstring)
     window_s: float
     launch_s: float  # wall time from starting the ranks to all of them ending
     loss_first: float  # mean over ranks, first warm-up step
     loss_last: float  # mean over ranks, last measured step
     note: str
+    pinned: tuple[frozenset[int], ...] | None = None  # ddlbench: each rank's CPUs, where it pinned them
 
 
 def build_point(args: argparse.Namespace) -> Point:
@@ -144,39 +166,53 @@ def run_ddlbench(point: Point, work: Path, *, side: str = "ddlbench") -> Run:
     metrics = record.metrics
     if record.status != "ok" or metrics is None:
         fail(f"the ddlbench run ended {record.status}: {record.reason}", log)
+    # every measured step, from the earliest rank's first start to the latest rank's last end (rank 0's clock)
     first = min(rank.step_starts_s[0] for rank in record.ranks)
     last = max(rank.step_ends_s[-1] for rank in record.ranks)
-    all_steps = metrics.global_batch_size * point.steps / (last - first)
-    cpus = "; ".join(",".join(map(str, rank.cpus)) for rank in record.ranks)
-    bindings = "; ".join(sorted({rank.cpu_binding or "none" for rank in record.ranks}))
+    ranks = sorted(record.ranks, key=lambda rank: rank.rank)
+    cpus = "; ".join(",".join(map(str, rank.cpus)) for rank in ranks)
+    bindings = "; ".join(sorted({rank.cpu_binding or "none" for rank in ranks}))
+    pinned = tuple(frozenset(rank.cpus) for rank in ranks) if all(rank.cpu_binding for rank in ranks) else None
     note = (
-        f"dropped {metrics.warmup_dropped_steps}, all steps {all_steps:.1f}/s, cpus: {cpus} (binding: {bindings})"
-        f"{', oversubscribed' if metrics.oversubscribed else ''}"
+        f"its figure {metrics.samples_per_s_overall:.1f}/s (dropped {metrics.warmup_dropped_steps} steps), "
+        f"cpus: {cpus} (binding: {bindings}){', oversubscribed' if metrics.oversubscribed else ''}"
     )
     if point.trace_steps:
         trace = record_path.with_suffix(".trace.json")
         note += f", trace {trace.stat().st_size / 1024:.0f} KiB" if trace.exists() else ", no trace written"
     return Run(
         side=side,
-        samples_per_s=metrics.samples_per_s_overall,
-        window_s=metrics.window_s or 0.0,
+        samples_per_s=metrics.global_batch_size * point.steps / (last - first),
+        window_s=last - first,
         launch_s=launch_s,
         loss_first=metrics.loss_first,
         loss_last=metrics.loss_last,
         note=note,
+        pinned=pinned,
     )
 
 
-def run_bare(point: Point, work: Path, *, device: str, pin: bool) -> Run:
+def bare_placement(point: Point, ddlbench: Run, *, force: bool) -> list[frozenset[int] | None]:
+    """Each bare rank's CPUs: the same rank's of the ddlbench run before it (none where it pinned none),
+    or with `force` (--pin-bare) the r-th --threads CPUs of this process's affinity."""
+    if force:
+        allowed = sorted(os.sched_getaffinity(0))
+        return [
+            frozenset(allowed[rank * point.threads : (rank + 1) * point.threads]) or None
+            for rank in range(point.world_size)
+        ]
+    return list(ddlbench.pinned) if ddlbench.pinned else [None] * point.world_size
+
+
+def run_bare(point: Point, work: Path, *, device: str, placement: list[frozenset[int] | None]) -> Run:
     log = work / "bare.log"
     rendezvous = work / "rendezvous"
-    allowed = sorted(os.sched_getaffinity(0))
     env = {**os.environ, "OMP_NUM_THREADS": str(point.threads), "MKL_NUM_THREADS": str(point.threads)}
     processes = []
     began = time.perf_counter()
     with open(log, "ab") as sink:
         for rank in range(point.world_size):
-            cpus = set(allowed[rank * point.threads : (rank + 1) * point.threads])
+            cpus = placement[rank]
             command = [
                 sys.executable,
                 str(BARE_SCRIPT),
@@ -193,7 +229,7 @@ def run_bare(point: Point, work: Path, *, device: str, pin: bool) -> Run:
                 "--out",
                 str(work),
             ]
-            pin_rank = (lambda cpus=cpus: os.sched_setaffinity(0, cpus)) if pin and cpus else None
+            pin_rank = (lambda cpus=cpus: os.sched_setaffinity(0, cpus)) if cpus else None
             process = subprocess.Popen(command, env=env, stdout=sink, stderr=sink, preexec_fn=pin_rank)
             processes.append(process)
         codes = []
@@ -210,21 +246,29 @@ def run_bare(point: Point, work: Path, *, device: str, pin: bool) -> Run:
         fail(f"a bare rank wrote no result (exit codes {codes})", log)
     # every rank wrote its result before leaving, so a late abort in teardown does not spoil the figures
     results = [json.loads(file.read_text()) for file in files]
-    slowest_s = max(result["elapsed_s"] for result in results)
-    elapsed = ", ".join(f"{result['elapsed_s']:.3f}" for result in results)
+    # the same window as ddlbench's: every rank's perf_counter is this host's CLOCK_MONOTONIC
+    window_s = max(result["window_end_s"] for result in results) - min(result["window_start_s"] for result in results)
+    faults = ", ".join(f"{result['minor_page_faults'] / point.steps:.0f}" for result in results)
     cpus = "; ".join(",".join(map(str, result["cpus"])) for result in results)
-    note = f"rank times {elapsed} s, cpus: {cpus}{'' if pin else ' (unpinned)'}"
+    pinned = "pinned as ddlbench's ranks" if any(placement) else "unpinned, as ddlbench's ranks"
+    note = f"minor page faults per step by rank {faults}, cpus: {cpus} ({pinned})"
     if any(codes):
         note += f", exit codes {codes} after writing results"
     return Run(
         side="bare",
-        samples_per_s=point.global_batch_size * point.steps / slowest_s,
-        window_s=slowest_s,
+        samples_per_s=point.global_batch_size * point.steps / window_s,
+        window_s=window_s,
         launch_s=launch_s,
         loss_first=statistics.fmean(result["losses"][0] for result in results),
         loss_last=statistics.fmean(result["losses"][-1] for result in results),
         note=note,
     )
+
+
+def malloc_tunables(current: str) -> str:
+    """GLIBC_TUNABLES with MALLOC_TUNABLES set, the caller's other tunables kept."""
+    kept = [item for item in current.split(":") if item and item.split("=")[0] not in MALLOC_TUNABLES]
+    return ":".join([*kept, *(f"{name}={value}" for name, value in MALLOC_TUNABLES.items())])
 
 
 def describe_machine(point: Point, device: str) -> list[str]:
@@ -263,7 +307,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=30, help="measured steps per run (default 30)")
     parser.add_argument("--pairs", type=int, default=5, help="rounds of ddlbench, traced, bare (default 5)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL)")
-    parser.add_argument("--pin-bare", action="store_true", help="pin bare rank r to CPUs as ddlbench pins")
+    parser.add_argument(
+        "--pin-bare", action="store_true", help="pin bare rank r to the r-th CPUs even where ddlbench pinned none"
+    )
+    parser.add_argument(
+        "--malloc",
+        choices=("fixed", "default"),
+        default="fixed",
+        help="glibc malloc thresholds fixed alike on both sides (default), or as each process has them",
+    )
     args = parser.parse_args()
     cnns = [name for name in MODELS.names() if MODELS.get(name).input_kind == "image2d"]
     if args.model not in cnns:
@@ -284,8 +336,11 @@ def main() -> None:
         if torch.cuda.device_count() < args.ranks:
             sys.exit(f"overhead: --device cuda needs {args.ranks} GPUs, this host has {torch.cuda.device_count()}")
     logging.basicConfig(level=logging.WARNING)
+    if args.malloc == "fixed":  # inherited by every rank of both sides (ddlbench's launcher passes os.environ on)
+        os.environ["GLIBC_TUNABLES"] = malloc_tunables(os.environ.get("GLIBC_TUNABLES", ""))
     point = build_point(args)
     print("\n".join(describe_machine(point, args.device)), flush=True)
+    print(f"allocator: {args.malloc} (GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r})", flush=True)
 
     runs: dict[str, list[Run]] = {"ddlbench": [], "traced": [], "bare": []}
     traced = dataclasses.replace(point, trace_steps=point.steps)
@@ -299,7 +354,8 @@ def main() -> None:
                 elif side == "traced":
                     run = run_ddlbench(traced, work, side="traced")
                 else:
-                    run = run_bare(point, work, device=args.device, pin=args.pin_bare)
+                    placement = bare_placement(point, runs["ddlbench"][-1], force=args.pin_bare)
+                    run = run_bare(point, work, device=args.device, placement=placement)
                 runs[side].append(run)
                 print(
                     f"round {pair:>2}  {side:<8} {run.samples_per_s:8.1f} samples/s  window {run.window_s:6.3f} s  "

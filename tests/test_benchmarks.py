@@ -171,6 +171,7 @@ def test_sampling_accuracy_compares_its_quick_sweeps(tmp_path):
 @pytest.mark.slow
 def test_overhead_runs_ddlbench_and_the_bare_loop_on_the_same_job():
     output = run_benchmark("overhead.py", "--pairs", "1", "--steps", "2", "--warmup", "2", "--batch", "4")
+    figure(output, r"allocator: fixed \(GLIBC_TUNABLES='.*glibc\.malloc\.mmap_threshold=\d+.*'\)")
     losses = {}
     for side in ("ddlbench", "traced", "bare"):
         found = figure(
