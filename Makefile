@@ -74,6 +74,7 @@ lint: venv
 	$(BIN)/ruff format --check ddlbench tests benchmarks
 	$(BIN)/snakemake --lint --cores 2
 	$(BIN)/snakemake -s workflow/calibrate.smk --lint --cores 2
+	$(BIN)/snakemake -s workflow/adaptive.smk --lint --cores 2
 
 bench: venv
 	$(BIN)/python benchmarks/plan_speed.py
