@@ -39,16 +39,20 @@ The same settings on both sides, so that the ratio is ddlbench's own cost and no
   bare); --pin-bare pins bare rank r to the r-th --threads CPUs of the affinity whatever ddlbench did;
 - the allocator (--malloc, default fixed): glibc's malloc moves its mmap and trim thresholds with what a
   process has allocated and freed so far, so how often a step's tensors are mapped fresh and handed back
-  to the kernel (and their pages faulted in again, zeroed, the next step) depends on the process's
-  history rather than on its loop. ddlbench's rank runs torch.profiler (its memory probe) from before the
-  model is built to the last warm-up step, and that history left it taking about half the bare loop's
-  minor page faults in the window (on resnet8, batch 32, 2 ranks on 2 cores: ~70k against ~140-175k over
-  30 steps, and 0.1-0.2 s less kernel time per rank): the bare loop ran ~1.2× slower, which made ddlbench
-  look faster than the loop it is held to. With `fixed`, both sides' processes get
-  GLIBC_TUNABLES=glibc.malloc.mmap_threshold=32 MiB (glibc's own ceiling for the moving threshold) and
-  glibc.malloc.trim_threshold=256 MiB (above these jobs' step footprint): neither side maps a step's
-  tensors fresh nor gives freed memory back between steps (1-7k faults each over the same 30 steps).
-  `default` leaves the allocator as a plain process has it, to see the effect. (Not glibc: no effect.)
+  to the kernel (their pages faulted in and zeroed again the next step) depends on the process's history,
+  not on its loop. A ddlbench rank runs torch.profiler (its memory probe) from before the model is built
+  to the last warm-up step, and leaves the window with fewer faults than a plain loop. Found by changing
+  one thing at a time in the bare loop (resnet8, batch 32, 2 ranks pinned on a 2-vCPU host, 30 steps,
+  4 rounds each; medians): as it was, ddlbench/bare 1.055-1.063 with 143-156k minor faults and 0.36-0.38 s
+  of kernel time per bare rank; with torch.profiler over its model build and warm-up (nothing else
+  changed), 1.010 and 95k faults, 0.23 s; set_num_threads, DDP's init_sync, a Python communication hook
+  like ddlbench's and a clock exchange like ddlbench's changed neither. With `fixed`, every rank of both
+  sides gets GLIBC_TUNABLES=glibc.malloc.mmap_threshold=32 MiB (glibc's own ceiling for the moving
+  threshold) and glibc.malloc.trim_threshold=256 MiB (above these jobs' step footprint): no side maps a
+  step's tensors fresh or gives freed memory back between steps (1-7k faults per rank), and ddlbench/bare
+  was 0.996 (per-round median 1.000, range 0.954-1.013); `default` (each process as it comes) 1.048.
+  The issue's 1.215 was on a host whose steps were about 4x shorter (34 ms against 130 here), where the
+  same kernel time per step would be a larger share. (Where the C library is not glibc, the setting is inert.)
 What stays ddlbench's own, and so is measured: its worker and launch, the DDP communication hook and
 the stamps of phases and collectives in every step, the clock-offset estimate, the memory probe.
 
