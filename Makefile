@@ -99,6 +99,16 @@ bench-report: venv
 bench-overhead: venv
 	$(BIN)/python benchmarks/overhead.py $(OVERHEAD_ARGS)
 
+# sparse (adaptive) sampling against the full sweep, both measured here: cost saved, accuracy lost
+.PHONY: bench-sampling
+bench-sampling: venv
+	$(BIN)/python benchmarks/sampling_accuracy.py
+
+# every benchmark above at its smallest size (minutes; their figures mean nothing there): what CI runs
+.PHONY: bench-quick
+bench-quick: venv
+	$(BIN)/pytest tests/test_benchmarks.py $(PYTEST_ARGS)
+
 # A real SLURM cluster on this host (root; Debian packages): 4 nodes, partitions cpu and gpu.
 # `make slurm-up` is idempotent and prints the `export SLURM_CONF=...` line a shell needs.
 slurm-up:
