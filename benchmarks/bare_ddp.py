@@ -11,6 +11,13 @@ samples [r·batch, (r+1)·batch) of every global batch, step i using pool entry 
 What the two sides share beyond that (the environment: threads, CPU placement, the allocator's settings)
 overhead.py sets for both, and says why.
 
+The arithmetic is the point's `precision`, as ddlbench runs it (ddlbench.train.execution): `fp32` is
+strict FP32 (TF32 off for cuDNN and matmuls), `tf32` is TF32 for both, `bf16` is autocast to bfloat16
+around forward and loss. PyTorch's defaults are neither: cuDNN convolutions in TF32, matmuls in FP32.
+Left on them, the bare loop ran resnet18's convolutions on tensor cores while ddlbench's fp32 ran them
+in FP32, and ddlbench/bare read 0.457 on an H200 (batch 128, 1 rank; 2 rounds, 0.447-0.467): a
+difference of arithmetic, not of overhead.
+
 Timing: after warm-up, a barrier; then each rank stamps `time.perf_counter()` just before its first
 measured step and after its last (on CUDA after one `torch.cuda.synchronize()`). Losses are kept as
 detached tensors and read only after the window. Each rank writes `bare-rank-R.json` (the two stamps,
@@ -56,6 +63,12 @@ def train(point: Point, rank: int, world_size: int, init_method: str, device_kin
     if on_cuda:
         torch.cuda.set_device(device)
     torch.set_num_threads(point.threads)
+    tf32 = point.precision == "tf32"  # ddlbench's fp32 and bf16 keep FP32 matmuls and convolutions strict
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    low = {"bf16": torch.bfloat16}.get(point.precision)
+    if point.precision not in ("fp32", "tf32", "bf16"):
+        raise SystemExit(f"bare_ddp: precision {point.precision!r} is not one the bare loop runs (fp32, tf32, bf16)")
     dist.init_process_group("nccl" if on_cuda else "gloo", init_method=init_method, rank=rank, world_size=world_size)
 
     model = DistributedDataParallel(build_model(point).to(device), device_ids=[rank] if on_cuda else None)
@@ -65,7 +78,8 @@ def train(point: Point, rank: int, world_size: int, init_method: str, device_kin
     def train_step(step: int) -> torch.Tensor:
         inputs, targets = batches[step % len(batches)]
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(inputs), targets)
+        with torch.autocast(device.type, dtype=low, enabled=low is not None):
+            loss = F.cross_entropy(model(inputs), targets)
         loss.backward()
         optimizer.step()
         return loss.detach()

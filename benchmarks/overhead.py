@@ -128,6 +128,7 @@ def build_point(args: argparse.Namespace) -> Point:
         steps=args.steps,
         seed=0,
         learning_rate=0.05,
+        precision=args.precision,
         timeout_s=TIMEOUT_S,
         # ddlbench refuses to share cores unless told; the bare side shares them anyway, so allow it
         oversubscribe=args.ranks * args.threads > cpus,
@@ -283,7 +284,7 @@ def describe_machine(point: Point, device: str) -> list[str]:
         f"python {platform.python_version()}, device {device}",
         f"job: {point.model} on synthetic {point.dataset}, ddp, {point.world_size} ranks × {point.threads} "
         f"thread(s), batch {point.batch_size}/rank (global {point.global_batch_size}), "
-        f"{point.warmup_steps} warm-up + {point.steps} measured steps",
+        f"{point.warmup_steps} warm-up + {point.steps} measured steps, precision {point.precision} on both sides",
     ]
     if len(allowed) <= 2 or point.world_size * point.threads > len(allowed):
         lines.append(
@@ -311,6 +312,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=30, help="measured steps per run (default 30)")
     parser.add_argument("--pairs", type=int, default=5, help="rounds of ddlbench, traced, bare (default 5)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL)")
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "tf32", "bf16"),
+        default="fp32",
+        help="the arithmetic of both sides, as ddlbench's precision (default fp32: TF32 off, not torch's defaults)",
+    )
     parser.add_argument(
         "--pin-bare", action="store_true", help="pin bare rank r to the r-th CPUs even where ddlbench pinned none"
     )
