@@ -13,12 +13,12 @@ include: "workflow/rules/preamble.smk"
 include: "workflow/rules/common.smk"
 
 
-# The records are asked for directly too: Snakemake would not otherwise notice a deleted record
-# (an intermediate file) while the report is up to date, and deleting one is how a point is rerun.
+# A deleted record is asked for by name (workflow/rules/common.smk): Snakemake would not otherwise
+# notice it while the report is up to date, and deleting one is how a point is run again.
 rule all:
     input:
         REPORT,
-        RECORDS,
+        RECORDS_TO_NAME,
 
 
 include: "workflow/rules/points.smk"

@@ -74,6 +74,14 @@ def test_sweep_with_a_failing_point_reaches_the_report(write_sweep, tmp_path):
     table = pd.read_parquet(sweep_dir / "table.parquet")
     assert len(table) == len(plan.points)
     assert set(table["status"]) == {"ok"}
+    # the same with the report gone too (the table stays): the missing record is still asked for by name
+    other = next(p for p in plan.points if p.point_id != failing.point_id)
+    (sweep_dir / "points" / other.point_id / "record.json").unlink()
+    (sweep_dir / "report.html").unlink()
+    rerun = run_snakemake("--cores", "2", "--configfile", str(path))
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert job_counts(rerun) == {"run_point": 1, "aggregate": 1, "fit_scaling": 1, "report": 1, "all": 1, "total": 5}
+    assert (sweep_dir / "points" / other.point_id / "record.json").exists()
 
 
 def test_dry_run_and_lint_are_clean():

@@ -2,7 +2,7 @@ rule aggregate:
     input:
         RECORDS,
     output:
-        parquet=f"{SWEEP_DIR}/table.parquet",
+        parquet=TABLE,
         csv=f"{SWEEP_DIR}/table.csv",
     log:
         f"{SWEEP_DIR}/logs/aggregate.log",
