@@ -16,7 +16,11 @@ strict FP32 (TF32 off for cuDNN and matmuls), `tf32` is TF32 for both, `bf16` is
 around forward and loss. PyTorch's defaults are neither: cuDNN convolutions in TF32, matmuls in FP32.
 Left on them, the bare loop ran resnet18's convolutions on tensor cores while ddlbench's fp32 ran them
 in FP32, and ddlbench/bare read 0.457 on an H200 (batch 128, 1 rank; 2 rounds, 0.447-0.467): a
-difference of arithmetic, not of overhead.
+difference of arithmetic, not of overhead. With the point's arithmetic on both sides (H200, torch
+2.11.0+cu130, 1 rank pinned to 1 CPU thread, 100 measured steps): fp32 0.998 (3 rounds, per round
+0.986-0.998), bf16 0.934 (2 rounds, 0.921-0.948), tf32 0.871 (2 rounds, 0.769-0.959). At bf16 and tf32
+a step (~10 ms) is bound by the one CPU thread launching kernels, so what ddlbench adds per step (CUDA
+events for the step and its phases) shows: about 0.7 ms per step at bf16.
 
 Timing: after warm-up, a barrier; then each rank stamps `time.perf_counter()` just before its first
 measured step and after its last (on CUDA after one `torch.cuda.synchronize()`). Losses are kept as
