@@ -15,7 +15,13 @@ import pytest
 
 from ddlbench.analysis.empirical import regression
 from ddlbench.analysis.empirical.cheapest import cheapest, parse_target
-from ddlbench.analysis.empirical.extrapolation import forward_error, search_ddlbench, serial_fraction
+from ddlbench.analysis.empirical.extrapolation import (
+    BAND_SPREAD,
+    amdahl,
+    forward_error,
+    search_ddlbench,
+    serial_fraction,
+)
 from ddlbench.analysis.empirical.holdout import hold_out
 from ddlbench.analysis.empirical.regression import fit_hypothesis, smape
 from ddlbench.analysis.empirical.search import loo_smape, search_extrap
@@ -164,28 +170,50 @@ def test_no_band_without_observations_to_spare():
     assert fit.band([[4.0]]) is None and fit.residual_variance is None
 
 
-def test_a_throughput_follows_amdahls_law_and_other_figures_the_forward_validated_normal_form():
+def test_amdahls_law_fits_a_throughput_and_a_per_device_rate_exactly():
     p = np.array([1.0, 2, 4, 8, 16, 32])
     rate = p / (0.01 + 0.0002 * p)  # 100 samples/s per device alone, a 2 % serial fraction
-    fit = search_ddlbench(("p",), p[:, None], [[v] for v in rate], kind="throughput")
+    fit = amdahl(("p",), p[:, None], [[v] for v in rate])
     assert fit.formula() == "p/(0.01 + 0.0002·p)"
     assert fit.predict([[128.0]])[0] == pytest.approx(128 / (0.01 + 0.0002 * 128), rel=1e-9)
     assert serial_fraction(fit) == pytest.approx(0.0002 / 0.0102, rel=1e-9)
-    efficiency = search_ddlbench(
-        ("p",), p[:, None], [[v / p0 / 98.0392156862745] for v, p0 in zip(rate, p, strict=True)], kind="per_device"
+    efficiency = amdahl(
+        ("p",), p[:, None], [[v / p0 / 98.0392156862745] for v, p0 in zip(rate, p, strict=True)], per_device=True
     )
     assert efficiency.formula().startswith("1/(")
+
+
+def test_a_throughputs_default_is_the_mean_of_extra_ps_search_and_amdahls_law():
+    p = np.array([1.0, 2, 4, 8, 16, 32])
+    rate = p / (0.01 + 0.0002 * p)
+    values = [[v] for v in rate]
+    fit = search_ddlbench(("p",), p[:, None], values, kind="throughput")
+    extrap, law = search_extrap(("p",), p[:, None], values), amdahl(("p",), p[:, None], values)
+    assert [m.formula() for m in fit.members] == [extrap.formula(), law.formula()]
+    at = np.array([[64.0], [128.0]])
+    assert fit.predict(at) == pytest.approx((extrap.predict(at) + law.predict(at)) / 2, rel=1e-12)
+    assert fit.spread == BAND_SPREAD["law"] > 0
+    # with two points nothing was scored out of sample: Amdahl's law alone, as before
+    assert search_ddlbench(("p",), p[:2, None], values[:2], kind="throughput").formula().startswith("p/(")
+
+
+def test_a_figure_of_unknown_kind_gets_extra_ps_search_and_a_time_the_forward_validated_normal_form():
+    p = np.array([1.0, 2, 4, 8, 16, 32])
+    noisy = [[3 + 0.5 * v**0.75 * (1 + e)] for v, e in zip(p, (0.01, -0.02, 0.015, -0.01, 0.02, -0.015), strict=True)]
+    fit = search_ddlbench(("p",), p[:, None], noisy, kind="other")
+    assert fit.formula() == search_extrap(("p",), p[:, None], noisy).formula()
+    assert fit.spread == BAND_SPREAD["unknown"] > 0
     # forward validation: a law fitted on the first points predicts the later ones exactly
     law = 2 + 0.1 * p * np.log2(p)
     assert forward_error(((Factor(0, Fraction(1), 1),),), p[:, None], law) == pytest.approx(0, abs=1e-12)
     fit = search_ddlbench(("p",), p[:, None], [[v] for v in law], kind="time")
-    assert fit.formula() == "2 + 0.1·p·log2(p)"
+    assert fit.formula() == "2 + 0.1·p·log2(p)" and fit.spread == 0
 
 
 def test_bands_of_a_transformed_fit_are_the_transformed_band():
     p = np.array([1.0, 2, 4, 8])
     values = [[v * 0.99, v * 1.01] for v in p / (0.01 + 0.001 * p)]
-    fit = search_ddlbench(("p",), p[:, None], values, kind="throughput")
+    fit = amdahl(("p",), p[:, None], values)
     low, high = fit.band([[16.0], [32.0]])
     centre = fit.predict([[16.0], [32.0]])
     assert np.all(low < centre) and np.all(centre < high)
@@ -277,8 +305,12 @@ def test_the_cheapest_configuration_meets_a_deadline_at_the_fewest_node_hours():
     answer = cheapest([series], parse_target("epoch_time_s<=60"), at=[(16.0,), (32.0,)])
     best = answer["cheapest"]
     assert best["x"] == 16.0 and best["value"] == pytest.approx(50_000 / best["samples_per_s"])
-    # the fit averages the repetitions' device-seconds per sample, p/R: ±1 % in R moves the centre by 0.01 %
-    assert best["samples_per_s"] == pytest.approx(16 / (0.01 + 0.0005 * 16), rel=2e-4)
+    # the throughput's model: the mean of Extra-P's search and Amdahl's law, both of the same repetitions
+    x, values = np.array(nodes)[:, None], [list(v) for v in series.values]
+    both = (
+        search_extrap(("nodes",), x, values).predict([[16.0]])[0] + amdahl(("nodes",), x, values).predict([[16.0]])[0]
+    )
+    assert best["samples_per_s"] == pytest.approx(both / 2, rel=1e-9)
     assert best["cost_node_h_per_epoch"] == pytest.approx(16 * 50_000 / best["samples_per_s"] / 3600)
     assert [c["x"] for c in answer["choices"]] == [16.0, 32.0]  # cheapest first: 32 nodes cost more per epoch
     # a step-time target divides the global batch (32 per rank × 1 rank per node × nodes) by R

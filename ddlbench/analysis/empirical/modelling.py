@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ddlbench.analysis.empirical.combine import Combined
 from ddlbench.analysis.empirical.regression import Fit
 from ddlbench.analysis.empirical.search import search_extrap
 from ddlbench.analysis.empirical.series import Series
@@ -143,9 +144,11 @@ def _curve(fit: Fit, x: np.ndarray, at: list[tuple[float, ...]], steps: int = 48
 
 
 def describe_fit(fit: Fit) -> dict[str, Any]:
-    return {
+    """A fit as a plain mapping; a combination (combine.Combined) has no constant or terms of its own but
+    its members, each described alike, and the spread of its band beyond the fitted scales."""
+    described = {
         "formula": fit.formula(),
-        "constant": fit.coefficients[0],
+        "constant": fit.coefficients[0] if fit.coefficients else None,
         "terms": [
             {"coefficient": c, "term": term_text(term, fit.names)}
             for c, term in zip(fit.coefficients[1:], fit.terms, strict=True)
@@ -155,4 +158,8 @@ def describe_fit(fit: Fit) -> dict[str, Any]:
         "smape_percent": fit.smape,
         "cv_smape_percent": fit.cv_smape,
         "residual_sd": None if fit.residual_variance is None else math.sqrt(fit.residual_variance),
+        "band_spread": fit.spread,
     }
+    if isinstance(fit, Combined):
+        described["members"] = [describe_fit(member) for member in fit.members]
+    return described

@@ -15,7 +15,11 @@ observations and q the number of coefficients:
   √(s² + x₀ᵀ·s²(XᵀWX)⁻¹·x₀), W = diag(n_k); None when N ≤ q (nothing is left to estimate s² from).
 The band holds *given the hypothesis*. That the form was chosen from the same data is in it only as
 far as the search names `alternatives` (hypotheses that predicted the measured points about as well):
-the band is then the union of their intervals, wide wherever the forms part ways.
+the band is then the union of their intervals, wide wherever the forms part ways. Beyond the measured
+range a search may also give a `spread` c: at r = x₀/x_max > 1 (the largest ratio over the parameters;
+x_max, `reach`, the largest fitted value) the band is widened to at least f(x₀)·(1 + c)^(±log2 r), a
+relative error that compounds with each doubling; c is calibrated on held-out public series
+(ddlbench.analysis.empirical.selection), where the prediction interval alone held too few.
 
 Two transformations, for figures whose simple form is not additive in y itself (the fit, s² and the band
 are then of the transformed figure z; rss and smape stay of y):
@@ -69,6 +73,8 @@ class Fit:
     # hypotheses that predicted the measured points about as well (the search says which): the band spans
     # theirs too, so that where the data cannot tell the forms apart, the band says so
     alternatives: tuple[Fit, ...] = ()
+    reach: tuple[float, ...] = ()  # the largest fitted value of each parameter
+    spread: float = 0.0  # c of the widening beyond `reach` (see the module docstring); 0: none
 
     def predict(self, x) -> np.ndarray:
         rows = self._rows(x)
@@ -94,8 +100,21 @@ class Fit:
         for other in self.alternatives:
             theirs = other._own_band(x, confidence)
             if theirs is not None:
-                low, high = np.fmin(low, theirs[0]), np.fmax(high, theirs[1])
-        return low, high
+                low, high = union((low, high), theirs)
+        return self._widen(x, low, high)
+
+    def _widen(self, x, low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The band beyond `reach` widened to the prediction times (1 + spread)^(±log2 r)."""
+        if not self.spread or not self.reach:
+            return low, high
+        rows = self._rows(x)
+        reach = np.asarray(self.reach, dtype=float)
+        ratio = np.max(np.divide(rows, reach, out=np.ones_like(rows), where=reach > 0), axis=1)
+        factor = (1.0 + self.spread) ** np.log2(np.maximum(ratio, 1.0))
+        centre = self.predict(rows)
+        return union(
+            (low, high), (np.fmin(centre / factor, centre * factor), np.fmax(centre / factor, centre * factor))
+        )
 
     def _own_band(self, x, confidence: float) -> tuple[np.ndarray, np.ndarray] | None:
         if self.residual_variance is None:
@@ -124,6 +143,13 @@ class Fit:
     def _rows(self, x) -> np.ndarray:
         x = np.asarray(x, dtype=float)
         return x.reshape(-1, len(self.names)) if x.ndim < 2 else x
+
+
+def union(first: tuple[np.ndarray, np.ndarray], second: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest band holding both; an end open in either (NaN) stays open."""
+    low = np.where(np.isnan(first[0]) | np.isnan(second[0]), np.nan, np.fmin(first[0], second[0]))
+    high = np.where(np.isnan(first[1]) | np.isnan(second[1]), np.nan, np.fmax(first[1], second[1]))
+    return low, high
 
 
 def fit_hypothesis(
@@ -181,4 +207,5 @@ def fit_hypothesis(
         unscaled_covariance=unscaled,
         per_unit=per_unit,
         inverse=inverse,
+        reach=tuple(float(v) for v in x.max(axis=0)),
     )

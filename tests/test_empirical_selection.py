@@ -1,0 +1,175 @@
+"""ddlbench's default search chosen out of sample (ddlbench.analysis.empirical.selection): the rule keeps
+Extra-P's search unless a candidate beats it at 2× and at 4×, each collection is scored by a pick made
+without it, a combination predicts its members' mean inside their united band, the band widens beyond the
+fitted scales as calibrated, and the committed defaults are what the procedure chooses on the public series."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from ddlbench.analysis.empirical.candidates import FAMILIES, candidate
+from ddlbench.analysis.empirical.combine import combine
+from ddlbench.analysis.empirical.extrapolation import BAND_SPREAD, DEFAULT_SEARCH, amdahl, search_ddlbench
+from ddlbench.analysis.empirical.holdout import HeldOut
+from ddlbench.analysis.empirical.regression import fit_hypothesis
+from ddlbench.analysis.empirical.search import search_extrap
+from ddlbench.analysis.empirical.selection import (
+    PublicSeries,
+    Scored,
+    calibrate,
+    calibrate_spread,
+    load_collection,
+    means,
+    pick,
+    score,
+    select,
+)
+from ddlbench.analysis.empirical.terms import Factor
+from ddlbench.errors import DdlbenchError
+from tests.conftest import REPO
+
+LINE = ((Factor(0, Fraction(1)),),)
+
+
+def test_the_rule_keeps_extra_ps_search_unless_a_candidate_beats_it_at_both_scales():
+    names = ("extrap", "forward", "extrap+forward")
+    accuracy = {
+        "extrap": [(0.95, 0.90), (0.93, 0.88)],
+        "forward": [(0.99, 0.80), (0.99, 0.80)],  # far better at 2×, worse at 4×: not taken
+        "extrap+forward": [(0.96, 0.90), (0.94, 0.88)],  # better at 2×, equal at 4×: taken
+    }
+    assert pick(accuracy, names) == "extrap+forward"
+    accuracy["extrap+forward"] = [(0.96, 0.89), (0.94, 0.88)]
+    assert pick(accuracy, names) == "extrap"
+
+
+def _held(predicted: tuple[float, float]) -> Scored:
+    fit = fit_hypothesis(("p",), (), np.array([[1.0], [2.0]]), [[1.0], [1.0]])
+    return Scored(
+        fit=fit,
+        held=tuple(
+            HeldOut(scale=s, beyond=s / 2, predicted=p, measured=1.0)
+            for s, p in zip((4.0, 8.0), predicted, strict=True)
+        ),
+    )
+
+
+def test_each_collection_is_scored_by_a_pick_made_without_it():
+    # forward beats extrap in collections a and b, loses badly in c
+    errors = {"a": (0.02, 0.04), "b": (0.02, 0.04), "c": (0.30, 0.50)}
+    series, scored = [], []
+    for collection, (at2, at4) in errors.items():
+        series.append(PublicSeries(name=collection, collection=collection, kind="throughput", data={}))
+        scored.append(
+            {
+                "extrap": _held((1.05, 1.10)),
+                "forward": _held((1 + at2, 1 + at4)),
+                "extrap+forward": _held((1 + (0.05 + at2) / 2, 1 + (0.10 + at4) / 2)),
+            }
+        )
+    chosen = select(series, scored, "unknown")
+    picks = {fold.collection: fold.chosen for fold in chosen.folds}
+    # without c, forward looks best; with c in the training set, forward and the mean lose at 4×
+    assert picks == {"a": "extrap", "b": "extrap", "c": "forward"}
+    assert chosen.out_of_sample[2] == pytest.approx((0.70, 0.50))  # c scored by the pick made on a and b
+    lost = zip(means(chosen.out_of_sample), means(chosen.baseline), strict=True)
+    assert all(ours < theirs for ours, theirs in lost)  # the procedure lost to Extra-P, out of sample
+    assert chosen.default == "extrap"
+
+
+def test_a_combination_predicts_its_members_mean_inside_their_united_band():
+    p = np.array([[1.0], [2.0], [4.0], [8.0]])
+    values = [[v * 0.98, v * 1.02] for v in (100.0, 190.0, 350.0, 600.0)]
+    members = [search_extrap(("p",), p, values), amdahl(("p",), p, values)]
+    both = combine(members, p, values)
+    at = np.array([[16.0], [32.0]])
+    assert both.predict(at) == pytest.approx((members[0].predict(at) + members[1].predict(at)) / 2, rel=1e-12)
+    low, high = both.band(at)
+    for member in members:
+        own_low, own_high = member.band(at)
+        assert np.all(low <= own_low) and np.all(np.isnan(high) | (np.nan_to_num(own_high, nan=np.inf) <= high))
+    # a member with no prediction (Amdahl's law past its pole) leaves the other's
+    saturating = amdahl(("p",), p, [[100.0], [250.0], [600.0], [1500.0]])  # superlinear: a negative serial part
+    assert not np.isfinite(saturating.predict([[1e4]])[0])
+    mixed = combine([members[0], saturating], p, values)
+    assert mixed.predict([[1e4]])[0] == pytest.approx(members[0].predict([[1e4]])[0])
+
+
+def test_the_band_widens_beyond_the_fitted_scales_by_the_spread_per_doubling():
+    p = np.array([[1.0], [2.0], [4.0], [8.0]])
+    fit = fit_hypothesis(("p",), LINE, p, [[3 + 2 * v[0] - 1e-3, 3 + 2 * v[0] + 1e-3] for v in p])
+    wide = replace(fit, spread=0.25)
+    inside = np.array([[3.0], [8.0]])
+    assert np.allclose(wide.band(inside), fit.band(inside))  # inside the fitted range: the interval alone
+    at = np.array([[16.0], [32.0]])
+    centre = wide.predict(at)
+    low, high = wide.band(at)
+    assert low == pytest.approx(centre / np.array([1.25, 1.25**2]), rel=1e-9)
+    assert high == pytest.approx(centre * np.array([1.25, 1.25**2]), rel=1e-9)
+
+
+def test_a_need_is_the_spread_that_just_holds_the_measurement():
+    p = np.array([[1.0], [2.0], [4.0]])
+    fit = fit_hypothesis(("p",), LINE, p, [[10.0, 10.001], [20.0, 20.001], [40.0, 40.001]])
+    held = (HeldOut(scale=8.0, beyond=2.0, predicted=float(fit.predict([[8.0]])[0]), measured=60.0),)
+    need = Scored(fit=fit, held=held).need(0)
+    assert need == pytest.approx(80.0005 / 60.0 - 1, rel=1e-4)
+    for spread, holds in ((need * 1.001, True), (need * 0.999, False)):
+        low, high = replace(fit, spread=spread).band([[8.0]])
+        assert bool(low[0] <= 60.0 <= high[0]) == holds
+
+
+def test_the_spread_holds_the_asked_share_of_the_needs():
+    needs = [0.0] * 15 + [0.1, 0.2, 0.3, 0.4, math.inf]
+    assert calibrate_spread(needs, coverage=0.8) == 0.1  # 16 of 20
+    assert calibrate_spread(needs, coverage=0.95) == 0.4  # 19 of 20
+    assert calibrate_spread([0.1234], coverage=0.95) == 0.124  # rounded up: it still holds
+
+
+def test_candidates_are_named_and_the_law_only_for_its_kinds():
+    x, values = np.array([[1.0], [2.0], [4.0]]), [[100.0], [190.0], [350.0]]
+    assert candidate("law", "throughput")(("p",), x, values).formula().startswith("p/(")
+    with pytest.raises(DdlbenchError, match="no law for a figure of kind 'other'"):
+        candidate("law", "other")
+    with pytest.raises(DdlbenchError, match="candidates: extrap, law, forward"):
+        candidate("mean", "throughput")
+
+
+@pytest.fixture(scope="module")
+def public():
+    series = load_collection(REPO / "benchmarks" / "empirical" / "data")
+    return series, [score(s, FAMILIES["law"]) for s in series]
+
+
+def test_the_public_collection_has_forty_series_from_six_collections(public):
+    series, _ = public
+    assert len(series) >= 40 and len({s.collection for s in series}) >= 6
+    assert all(len(s.data) >= 5 for s in series)  # 3 or more fitted, 2 held out
+
+
+def test_the_defaults_are_what_the_procedure_chooses_and_no_worse_than_extra_p_out_of_sample(public):
+    series, scored = public
+    for family in FAMILIES:
+        chosen = select(series, scored, family)
+        assert DEFAULT_SEARCH[family] == chosen.default
+        default = chosen.accuracy[chosen.default]
+        assert all(d >= b for d, b in zip(means(default), means(chosen.baseline), strict=True))
+        band = calibrate(series, scored, chosen.default)
+        assert BAND_SPREAD[family] == band.spread
+        assert abs(band.inside_out_of_sample / band.held_out - 0.95) <= 0.05
+
+
+def test_search_ddlbench_applies_the_defaults(public):
+    series, _ = public
+    one = series[0]
+    scales = sorted(one.data)
+    x, values = np.asarray([[s] for s in scales]), [one.data[s] for s in scales]
+    for kind, family in (("throughput", "law"), ("other", "unknown")):
+        fit = search_ddlbench(("p",), x, values, kind=kind)
+        expected = candidate(DEFAULT_SEARCH[family], kind)(("p",), x, values)
+        assert fit.formula() == expected.formula() and fit.spread == BAND_SPREAD[family]
