@@ -15,10 +15,10 @@ series over one parameter with 3 points or more:
   is the per-sample work of a device, b·p what grows with the group: a ring all-reduce's latency term,
   2(p−1)·α (Thakur, Rabenseifner and Gropp, IJHPCA 2005), or any serial part; R saturates at 1/b. The
   serial fraction f = b/(a + b) is Amdahl's: speedup R(p)/R(1) = 1/((1 − f)/p + f). Neither alone did as
-  well out of sample: Amdahl's law foresaw saturation that had not come, Extra-P's search missed the
-  slowdown it does foresee.
+  well out of sample.
 - **other** (nothing known of the figure: `ddlbench fit --x … --y …` without --kind): Extra-P's search
-  itself; no candidate predicted held-out collections better at both 2× and 4×.
+  itself: choosing among the physics-free candidates lost to it out of sample, and on all collections
+  none beat it at both 2× and 4×.
 
 Beyond the fitted scales the band is widened by the spread the same held-out series needed for 95 % of
 them to fall inside (`BAND_SPREAD`, regression.Fit). With 2 points no search can be scored (the public
