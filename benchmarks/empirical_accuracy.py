@@ -154,7 +154,8 @@ def print_selection(series, scored, real: list[list[HeldOut]] | None) -> list[st
         print(f"  out of sample, {pooled(chosen.out_of_sample)}")
         print(f"  extrap (ours), {pooled(chosen.baseline)}")
         if real is not None:
-            print(f"  Extra-P 4.2.5, {pooled([tuple(h.accuracy for h in r) for r in real])}")
+            theirs = {one.name: tuple(h.accuracy for h in r) for one, r in zip(series, real, strict=True)}
+            print(f"  Extra-P 4.2.5, {pooled([theirs[name] for name in chosen.series])}")
         default = chosen.accuracy[chosen.default]
         same = "the same" if DEFAULT_SEARCH[family] == chosen.default else "DIFFERENT"
         print(

@@ -173,3 +173,15 @@ def test_search_ddlbench_applies_the_defaults(public):
         fit = search_ddlbench(("p",), x, values, kind=kind)
         expected = candidate(DEFAULT_SEARCH[family], kind)(("p",), x, values)
         assert fit.formula() == expected.formula() and fit.spread == BAND_SPREAD[family]
+
+
+def test_a_series_of_another_kind_is_scored_without_the_law_and_left_out_of_its_family():
+    data = {p: [100.0 * p / (1 + 0.02 * p)] for p in (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)}
+    rate = PublicSeries(name="rate", collection="a", kind="throughput", data=data)
+    other = PublicSeries(name="other", collection="b", kind="other", data=data)
+    scored = [score(rate, FAMILIES["law"]), score(other, FAMILIES["law"])]
+    assert set(scored[0]) == set(FAMILIES["law"]) and set(scored[1]) == set(FAMILIES["unknown"])
+    law = select([rate, other], scored, "law")
+    assert law.series == ("rate",) and law.folds[0].chosen == "extrap"  # nothing else to choose on
+    assert select([rate, other], scored, "unknown").series == ("rate", "other")
+    assert calibrate([rate, other], scored, "extrap+law").held_out == 2

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from ddlbench.analysis.empirical.candidates import BASELINE, FAMILIES, candidate
+from ddlbench.analysis.empirical.candidates import BASELINE, FAMILIES, LAW_KINDS, candidate
 from ddlbench.analysis.empirical.combine import combine
 from ddlbench.analysis.empirical.holdout import HeldOut
 from ddlbench.analysis.empirical.regression import Fit
@@ -111,6 +111,8 @@ def score(series: PublicSeries, names: Sequence[str]) -> dict[str, Scored]:
     x = np.asarray([[s] for s in fitted])
     values = [series.data[s] for s in fitted]
     fits: dict[str, Fit] = {}
+    if series.kind not in LAW_KINDS:  # no law to fit: only the other candidates score it
+        names = [n for n in names if "law" not in n.split("+")]
     for name in sorted(names, key=lambda n: "+" in n):
         if "+" in name:
             fits[name] = combine([fits[part] for part in name.split("+")], x, values)
@@ -163,6 +165,7 @@ class Selection:
     """A family's choice: per fold, the pooled out-of-sample accuracies, and the rule on every series."""
 
     family: str
+    series: tuple[str, ...]  # the names of the series it covered, in order
     folds: tuple[Fold, ...]
     out_of_sample: tuple[tuple[float, float], ...]  # per series, the accuracies of its fold's pick
     baseline: tuple[tuple[float, float], ...]  # per series, Extra-P's search (ours)
@@ -171,14 +174,18 @@ class Selection:
 
 
 def select(series: Sequence[PublicSeries], scored: Sequence[dict[str, Scored]], family: str) -> Selection:
-    """Leave one collection out (see the module docstring) over a family's candidates."""
+    """Leave one collection out (see the module docstring) over a family's candidates, on the series of a
+    kind the family is for (a law's family: a throughput or a per-device rate; the others: every series)."""
     names = FAMILIES[family]
+    kept = [i for i, s in enumerate(series) if family != "law" or s.kind in LAW_KINDS]
+    series, scored = [series[i] for i in kept], [scored[i] for i in kept]
     accuracy = {name: [s[name].accuracy for s in scored] for name in names}
     folds, out = [], [None] * len(series)
     for collection in sorted({s.collection for s in series}):
         inside = [i for i, s in enumerate(series) if s.collection != collection]
         left = [i for i, s in enumerate(series) if s.collection == collection]
-        chosen = pick({n: [accuracy[n][i] for i in inside] for n in names}, names)
+        # nothing to choose on (the family's only collection left out): the baseline
+        chosen = pick({n: [accuracy[n][i] for i in inside] for n in names}, names) if inside else BASELINE
         for i in left:
             out[i] = accuracy[chosen][i]
         folds.append(
@@ -192,6 +199,7 @@ def select(series: Sequence[PublicSeries], scored: Sequence[dict[str, Scored]], 
         )
     return Selection(
         family=family,
+        series=tuple(s.name for s in series),
         folds=tuple(folds),
         out_of_sample=tuple(out),  # type: ignore[arg-type]
         baseline=tuple(accuracy[BASELINE]),
@@ -201,8 +209,11 @@ def select(series: Sequence[PublicSeries], scored: Sequence[dict[str, Scored]], 
 
 
 def calibrate_spread(needs: Sequence[float], coverage: float = COVERAGE) -> float:
-    """The smallest spread holding `coverage` of the needs (rounded up to 3 decimals, so that it still does)."""
+    """The smallest spread holding `coverage` of the needs (rounded up to 3 decimals, so that it still does);
+    0 when there are none."""
     ordered = sorted(needs)
+    if not ordered:
+        return 0.0
     value = ordered[max(0, math.ceil(coverage * len(ordered)) - 1)]
     return math.ceil(value * 1000) / 1000 if math.isfinite(value) else math.inf
 
@@ -222,13 +233,14 @@ class Calibration:
 
 def calibrate(series: Sequence[PublicSeries], scored: Sequence[dict[str, Scored]], name: str) -> Calibration:
     """The spread of candidate `name`'s band (see the module docstring), left out one collection at a time."""
-    needs = [(s.collection, scored[i][name].need(k)) for i, s in enumerate(series) for k in range(HELD)]
+    kept = [i for i in range(len(series)) if name in scored[i]]
+    needs = [(series[i].collection, scored[i][name].need(k)) for i in kept for k in range(HELD)]
     spread = calibrate_spread([n for _, n in needs])
     folds, inside = {}, 0
     for collection in sorted({c for c, _ in needs}):
         folds[collection] = calibrate_spread([n for c, n in needs if c != collection])
         inside += sum(n <= folds[collection] for c, n in needs if c == collection)
-    at = [(scored[i][name].fit, held) for i in range(len(series)) for held in scored[i][name].held]
+    at = [(scored[i][name].fit, held) for i in kept for held in scored[i][name].held]
     bands = [fit.band(np.asarray([[held.scale]])) for fit, held in at]
     return Calibration(
         held_out=len(needs),
