@@ -2,9 +2,9 @@
 out of sample on public series; extrapolation.search_ddlbench applies the choice).
 
 - extrap: Extra-P's search (search.py), the baseline every other candidate must not fall below;
-- law: the figure's law over the devices, Amdahl's (extrapolation.amdahl), for a throughput or a per-device
+- law: the figure's law over the devices, Amdahl's (laws.amdahl), for a throughput or a per-device
   rate only: for another kind it is no candidate;
-- forward: the normal form chosen by forward validation (extrapolation.forward_search);
+- forward: the normal form chosen by forward validation (laws.forward_search);
 - extrap+law, extrap+forward: the mean of the two predictions, their bands united (combine.py).
 
 A family is the candidates for what is known of the figure: `law` where its kind is a throughput or a
@@ -19,7 +19,7 @@ from functools import partial
 import numpy as np
 
 from ddlbench.analysis.empirical.combine import combine
-from ddlbench.analysis.empirical.extrapolation import amdahl, forward_search
+from ddlbench.analysis.empirical.laws import amdahl, forward_search
 from ddlbench.analysis.empirical.regression import Fit
 from ddlbench.analysis.empirical.search import search_extrap
 from ddlbench.errors import DdlbenchError
