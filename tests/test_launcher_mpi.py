@@ -315,8 +315,9 @@ def test_two_rank_ddp_under_mpirun_matches_single_process(tmp_path, mpirun):
     # the launcher gives the ranks no RANK, no rendezvous file and no MASTER_ADDR: they can only have met
     # at the tcp:// address that rank 0 broadcast through MPI
     record = check_against_reference(
-        tmp_path, launcher="mpirun", nodes=1, ranks_per_node=2, batch_size=8, model_options=(("norm", "group"),)
-    )
+        tmp_path, launcher="mpirun", nodes=1, ranks_per_node=2, batch_size=8, model_options=(("norm", "group"),),
+        shards=2,  # each rank's half apart in the reference too: batch-size-proof (tests/test_ddp.py)
+    )  # fmt: skip
     assert record.provenance.launcher == "mpirun"
     assert sorted(result.rank for result in record.ranks) == [0, 1]
     pinned = [result.cpus for result in record.ranks if result.cpu_binding.startswith("ddlbench: pinned")]
@@ -367,6 +368,6 @@ def test_horovod_under_mpirun_uses_its_gloo_controller(tmp_path, mpirun):
 
     record = check_against_reference(
         tmp_path, launcher="mpirun", strategy="horovod", nodes=1, ranks_per_node=2, batch_size=8,
-        model_options=(("norm", "group"),),
+        model_options=(("norm", "group"),), shards=2,  # each rank's half apart in the reference too
     )  # fmt: skip
     assert {result.facts["controller"] for result in record.ranks} == {"gloo"}
