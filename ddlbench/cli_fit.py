@@ -219,7 +219,7 @@ def _fit_csv(args: argparse.Namespace) -> int:
     print(
         f"model ({method}): {args.y_column} = {summary['formula']}  [{summary['points']} points, "
         f"{summary['observations']} observations, LOO SMAPE {_pct(summary['cv_smape_percent'])}, "
-        f"s = {_num(summary['residual_sd'])}; band: 95 % prediction interval]",
+        f"s = {_num(summary['residual_sd'])}; band: {_band_text(summary)}]",
         file=sys.stderr,
     )
     for prediction in predict(fit, x, at):
@@ -286,3 +286,16 @@ def _pct(value: float | None) -> str:
 
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
+
+
+def _band_text(summary: dict) -> str:
+    """What the printed band is: the 95 % prediction interval, and beyond the fitted scales that interval
+    widened to at least ±spread of the prediction per doubling (ddlbench.analysis.empirical.selection
+    calibrates the spread on held-out public series)."""
+    spread = summary.get("band_spread")
+    if not spread:
+        return "95 % prediction interval"
+    return (
+        f"95 % prediction interval; beyond the fitted scales at least ×(1 ± {spread:g}) per doubling, "
+        "calibrated to hold 95 % of held-out public measurements"
+    )
