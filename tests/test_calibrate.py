@@ -58,8 +58,13 @@ def test_default_suite_expands_to_compute_collective_and_profile_points():
         ("collectives", "mpi", 2, 1),
         ("profile", "", 1, 2),
         ("profile", "", 1, 2),
+        ("operators", "", 1, 1),
+        ("operators", "", 1, 2),
     ]
-    assert [p.precisions for p in suite.points[-2:]] == [("fp32",), ("bf16",)]
+    assert [p.precisions for p in suite.points[-4:-2]] == [("fp32",), ("bf16",)]
+    # operators: a rank alone and two at once, every precision, the same drawn shapes
+    assert [p.precisions for p in suite.points[-2:]] == [("fp32", "bf16")] * 2
+    assert len({p.operator_seed for p in suite.points[-2:]}) == 1
     point = suite.points[1]
     assert CalibrationPoint.from_dict(json.loads(point.to_json())) == point
     assert json.loads(point.to_json())["kind"] == "calibration"  # what the worker dispatches on

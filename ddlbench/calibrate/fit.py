@@ -73,3 +73,54 @@ def bus_factor(op: str, ranks: int) -> float:
     if op in ("all_gather", "reduce_scatter"):
         return (ranks - 1) / ranks
     return 1.0  # broadcast; send_recv (one message of S bytes)
+
+
+def nnls(a, b, *, iterations: int = 1000):
+    """min ‖a·x − b‖ subject to x ≥ 0 (Lawson & Hanson 1974, the active-set method), numpy arrays."""
+    import numpy as np
+
+    n = a.shape[1]
+    passive = np.zeros(n, dtype=bool)
+    x = np.zeros(n)
+    gradient = a.T @ (b - a @ x)
+    tolerance = 1e-10 * max(1.0, float(np.abs(gradient).max()))
+    for _ in range(iterations):
+        if passive.all() or not (gradient[~passive] > tolerance).any():
+            break
+        passive[int(np.argmax(np.where(passive, -np.inf, gradient)))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            blocking = passive & (z <= 0)
+            step = float(np.min(x[blocking] / (x[blocking] - z[blocking])))
+            x = x + step * (z - x)
+            passive &= x > 1e-15
+        gradient = a.T @ (b - a @ x)
+    return x
+
+
+def fit_busy(rows: list[tuple[float, float, float]]) -> dict[str, float]:
+    """A collective's cost per call in busy mode (ddlbench.calibrate.kernels): t = α + β·S + κ·X over rows
+    (S bytes, X the seconds the rank computed before the call, t the call's mean seconds), least squares on
+    relative residuals with α, β, κ ≥ 0. κ is the wait per second of compute before the call: a peer
+    that computed as long but was slowed or descheduled meanwhile arrives later, more so after longer work."""
+    import numpy as np
+
+    sizes, bursts, times = (np.array(column, dtype=float) for column in zip(*rows, strict=True))
+    x = np.column_stack([np.ones_like(sizes), sizes, bursts])
+    scale = x.max(axis=0)
+    scale[scale <= 0] = 1.0
+    weights = np.maximum(times, 1e-9)
+    coefficients = nnls((x / scale) / weights[:, None], np.ones_like(times)) / scale
+    predicted = x @ coefficients
+    errors = np.abs(predicted - times) / weights
+    return {
+        "alpha_s": float(coefficients[0]),
+        "beta_s_per_byte": float(coefficients[1]),
+        "wait_per_compute_s": float(coefficients[2]),
+        "rel_error_median": float(np.median(errors)),
+        "rel_error_max": float(errors.max()),
+    }

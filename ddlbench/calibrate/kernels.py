@@ -16,6 +16,10 @@ collectives (every rank), for each message size S (bytes of float32; elements ro
 of the world size): all_reduce of S; all_gather to S (S/p from each rank); reduce_scatter of S (S/p to each
 rank); broadcast of S from rank 0; send_recv: S from rank 0 to the last rank and back, half the round
 trip. Each timed iteration starts after a barrier, so it times the collective, not the ranks' skew.
+Then (torch on CPUs) the same again in busy mode: each call after a burst of the rank's own matrix
+products (about 0.5 ms, then about 4 ms) and no barrier, as a step's ranks reach their collectives, each
+call timed on every rank (`mode: busy`, with each burst's seconds): on a shared CPU a call then also
+waits for a peer still computing or not yet scheduled, which a barrier hides.
 """
 
 from __future__ import annotations
@@ -140,7 +144,46 @@ def _conv(shape: tuple[int, ...], precision: str, device: torch.device) -> Calla
 def run_collectives_torch(point: CalibrationPoint, device: torch.device) -> list[dict[str, Any]]:
     timer, rank, world = Timer(device), dist.get_rank(), dist.get_world_size()
     make = functools.partial(_torch_op, rank=rank, world=world, device=device)
-    return _over_sizes(point, world, make, timer, before=dist.barrier)
+    return _over_sizes(point, world, make, timer, before=dist.barrier) + _busy(point, world, make, device)
+
+
+# the compute a rank runs before each collective in busy mode, as a step computes between its collectives
+BUSY_BURSTS_S = (0.0005, 0.004)
+BUSY_REPEATS = 3  # busy mode times `iterations` × this many calls per size and burst: its figure is a mean
+
+
+def _busy(point: CalibrationPoint, world: int, make: Callable[..., Callable[[], Any]], device: torch.device):
+    """Every collective and size again, each call after a burst of this rank's own compute instead of a
+    barrier: the ranks arrive as a step's ranks do, a little apart, and the call's time on each rank is
+    what a step waits for it (its peers' lateness included). Per call, the burst's and the call's seconds."""
+    if device.type != "cpu":
+        return []
+    a, b = torch.randn(96, 96), torch.randn(96, 96)
+    began = time.perf_counter()
+    for _ in range(50):
+        torch.mm(a, b)
+    per_mm = (time.perf_counter() - began) / 50
+    out = []
+    for op in point.collectives:
+        for size in point.message_bytes:
+            elements = max(world, (size // 4) // world * world)
+            call = make(op, elements)
+            for burst in BUSY_BURSTS_S:
+                repeats = max(1, round(burst / per_mm))
+                bursts, times = [], []
+                dist.barrier()
+                for index in range(point.warmup + point.iterations * BUSY_REPEATS):
+                    started = time.perf_counter()
+                    for _ in range(repeats):
+                        torch.mm(a, b)
+                    issued = time.perf_counter()
+                    call()
+                    ended = time.perf_counter()
+                    if index >= point.warmup:
+                        bursts.append(issued - started)
+                        times.append(ended - issued)
+                out.append({"op": op, "bytes": elements * 4, "mode": "busy", "burst_s": bursts, "times_s": times})
+    return out
 
 
 def _over_sizes(

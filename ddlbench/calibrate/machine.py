@@ -11,16 +11,22 @@ and unit in its key's name, measured ones with their statistics and sample size.
       memory_bandwidth_bytes_per_s: {value, ...}
     links: {intra_node | inter_node: {alpha_s, beta_s_per_byte, bandwidth_bytes_per_s, ...}}
     collectives: [{library, link, op, ranks, nodes, alpha_s, beta_s_per_byte, bandwidth_bytes_per_s,
-                   rel_error_median, rel_error_max, curve: [{bytes, time_s: {value, ci_low, ci_high, n}}]}]
+                   rel_error_median, rel_error_max, curve: [{bytes, time_s: {value, ci_low, ci_high, n}}],
+                   busy: {alpha_s, beta_s_per_byte, wait_per_compute_s, rel_error_median, rel_error_max,
+                          curve: [{bytes, burst_s, mean_s, n}]}}]   # busy: optional (torch on CPUs)
     layer_profiles:                  # optional ([] or absent: none); ddlbench.calibrate.layer_profiles
       - {model, dataset, options (resolved), precision, threads, ranks_per_node (ranks that profiled at
          once on one node), batch_sizes: [b, ...], point_id,
          blocks: [{name, forward_s: [figure per batch size], backward_s: [...],
                    forward_fit: {alpha_s, beta_s_per_sample, rel_error_max}, backward_fit: {...}}],
          loss_s: [...], loss_fit: {...}, update_s: figure, step_s: [...], other_s: [...]}
+    operator_timings:                # optional; ddlbench.calibrate.operator_timings
+      - {precision, threads, ranks_per_node, point_id, autograd_call_s: figure,
+         samples: [{kind, batch, in_channels, height, width, out_channels, kernel, stride,
+                    forward_s, backward_s, n}]}
     failed_points: [{point_id, status, reason}]   # status "refused": a precision the device cannot run
 
-machine_version stays 1: layer_profiles is optional, so files written before it still read, and a
+machine_version stays 1: layer_profiles and operator_timings are optional, so files written before it still read, and a
 reader that does not know it ignores it.
 
 Figures from measurements (one calibration's records; formulas here and in ddlbench.calibrate.kernels):
@@ -30,6 +36,9 @@ Figures from measurements (one calibration's records; formulas here and in ddlbe
 - a collective's time at a size: per iteration the slowest rank's time (they start together after a
   barrier), median over iterations; send_recv: rank 0's round trip ÷ 2;
 - α–β per collective, library and link: fitted to those medians (ddlbench.calibrate.fit);
+- busy: the same collectives called after each rank's own compute instead of a barrier; per size and
+  burst the mean over every rank's calls, and α + β·S + κ·(compute before the call) fitted to them
+  (ddlbench.calibrate.fit.fit_busy): what a call costs inside a step, its peers' lateness included;
 - links: the α–β of send_recv through the first library measured on that link. A link is `intra_node`
   when every rank of the point ran on one host, else `inter_node`: named by where ranks really ran;
 - layer profiles: per block and batch size the median seconds per step over every rank's timed steps
@@ -38,6 +47,7 @@ Figures from measurements (one calibration's records; formulas here and in ddlbe
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -45,8 +55,9 @@ from typing import Any
 import yaml
 
 from ddlbench.atomic import write_text_atomic
-from ddlbench.calibrate.fit import bus_factor, fit_alpha_beta
+from ddlbench.calibrate.fit import bus_factor, fit_alpha_beta, fit_busy
 from ddlbench.calibrate.layer_profiles import check_layer_profiles, profile_figures
+from ddlbench.calibrate.operator_timings import operator_timings
 from ddlbench.calibrate.records import CalibrationRecord, stats_figure
 from ddlbench.errors import DdlbenchError
 from ddlbench.provenance import utc_now
@@ -85,6 +96,7 @@ def measured_machine(records: list[CalibrationRecord], *, name: str | None, suit
         "links": {},
         "collectives": [],
         "layer_profiles": [],
+        "operator_timings": [],
         "failed_points": [
             {"point_id": record.point_id, "status": record.status, "reason": record.reason}
             for record in records
@@ -100,6 +112,8 @@ def measured_machine(records: list[CalibrationRecord], *, name: str | None, suit
                 machine["failed_points"].append({"point_id": record.point_id, "status": "refused", "reason": profile})
             else:
                 machine["layer_profiles"].append(profile)
+        elif record.point.benchmark == "operators":
+            machine["operator_timings"] += operator_timings(record)
         else:
             machine["collectives"] += collective_figures(record)
     for entry in machine["collectives"]:
@@ -153,7 +167,7 @@ def collective_figures(record: CalibrationRecord) -> list[dict[str, Any]]:
     for op in ops:
         curve = []
         for index, entry in enumerate(ranks[0].measurements):
-            if entry["op"] != op:
+            if entry["op"] != op or entry.get("mode") == "busy":
                 continue
             per_rank = [rank.measurements[index]["times_s"] for rank in ranks]
             if op == "send_recv":
@@ -184,8 +198,30 @@ def collective_figures(record: CalibrationRecord) -> list[dict[str, Any]]:
                 "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s,
                 "curve": curve,
             }
+            | ({"busy": busy} if (busy := busy_figures(ranks, op)) else {})
         )
     return out
+
+
+def busy_figures(ranks: list, op: str) -> dict[str, Any] | None:
+    """The busy-mode figures of one collective (ddlbench.calibrate.kernels): per size and burst the mean
+    seconds of a call over every rank's calls (a mean: a step pays every call's cost, the rare slow one
+    included; send_recv: half the round trip) and of the compute before it, and the fit of
+    ddlbench.calibrate.fit.fit_busy over them. None when the point has no busy entries."""
+    curve, rows = [], []
+    for index, entry in enumerate(ranks[0].measurements):
+        if entry["op"] != op or entry.get("mode") != "busy":
+            continue
+        times = [t for rank in ranks for t in rank.measurements[index]["times_s"]]
+        bursts = [t for rank in ranks for t in rank.measurements[index]["burst_s"]]
+        if op == "send_recv":
+            times = [t / 2 for t in times]
+        mean, burst = math.fsum(times) / len(times), math.fsum(bursts) / len(bursts)
+        curve.append({"bytes": entry["bytes"], "burst_s": burst, "mean_s": mean, "n": len(times)})
+        rows.append((float(entry["bytes"]), burst, mean))
+    if len(rows) < 3:
+        return None
+    return fit_busy(rows) | {"curve": curve}
 
 
 class _PlainDumper(yaml.SafeDumper):

@@ -23,6 +23,10 @@ def measure(point: CalibrationPoint, ctx: RankContext) -> CalibrationRankResult:
         from ddlbench.calibrate.profile_kernel import run_profile  # builds models: imported only when needed
 
         measurements = run_profile(point, ctx.device)
+    elif point.benchmark == "operators":
+        from ddlbench.calibrate.operator_kernel import run_operators
+
+        measurements = run_operators(point, ctx.device)
     elif point.backend == "mpi":
         measurements, library = run_collectives_mpi(point)
     else:

@@ -9,7 +9,10 @@ the spec's `kind`):
   a node (1 node × ranks_per_node ranks) or across nodes (n nodes × 1 rank);
 - one `profile` point per profile and precision: ranks_per_node ranks on one node, each training the
   model alone on synthetic batches and timing every block's forward and backward
-  (ddlbench.calibrate.profile_kernel), all at once, as the ranks of a training point share a node.
+  (ddlbench.calibrate.profile_kernel), all at once, as the ranks of a training point share a node;
+- one `operators` point per entry of the suite's `operators.ranks`: that many ranks on one node timing
+  generic operators (convolutions, norms, activations, pools, linear layers) over drawn shapes, all at
+  once (ddlbench.calibrate.operator_kernel), for compute predictions of models nobody profiled.
 A suite without matmul sizes, convolutions and memory bytes has no compute point; one without
 collectives no collective points.
 """
@@ -33,8 +36,10 @@ SCHEMA_PATH = Path(__file__).with_name("suite.schema.yaml")
 DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "workflow" / "calibration" / "default.yaml"
 KIND = "calibration"  # the spec's `kind`: what tells the worker this is not a training point
 
-Benchmark = Literal["compute", "collectives", "profile"]
+Benchmark = Literal["compute", "collectives", "profile", "operators"]
 PROFILE_FIELDS = ("model", "dataset", "model_options", "batch_sizes")
+OPERATOR_FIELDS = ("operator_samples", "operator_seed", "operator_max_flop", "operator_max_elements")
+OPERATOR_DEFAULTS = {"samples": 24, "seed": 0, "max_flop": 3e8, "max_elements": 4194304}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +67,11 @@ class CalibrationPoint:
     dataset: str = ""
     model_options: tuple[tuple[str, str], ...] = ()  # resolved: the model's defaults filled in
     batch_sizes: tuple[int, ...] = ()
+    # operators: the generic shapes drawn (ddlbench.calibrate.operator_shapes.sample_shapes)
+    operator_samples: int = 0
+    operator_seed: int = 0
+    operator_max_flop: float = 0.0
+    operator_max_elements: int = 0
     oversubscribe: bool = False
     repetition: int = 0
     loader_workers: int = 0  # launchers count loader workers; microbenchmarks have none
@@ -78,6 +88,8 @@ class CalibrationPoint:
         data = asdict(self)
         if self.benchmark != "profile":  # left out, so that other points keep the ids they had before profiles
             data = {key: value for key, value in data.items() if key not in PROFILE_FIELDS}
+        if self.benchmark != "operators":  # likewise, for the ids they had before operator points
+            data = {key: value for key, value in data.items() if key not in OPERATOR_FIELDS}
         return {"kind": KIND, **data}
 
     def to_json(self) -> str:
@@ -203,6 +215,24 @@ def expand_suite(data: dict[str, Any]) -> tuple[CalibrationPoint, ...]:
                     dataset=profile["dataset"],
                     model_options=options,
                     batch_sizes=tuple(sorted(profile["batch_sizes"])),
+                    **common,
+                )
+            )
+    operators = data.get("operators")
+    if operators is not None:
+        settings = OPERATOR_DEFAULTS | operators
+        for ranks in settings.get("ranks") or sorted({1, data["ranks_per_node"]}):
+            points.append(
+                CalibrationPoint(
+                    benchmark="operators",
+                    backend="",
+                    nodes=1,
+                    ranks_per_node=ranks,
+                    precisions=tuple(data["precisions"]),
+                    operator_samples=settings["samples"],
+                    operator_seed=settings["seed"],
+                    operator_max_flop=float(settings["max_flop"]),
+                    operator_max_elements=settings["max_elements"],
                     **common,
                 )
             )

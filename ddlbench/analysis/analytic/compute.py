@@ -1,11 +1,21 @@
-"""Compute time of each block of a model on one rank: from profiled layer times, or from the model table
-and the machine's calibrated rates.
+"""Compute time of each block of a model on one rank: from profiled layer times, from per-operator fits
+over shapes, or from the model table and the machine's calibrated rates.
 
 **Profiled** (the machine file's `layer_profiles`, measured by `ddlbench calibrate` with this model,
 precision and threads, every rank of a node profiling at once): a block's forward or backward time at a
 micro-batch b is its fitted line α + β·b. ParaDL's "profall" mode did the same with per-sample times.
 
-**From rates** (what a datasheet machine, or a model nobody profiled, allows): per layer a roofline,
+**From operator fits** (the machine file's `operator_timings`: generic convolutions, norms, activations,
+pools and linear layers timed over drawn shapes by the calibration, ddlbench.analysis.analytic.operators):
+per layer its operator's fitted forward and backward time at its shape and the micro-batch, times its
+calls; a residual block (one holding a `shortcut` layer) adds a sum of its output forward and backward.
+The fits taken are those timed with as many ranks at once as the point computes on a node (`sharing`).
+A layer of a kind the fits do not cover (grouped convolutions, volumes, sequences) falls back to the
+roofline below. A strategy that changes a layer's shape on a rank (a filter split's 1/p of the output
+channels, a spatial slab's rows) passes the layers as that rank runs them (`layers`), so each is costed
+at its real shape: a layer's time does not shrink with its FLOPs when its shape shrinks.
+
+**From rates** (a datasheet machine, or one calibrated without operators): per layer a roofline,
 t = max(FLOPs / rate, bytes / memory bandwidth), with
 - FLOPs = the table's forward (or backward) FLOPs per sample × b, at the conv rate for convolutions and
   the matmul rate otherwise (ddlbench.analysis.analytic.machine_model.MachineModel.flop_rate);
@@ -23,10 +33,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ddlbench.analysis.analytic.layers import ModelTable
+from ddlbench.analysis.analytic.layers import LayerRow, ModelTable
 from ddlbench.analysis.analytic.machine_model import MachineModel
+from ddlbench.analysis.analytic.operators import FREE_TYPES, OperatorModel, elementwise_call, layer_call
 
 UPDATE_BYTES_PER_PARAM = 24  # SGD with momentum, fp32: see the module docstring
 LOSS_PASSES = 6  # the loss's forward and backward each read and write the logits about 3 times
@@ -60,13 +71,17 @@ def block_times(
     threads: int,
     scale: Sequence[float] | None = None,
     sharing: int | None = None,
+    layers: Sequence[LayerRow] | None = None,
 ) -> BlockTimes:
     """Seconds per block at micro-batch `batch` on one rank. `scale[i]` multiplies block i's work: the
     share a rank computes when a strategy splits the block (1 − s + s/p for a block whose FLOP share s
     is cut into p parts); default all 1. `sharing`: ranks running at once on one node, to pick the
-    profile measured under the same contention for cores and memory bandwidth."""
+    profile (or operator fits) measured under the same contention for cores and memory bandwidth.
+    `layers`: the layers as this rank runs them (shapes cut by the strategy); with operator fits they are
+    costed at those shapes and `scale` is not applied; without, `scale` is (profile or roofline)."""
     factors = list(scale) if scale is not None else [1.0] * len(table.blocks)
     profile = machine.profile_for(table.model, table.dataset, table.options, precision, threads, sharing=sharing)
+    operators = machine.operator_model_for(precision, threads, sharing=sharing)
     if profile is not None and len(profile.forward) == len(table.blocks):
         params = max(1, table.params)
         return BlockTimes(
@@ -77,6 +92,15 @@ def block_times(
             source="profile",
             notes=(f"layer profile: {profile.ranks_per_node} rank(s) × {profile.threads} thread(s) at once",),
         )
+    if operators is not None:
+        times = _from_operators(table, machine, operators, layers, batch=batch, precision=precision, threads=threads)
+        if layers is None and scale is not None:  # a strategy that scales blocks rather than reshaping layers
+            times = replace(
+                times,
+                forward_s=tuple(t * f for t, f in zip(times.forward_s, factors, strict=True)),
+                backward_s=tuple(t * f for t, f in zip(times.backward_s, factors, strict=True)),
+            )
+        return times
     return _from_rates(table, machine, batch=batch, precision=precision, threads=threads, factors=factors)
 
 
@@ -143,3 +167,98 @@ def _from_rates(
         source=f"rates ({', '.join(sorted(used))}, memory bandwidth)",
         notes=tuple(notes),
     )
+
+
+def residual_sums(layers: Sequence[LayerRow]) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """The residual blocks among `layers`: a module holding a `shortcut` child adds it to its main path,
+    an operation no layer row counts. Per such module path, its block and the shortcut's output shape
+    (the shape of the sum)."""
+    out: dict[str, tuple[int, tuple[int, ...]]] = {}
+    for layer in layers:
+        parts = layer.name.split(".")
+        if "shortcut" in parts:
+            owner = ".".join(parts[: parts.index("shortcut")])
+            out[owner] = (layer.block, layer.output_shape)  # the last row of the shortcut: its output
+    return out
+
+
+def operator_layer_s(operators: OperatorModel, layer: LayerRow, batch: float) -> tuple[float, float] | None:
+    """A layer's (forward, backward) seconds at `batch` from the operator fits; None when its type has no
+    fitted kind (the roofline costs it); (0, 0) for views and no-ops."""
+    if layer.type in FREE_TYPES:
+        return 0.0, 0.0
+    # a layer whose backward computes no input gradient (a model's first) counts its weights' FLOPs only
+    input_grad = layer.backward_flops >= 1.5 * layer.forward_flops if layer.forward_flops else True
+    call = layer_call(layer.type, layer.input_shape, layer.output_shape, layer.weight_shape, input_grad=input_grad)
+    if call is None:
+        return None
+    times = operators.seconds(call, batch)
+    if times is None:
+        return None
+    return times[0] * layer.calls, times[1] * layer.calls
+
+
+def elementwise_s(
+    machine: MachineModel, elements: float, *, precision: str, threads: int, sharing: int | None
+) -> float:
+    """Seconds of one pass over `elements` values that reads and writes them (a copy, a cat, a zero fill,
+    an add): the operator fits' residual add where the machine has them, else bytes ÷ memory bandwidth."""
+    operators = machine.operator_model_for(precision, threads, sharing=sharing)
+    if operators is not None and elements > 0:
+        times = operators.seconds(elementwise_call(int(elements)), 1.0)
+        if times is not None:
+            return times[0]
+    bandwidth = machine.memory_bandwidth_bytes_per_s or math.inf
+    return 3 * elements * FP32 / bandwidth
+
+
+def _from_operators(
+    table: ModelTable,
+    machine: MachineModel,
+    operators: OperatorModel,
+    layers: Sequence[LayerRow] | None,
+    *,
+    batch: float,
+    precision: str,
+    threads: int,
+) -> BlockTimes:
+    rows = list(layers) if layers is not None else list(table.layers)
+    roofline_table = table if layers is None else _with_layers(table, rows)
+    roofline, used, notes = layer_times(roofline_table, machine, batch=batch, precision=precision, threads=threads)
+    forward = [0.0] * len(table.blocks)
+    backward = [0.0] * len(table.blocks)
+    fallback = []
+    for layer, rates in zip(rows, roofline, strict=True):
+        times = operator_layer_s(operators, layer, batch)
+        if times is None:
+            times = rates
+            fallback.append(layer.type)
+        forward[layer.block] += times[0]
+        backward[layer.block] += times[1]
+    for block, shape in residual_sums(rows).values():
+        call = elementwise_call(int(math.prod(shape)), channels=shape[0] if shape else 1)
+        add = operators.seconds(call, batch)
+        if add is not None:
+            forward[block] += add[0]
+            backward[block] += add[1]
+    bandwidth = machine.memory_bandwidth_bytes_per_s or math.inf
+    last = table.blocks[-1]
+    loss = LOSS_PASSES * math.prod(last.output_shape) * FP32 * batch / bandwidth
+    source = f"operator fits ({operators.ranks_per_node} rank(s) at once)"
+    notes = [operators.describe()]
+    if fallback:
+        kinds = ", ".join(sorted(set(fallback)))
+        source += f" + rates ({', '.join(sorted(used))}) for {kinds}"
+        notes.append(f"no operator fit for {kinds}: roofline from rates")
+    return BlockTimes(
+        forward_s=tuple(forward),
+        backward_s=tuple(backward),
+        loss_s=loss,
+        update_per_param_s=UPDATE_BYTES_PER_PARAM / bandwidth,
+        source=source,
+        notes=tuple(notes),
+    )
+
+
+def _with_layers(table: ModelTable, layers: Sequence[LayerRow]) -> ModelTable:
+    return replace(table, layers=tuple(layers))

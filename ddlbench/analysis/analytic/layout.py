@@ -100,19 +100,20 @@ class Context:
         """Rank 0's group of `size` ranks `stride` apart (the same part of every replica)."""
         return [k * stride for k in range(size)]
 
-    def collective_s(self, op: str, nbytes: float, ranks: Sequence[int]) -> float:
-        """Seconds of `op` on `nbytes` (the calibration's convention) over the group `ranks`."""
+    def collective_s(self, op: str, nbytes: float, ranks: Sequence[int], *, after_s: float = 0.0) -> float:
+        """Seconds of `op` on `nbytes` (the calibration's convention) over the group `ranks`, called
+        after `after_s` seconds of this rank's compute since its previous call."""
         if len(ranks) <= 1 or nbytes <= 0:
             return 0.0
         cost = self.machine.collective(op, ranks=len(ranks), nodes=self.nodes_spanned(ranks))
         note = f"{op} over {len(ranks)} ranks on {self.nodes_spanned(ranks)} node(s): {cost.source}"
         if note not in self.notes:
             self.notes.append(note)
-        return cost.time_s(nbytes)
+        return cost.time_s(nbytes, after_s=after_s)
 
-    def send_s(self, nbytes: float, src: int, dst: int) -> float:
+    def send_s(self, nbytes: float, src: int, dst: int, *, after_s: float = 0.0) -> float:
         """Seconds to send `nbytes` from rank src to rank dst (point-to-point)."""
-        return self.collective_s("send_recv", nbytes, [src, dst])
+        return self.collective_s("send_recv", nbytes, [src, dst], after_s=after_s)
 
 
 def block_params(table: ModelTable) -> list[int]:

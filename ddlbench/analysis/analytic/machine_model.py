@@ -7,7 +7,11 @@ named with where it came from, so a prediction can say what it rests on.
 **Collectives.** A collective of S bytes (the calibration's convention: the vector all-reduced or
 broadcast, the gathered or scattered whole, the message sent) over p ranks on n nodes costs, in order
 of preference:
-1. the machine's own α–β fit of that operation at p ranks on n nodes: t = α + β·S;
+1. the machine's own α–β fit of that operation at p ranks on n nodes: t = α + β·S; where the calibration
+   timed it in busy mode (each call after the rank's own compute, no barrier: what a call costs inside a
+   step, a late peer included, as a mean), that fit, t = α + β·S + κ·X with X the rank's compute since
+   its previous call — on a shared CPU gloo's mean call costs milliseconds where its median after a
+   barrier is a tenth of one (2 ranks here: all_reduce 5.4 ms against 0.2 ms);
 2. a fit of the operation at another rank count p0 (same side of the node boundary), moved to p by
    the ring algorithm (Thakur, Rabenseifner and Gropp, IJHPCA 2005): a ring all-reduce is 2(p−1) steps
    of S/p bytes, an all-gather or reduce-scatter (p−1) steps of S/p, so per step α_step = α/steps(p0)
@@ -21,6 +25,7 @@ any other fit of the same rank is preferred to it, and a prediction that still r
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Mapping
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddlbench.analysis.analytic.operators import OperatorModel, fit_operator_model
 from ddlbench.calibrate.machine import read_machine
 from ddlbench.errors import DdlbenchError
 
@@ -73,11 +79,13 @@ class CollectiveCost:
     alpha_s: float  # the whole collective's latency at this size of group (s)
     beta_s_per_byte: float  # per byte of S (s/B)
     source: str  # "measured <op> p=…", "ring from <op> p=…", "ring from link <name>"
+    wait_per_compute_s: float = 0.0  # busy fits: seconds waited per second the rank computed before the call
 
-    def time_s(self, nbytes: float) -> float:
+    def time_s(self, nbytes: float, *, after_s: float = 0.0) -> float:
+        """Seconds of one call on S = `nbytes`, `after_s` seconds of the rank's compute after its last one."""
         if self.ranks <= 1 or nbytes <= 0:
             return 0.0
-        return self.alpha_s + self.beta_s_per_byte * nbytes
+        return self.alpha_s + self.beta_s_per_byte * nbytes + self.wait_per_compute_s * after_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +152,35 @@ def _profile(entry: Mapping[str, Any]) -> LayerProfile:
     )
 
 
+def _busy_or_barrier(entry: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A collective's figures as a step pays them: its busy-mode fit where the calibration made one (calls
+    after each rank's own compute, peers' lateness included: ddlbench.calibrate.kernels), else its fit
+    after a barrier."""
+    busy = entry.get("busy")
+    if not busy or busy.get("alpha_s") is None:
+        return entry
+    return {
+        **entry,
+        "alpha_s": busy["alpha_s"],
+        "beta_s_per_byte": busy["beta_s_per_byte"],
+        "wait_per_compute_s": busy.get("wait_per_compute_s", 0.0),
+        "clamped": None,
+        "mode": " (busy)",
+    }
+
+
+class _LazyFits(dict):
+    """Operator fits by entry index, each fitted the first time it is asked for."""
+
+    def __init__(self, entries: tuple[Mapping[str, Any], ...]) -> None:
+        super().__init__()
+        self.entries = entries
+
+    def __missing__(self, index: int) -> OperatorModel:
+        model = self[index] = fit_operator_model(self.entries[index])
+        return model
+
+
 @dataclass(frozen=True, kw_only=True)
 class MachineModel:
     """A machine file read for prediction."""
@@ -160,6 +197,7 @@ class MachineModel:
     links: Mapping[str, Mapping[str, Any]]
     collectives: tuple[Mapping[str, Any], ...]
     profiles: tuple[LayerProfile, ...] = ()
+    operator_timings: tuple[Mapping[str, Any], ...] = ()  # ddlbench.calibrate.operator_timings, fitted on use
     hosts: int = 1  # hosts the calibration ran on (1: every "node" of a local run is this host)
     notes: tuple[str, ...] = field(default=())
 
@@ -189,6 +227,7 @@ class MachineModel:
             links=dict(data.get("links") or {}),
             collectives=tuple(data.get("collectives") or ()),
             profiles=tuple(_profile(entry) for entry in data.get("layer_profiles") or ()),
+            operator_timings=tuple(data.get("operator_timings") or ()),
             hosts=max(1, len(data.get("hosts") or ())),
         )
 
@@ -232,6 +271,23 @@ class MachineModel:
             return None
         return min(found, key=lambda profile: abs(profile.ranks_per_node - (sharing or profile.ranks_per_node)))
 
+    def operator_model_for(self, precision: str, threads: int, *, sharing: int | None = None) -> OperatorModel | None:
+        """The operator fits (ddlbench.analysis.analytic.operators) of this precision and threads, timed by
+        the number of ranks at once nearest `sharing`; None when the machine file has no such timings."""
+        found = [
+            (index, entry)
+            for index, entry in enumerate(self.operator_timings)
+            if str(entry.get("precision")) == precision and int(entry.get("threads", 1)) == threads
+        ]
+        if not found:
+            return None
+        index, _ = min(found, key=lambda item: abs(int(item[1].get("ranks_per_node", 1)) - (sharing or 1)))
+        return self._operator_models[index]
+
+    @functools.cached_property
+    def _operator_models(self) -> dict[int, OperatorModel]:
+        return _LazyFits(self.operator_timings)
+
     # communication ------------------------------------------------------------------------------
     def _library_rank(self, library: str) -> int:
         preferred = ("nccl",) if self.device_kind == "cuda" else ("gloo",)
@@ -244,7 +300,7 @@ class MachineModel:
         link = "inter_node" if nodes > 1 else "intra_node"
         fits = sorted(
             (
-                c
+                _busy_or_barrier(c)
                 for c in self.collectives
                 if c.get("op") == op and c.get("alpha_s") is not None and c.get("beta_s_per_byte") is not None
             ),
@@ -258,7 +314,8 @@ class MachineModel:
                     ranks=ranks,
                     alpha_s=float(c["alpha_s"]),
                     beta_s_per_byte=float(c["beta_s_per_byte"]),
-                    source=f"measured {c.get('library')} {op} p={ranks} n={nodes}"
+                    wait_per_compute_s=float(c.get("wait_per_compute_s") or 0.0),
+                    source=f"measured {c.get('library')} {op} p={ranks} n={nodes}{c.get('mode', '')}"
                     + (" (its fit resolved no bandwidth: size-independent)" if c.get("clamped") == "beta" else ""),
                 )
         same_side = [c for c in fits if (int(c.get("nodes", 1)) > 1) == (nodes > 1) and int(c.get("ranks", 0)) > 1]
@@ -274,7 +331,8 @@ class MachineModel:
                 ranks=ranks,
                 alpha_s=ring_steps(op, ranks) * alpha_step,
                 beta_s_per_byte=bus_share(op, ranks) * beta_bus,
-                source=f"ring from measured {c.get('library')} {op} p={p0} n={c.get('nodes')}",
+                wait_per_compute_s=float(c.get("wait_per_compute_s") or 0.0),
+                source=f"ring from measured {c.get('library')} {op} p={p0} n={c.get('nodes')}{c.get('mode', '')}",
             )
         chosen = self.links.get(link) or self.links.get("intra_node") or self.links.get("inter_node")
         if not chosen:

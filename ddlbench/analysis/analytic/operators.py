@@ -1,0 +1,278 @@
+"""Compute time of a layer from its shape: per-operator regressions fitted to a calibration's timings of
+generic operators (the machine file's `operator_timings`, ddlbench.calibrate.operator_timings).
+
+A layer's time on a CPU is not its FLOPs ÷ one rate: every call pays a fixed cost (Python, the
+dispatcher, the autograd node, oneDNN's reorders into and out of its blocked layout), small channel
+counts leave the vector units idle, and memory traffic grows with the activations, not the FLOPs. So
+each operator kind's forward and backward time is a sum of such costs, with non-negative coefficients
+fitted by least squares on relative residuals (Lawson & Hanson's NNLS) over the calibration's shapes:
+
+    conv2d, linear:  t = c0 + c0'·[N > 1] + c1·F + c2·F/C_in + c3·F/C_out + c4·F/P_out + c5·F/N
+                         + c6·E_in + c7·E_out + c8·W
+    elementwise:     t = c0 + c1·E_in + c2·E_out + c3·N·C + c4·C
+
+with F the FLOPs of the pass (backward: the input gradient's where autograd computes one, plus the
+weights'), C channels (features), P output pixels per sample, N the batch (a linear layer: the rows),
+E elements of the input and output, W weight elements. Each F/x term is an efficiency lost as x
+shrinks (a vector lane, a blocked tile or a batch loop left part empty); the E and W terms are the
+traffic of reading and writing them; c0 the call. A layer is then the sum of its calls. Kinds:
+conv2d, batch_norm2d, relu, max_pool2d (every 2-D pool), linear, add (a residual sum: binary
+elementwise, also what a copy of a tensor costs within a factor of 1.5).
+
+Each fit reports its leave-one-out error over the calibration's own shapes (what a shape it did not
+time is predicted to), which a prediction's notes repeat. Torch-free; numpy only when fitting.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ddlbench.calibrate.fit import nnls
+
+CONV_TYPES = ("Conv2d",)
+KIND_OF_TYPE = {
+    "Conv2d": "conv2d",
+    "BatchNorm2d": "batch_norm2d",
+    "ReLU": "relu",
+    "ReLU6": "relu",
+    "MaxPool2d": "max_pool2d",
+    "AvgPool2d": "max_pool2d",
+    "AdaptiveAvgPool2d": "max_pool2d",
+    "AdaptiveMaxPool2d": "max_pool2d",
+    "Linear": "linear",
+}
+FREE_TYPES = ("Identity", "Flatten", "Dropout", "Dropout2d")  # views or no-ops in training (dropout: none here)
+KINDS = ("conv2d", "batch_norm2d", "relu", "max_pool2d", "linear", "add")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpCall:
+    """One operator call's shape, per the basis functions' needs (no batch: `batch` is given apart)."""
+
+    kind: str
+    in_channels: int
+    out_channels: int
+    in_pixels: int  # per sample (1 for linear)
+    out_pixels: int
+    kernel_elements: int = 1  # k² of a convolution
+    rows: int = 1  # a linear layer's rows per sample (tokens), 1 for images
+    input_grad: bool = True  # whether backward computes the input's gradient (not a model's first layer)
+
+
+def basis(call: OpCall, batch: float, direction: str) -> list[float]:
+    """The regressors of the module docstring for one call at `batch` samples."""
+    n = batch * call.rows
+    e_in = n * call.in_channels * call.in_pixels
+    e_out = n * call.out_channels * call.out_pixels
+    if call.kind in ("conv2d", "linear"):
+        flop = 2.0 * call.in_channels * call.out_channels * call.kernel_elements * call.out_pixels * n
+        if direction == "backward":
+            flop *= 2.0 if call.input_grad else 1.0
+        weights = call.in_channels * call.out_channels * call.kernel_elements
+        return [
+            1.0,
+            1.0 if n > 1 else 0.0,  # oneDNN takes another path for more than one sample (≈ 60 µs more here)
+            flop,
+            flop / call.in_channels,
+            flop / call.out_channels,
+            flop / call.out_pixels,
+            flop / max(n, 1e-9),
+            e_in,
+            e_out,
+            float(weights),
+        ]
+    return [1.0, e_in, e_out, n * call.in_channels, float(call.in_channels)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpFit:
+    """One kind and direction: t = coefficients · basis (seconds), with its leave-one-out error."""
+
+    kind: str
+    direction: str
+    coefficients: tuple[float, ...]
+    scale: tuple[float, ...]  # each regressor was divided by this before fitting
+    samples: int
+    loo_error_median: float  # |predicted − measured| / measured for shapes left out one at a time
+    loo_error_mean: float
+
+    def seconds(self, call: OpCall, batch: float) -> float:
+        x = basis(call, batch, self.direction)
+        return sum(c * v / s for c, v, s in zip(self.coefficients, x, self.scale, strict=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatorModel:
+    """Every kind's fits from one calibration entry (a precision, threads, ranks timing at once)."""
+
+    precision: str
+    threads: int
+    ranks_per_node: int
+    fits: Mapping[tuple[str, str], OpFit]
+    point_id: str = ""
+
+    def seconds(self, call: OpCall, batch: float) -> tuple[float, float] | None:
+        forward, backward = self.fits.get((call.kind, "forward")), self.fits.get((call.kind, "backward"))
+        if forward is None or backward is None:
+            return None
+        return forward.seconds(call, batch), backward.seconds(call, batch)
+
+    def describe(self) -> str:
+        worst = max(self.fits.values(), key=lambda fit: fit.loo_error_median)
+        return (
+            f"operator fits ({self.ranks_per_node} rank(s) × {self.threads} thread(s) at once, {self.precision}): "
+            f"leave-one-out median error {_pct(_median([f.loo_error_median for f in self.fits.values()]))}, "
+            f"worst {worst.kind} {worst.direction} {_pct(worst.loo_error_median)}"
+        )
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.0f} %"
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def call_of_sample(sample: Mapping[str, Any]) -> OpCall:
+    """The OpCall of one calibration sample (ddlbench.calibrate.operator_shapes.OperatorShape's fields)."""
+    kind = str(sample["kind"])
+    h, w, k, stride = (
+        int(sample["height"]),
+        int(sample["width"]),
+        int(sample.get("kernel") or 1),
+        int(sample.get("stride") or 1),
+    )
+    c_in = int(sample["in_channels"])
+    if kind == "conv2d":
+        h_out, w_out = (h + 2 * (k // 2) - k) // stride + 1, (w + 2 * (k // 2) - k) // stride + 1
+        return OpCall(
+            kind=kind,
+            in_channels=c_in,
+            out_channels=int(sample["out_channels"]),
+            in_pixels=h * w,
+            out_pixels=h_out * w_out,
+            kernel_elements=k * k,
+            input_grad=c_in != 3,  # the kernel's 3-channel inputs stand for a first layer
+        )
+    if kind == "linear":
+        return OpCall(kind=kind, in_channels=c_in, out_channels=int(sample["out_channels"]), in_pixels=1, out_pixels=1)
+    out_pixels = (h // 2) * (w // 2) if kind == "max_pool2d" else h * w
+    return OpCall(kind=kind, in_channels=c_in, out_channels=c_in, in_pixels=h * w, out_pixels=out_pixels)
+
+
+def fit_kind(
+    kind: str, direction: str, samples: Sequence[Mapping[str, Any]], *, offset_s: float = 0.0, floor_s: float = 1e-6
+) -> OpFit | None:
+    """The NNLS fit of one kind and direction over the samples of that kind (None with fewer than 4).
+    `offset_s` is taken off every time first (the autograd engine's cost per backward() call), leaving
+    at least `floor_s` (what one autograd node costs: a backward is never free)."""
+    import numpy as np
+
+    rows = [s for s in samples if s["kind"] == kind and s.get(f"{direction}_s") is not None]
+    if len(rows) < 4:
+        return None
+    x = np.array([basis(call_of_sample(s), float(s["batch"]), direction) for s in rows], dtype=float)
+    y = np.array([max(float(s[f"{direction}_s"]) - offset_s, floor_s) for s in rows])
+    scale = x.max(axis=0)
+    scale[scale <= 0] = 1.0
+    x = x / scale
+    weighted = x / y[:, None]  # relative residuals: every shape counts alike, whatever its time
+    ones = np.ones(len(y))
+    errors = []
+    for left_out in range(len(y)):
+        keep = np.arange(len(y)) != left_out
+        coefficients = nnls(weighted[keep], ones[keep])
+        errors.append(abs(float(x[left_out] @ coefficients) - y[left_out]) / y[left_out])
+    coefficients = nnls(weighted, ones)
+    return OpFit(
+        kind=kind,
+        direction=direction,
+        coefficients=tuple(float(c) for c in coefficients),
+        scale=tuple(float(s) for s in scale),
+        samples=len(y),
+        loo_error_median=float(np.median(errors)),
+        loo_error_mean=float(np.mean(errors)),
+    )
+
+
+def fit_operator_model(entry: Mapping[str, Any]) -> OperatorModel:
+    """Every kind's forward and backward fit from one `operator_timings` entry of a machine file."""
+    samples = entry.get("samples") or []
+    engine = entry.get("autograd_call_s") or {}
+    offset = float(engine.get("value") or 0.0)
+    one, five = (float((engine.get(key) or {}).get("value") or 0.0) for key in ("chain1_s", "chain5_s"))
+    node = max((five - one) / 4, 1e-6)
+    fits = {}
+    for kind in KINDS:
+        for direction in ("forward", "backward"):
+            backward = direction == "backward"
+            fit = fit_kind(kind, direction, samples, offset_s=offset if backward else 0.0, floor_s=node)
+            if fit is not None:
+                fits[(kind, direction)] = fit
+    return OperatorModel(
+        precision=str(entry.get("precision", "fp32")),
+        threads=int(entry.get("threads", 1)),
+        ranks_per_node=int(entry.get("ranks_per_node", 1)),
+        fits=fits,
+        point_id=str(entry.get("point_id", "")),
+    )
+
+
+def layer_call(
+    layer_type: str,
+    input_shape: Sequence[int],
+    output_shape: Sequence[int],
+    weight_shape: Sequence[int],
+    *,
+    input_grad: bool = True,
+) -> OpCall | None:
+    """The OpCall of a model-table layer (one sample's shapes), or None for a type without a kind."""
+    kind = KIND_OF_TYPE.get(layer_type)
+    if kind is None:
+        return None
+    if kind == "linear":
+        rows = math.prod(input_shape[:-1]) if len(input_shape) > 1 else 1
+        return OpCall(
+            kind=kind,
+            in_channels=int(input_shape[-1]),
+            out_channels=int(output_shape[-1]),
+            in_pixels=1,
+            out_pixels=1,
+            rows=rows,
+            input_grad=input_grad,
+        )
+    if len(input_shape) != 3 or len(output_shape) != 3:
+        return None  # not a 2-D image layer (a volume, a sequence): the roofline costs it
+    if kind == "conv2d":
+        groups = input_shape[0] // weight_shape[1] if len(weight_shape) == 4 and weight_shape[1] else 1
+        if groups != 1:
+            return None  # grouped or depthwise: none of the calibration's shapes
+        k = weight_shape[2] * weight_shape[3] if len(weight_shape) == 4 else 1
+        return OpCall(
+            kind=kind,
+            in_channels=int(input_shape[0]),
+            out_channels=int(output_shape[0]),
+            in_pixels=int(input_shape[1] * input_shape[2]),
+            out_pixels=int(output_shape[1] * output_shape[2]),
+            kernel_elements=int(k),
+            input_grad=input_grad,
+        )
+    return OpCall(
+        kind=kind,
+        in_channels=int(input_shape[0]),
+        out_channels=int(output_shape[0]),
+        in_pixels=int(input_shape[1] * input_shape[2]),
+        out_pixels=int(output_shape[1] * output_shape[2]),
+    )
+
+
+def elementwise_call(elements_per_sample: int, *, channels: int = 1) -> OpCall:
+    """A binary elementwise pass (an add, or a copy: a cat, a clone, a zero fill) over a tensor."""
+    pixels = max(1, elements_per_sample // max(1, channels))
+    return OpCall(kind="add", in_channels=channels, out_channels=channels, in_pixels=pixels, out_pixels=pixels)

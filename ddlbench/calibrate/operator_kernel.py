@@ -1,0 +1,155 @@
+"""Operators timed one by one on a rank, forward and backward (imported by the worker only: it needs torch).
+
+For each shape of the point (ddlbench.calibrate.operator_shapes draws them), the operator is built as a
+model holds it (nn.Conv2d without bias, nn.BatchNorm2d in training mode, nn.ReLU, nn.MaxPool2d(2),
+nn.Linear with bias, a residual add of two tensors) on a random input that requires a gradient (a
+3-channel convolution's input does not: it stands for a model's first layer, whose backward computes
+no input gradient). Every rank of the point times the same shapes at once, after a barrier per shape,
+so the operators share the node's cores and memory bandwidth as a training point's ranks do. Per shape,
+`warmup` untimed then `iterations` timed repetitions of:
+- forward: y = op(x) with autograd recording, as in training;
+- backward: y.backward(g) after an untimed forward, the weights' gradients set to None first (as
+  zero_grad(set_to_none=True) leaves them), so it includes their allocation and accumulation.
+The autograd engine's own cost of one backward() call is timed the same way, through chains of one and
+of five one-element nodes, and recorded once (`autograd_call`): a model pays it once per step, not once
+per layer, so the fit takes it out of each operator's backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from ddlbench.calibrate.kernels import DTYPES, Timer
+from ddlbench.calibrate.operator_shapes import OperatorShape, sample_shapes
+from ddlbench.calibrate.suite import CalibrationPoint
+
+SEED = 0
+
+
+def build_operator(shape: OperatorShape) -> tuple[Callable[[Tensor, Tensor | None], Tensor], list[nn.Parameter]]:
+    """The operator as a function of its input(s), and its parameters."""
+    if shape.kind == "conv2d":
+        module: nn.Module = nn.Conv2d(
+            shape.in_channels,
+            shape.out_channels,
+            shape.kernel,
+            stride=shape.stride,
+            padding=shape.kernel // 2,
+            bias=False,
+        )
+    elif shape.kind == "batch_norm2d":
+        module = nn.BatchNorm2d(shape.in_channels)
+    elif shape.kind == "relu":
+        module = nn.ReLU()
+    elif shape.kind == "max_pool2d":
+        module = nn.MaxPool2d(2, stride=2)
+    elif shape.kind == "linear":
+        module = nn.Linear(shape.in_channels, shape.out_channels)
+    elif shape.kind == "add":
+        return (lambda x, other: x + other), []
+    else:
+        raise ValueError(f"operator kind {shape.kind!r} unknown")
+    module.train()
+    return (lambda x, _other: module(x)), list(module.parameters())
+
+
+def _input(shape: OperatorShape, generator: torch.Generator, device: torch.device) -> Tensor:
+    if shape.kind == "linear":
+        size = (shape.batch, shape.in_channels)
+    else:
+        size = (shape.batch, shape.in_channels, shape.height, shape.width)
+    x = torch.randn(*size, generator=generator).to(device)
+    first_layer = shape.kind == "conv2d" and shape.in_channels == 3
+    return x.requires_grad_(not first_layer)
+
+
+def time_operator(
+    shape: OperatorShape, device: torch.device, timer: Timer, *, warmup: int, iterations: int, autocast
+) -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(SEED)
+    op, params = build_operator(shape)
+    for param in params:
+        param.data = param.data.to(device)
+    x = _input(shape, generator, device)
+    other = torch.randn(x.shape, generator=generator).to(device).requires_grad_() if shape.kind == "add" else None
+    with autocast():
+        y = op(x, other)
+    grad = torch.randn(y.shape, generator=generator).to(device=device, dtype=y.dtype)
+    held: list[Tensor] = []
+
+    def forward() -> None:
+        with autocast():
+            held[:] = [op(x, other)]
+
+    def clear() -> None:
+        for tensor in (x, other, *params):
+            if tensor is not None:
+                tensor.grad = None
+        forward()
+
+    def backward() -> None:
+        held[0].backward(grad)
+
+    forward_s = timer.times(forward, warmup=warmup, iterations=iterations)
+    backward_s = timer.times(backward, warmup=warmup, iterations=iterations, before=clear)
+    return {"kind": "operator", "shape": shape.to_dict(), "forward_s": forward_s, "backward_s": backward_s}
+
+
+def time_autograd_call(device: torch.device, timer: Timer, *, warmup: int, iterations: int) -> dict[str, list[float]]:
+    """backward() through a chain of 1 and of 5 one-element multiplications: the engine's fixed cost per
+    call is what the first takes beyond one node, t1 − (t5 − t1)/4 (ddlbench.calibrate.operator_timings)."""
+    out = {}
+    for nodes in (1, 5):
+        leaf = torch.ones(1, device=device, requires_grad=True)
+        held: list[Tensor] = []
+
+        def before(leaf=leaf, nodes=nodes, held=held) -> None:
+            leaf.grad = None
+            y = leaf
+            for _ in range(nodes):
+                y = y * 2.0
+            held[:] = [y]
+
+        out[f"chain{nodes}_s"] = timer.times(
+            lambda held=held: held[0].backward(), warmup=warmup, iterations=iterations, before=before
+        )
+    return out
+
+
+def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[str, Any]]:
+    """Every shape's forward and backward times, per precision; one `autograd_call` entry per precision."""
+    timer = Timer(device)
+    shapes = sample_shapes(
+        seed=point.operator_seed,
+        per_kind=point.operator_samples,
+        max_flop=point.operator_max_flop,
+        max_elements=point.operator_max_elements,
+    )
+    out: list[dict[str, Any]] = []
+    for precision in point.precisions:
+        dtype = DTYPES[precision]
+
+        def autocast(dtype=dtype):
+            if dtype == torch.float32:
+                return contextlib.nullcontext()
+            return torch.autocast(device_type=device.type, dtype=dtype)
+
+        chains = time_autograd_call(device, timer, warmup=point.warmup, iterations=point.iterations)
+        out.append({"kind": "autograd_call", "precision": precision, **chains})
+        for shape in shapes:
+            if dist.is_initialized():
+                dist.barrier()  # the ranks time the same shape at once
+            try:
+                entry = time_operator(
+                    shape, device, timer, warmup=point.warmup, iterations=point.iterations, autocast=autocast
+                )
+            except (RuntimeError, NotImplementedError) as exc:  # a dtype the device's kernels refuse
+                entry = {"kind": "operator", "shape": shape.to_dict(), "error": str(exc).splitlines()[0][:300]}
+            out.append(entry | {"precision": precision})
+    return out

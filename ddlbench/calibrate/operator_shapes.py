@@ -1,0 +1,145 @@
+"""The generic operator shapes an `operators` calibration point times, and the features a fit reads of them.
+
+A model's step is made of a few kinds of operator (convolutions, norms, activations, pools, matrix
+products) whose time on a CPU is not FLOPs ÷ one rate: a 16-channel convolution runs at a third of the
+speed of a 256-channel one, a micro-batch of 4 pays every layer's fixed cost four times per sample, a
+slab of half the rows has the same per-call overhead as the whole. So the calibration times each kind
+of operator over a spread of shapes drawn at random (log-uniform in channels, rows, columns and batch,
+from a fixed seed), and ddlbench.calibrate.operator_fit fits its time as a function of the shape. The
+shapes are generic: they are drawn, not taken from any model, so a model the calibration never saw is
+predicted from operators of other shapes (Zhang et al.'s per-operator regression in spirit; Justus et
+al., "Predicting the computational cost of deep learning models", BigData 2018, regress per layer too).
+
+Torch-free: the suite expands on a login node, and the fit reads the records there too.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass
+
+# operator kinds timed, and the torch layer types (the model table's `type`) each one stands for
+OPERATOR_KINDS = ("conv2d", "batch_norm2d", "relu", "max_pool2d", "linear", "add")
+LAYER_KIND = {
+    "Conv2d": "conv2d",
+    "BatchNorm2d": "batch_norm2d",
+    "ReLU": "relu",
+    "ReLU6": "relu",
+    "MaxPool2d": "max_pool2d",
+    "AvgPool2d": "max_pool2d",  # a windowed reduction over the same rows: the same traffic
+    "AdaptiveAvgPool2d": "max_pool2d",
+    "Linear": "linear",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatorShape:
+    """One operator call: `batch` samples of `in_channels` × height × width in; for conv2d `out_channels`
+    filters of kernel × kernel at `stride` with 'same'-style padding kernel // 2; for linear,
+    in_channels → out_channels features (height = width = 1); elementwise kinds keep the shape."""
+
+    kind: str
+    batch: int
+    in_channels: int
+    height: int
+    width: int
+    out_channels: int = 0
+    kernel: int = 1
+    stride: int = 1
+
+    @property
+    def out_height(self) -> int:
+        if self.kind == "conv2d":
+            return (self.height + 2 * (self.kernel // 2) - self.kernel) // self.stride + 1
+        if self.kind == "max_pool2d":
+            return self.height // 2
+        return self.height
+
+    @property
+    def out_width(self) -> int:
+        if self.kind == "conv2d":
+            return (self.width + 2 * (self.kernel // 2) - self.kernel) // self.stride + 1
+        if self.kind == "max_pool2d":
+            return self.width // 2
+        return self.width
+
+    @property
+    def forward_flop(self) -> int:
+        """FlopCounterMode's count: 2 per multiply-add of a convolution or matrix product, 0 otherwise."""
+        if self.kind == "conv2d":
+            per = 2 * self.in_channels * self.out_channels * self.kernel**2
+            return per * self.out_height * self.out_width * self.batch
+        if self.kind == "linear":
+            return 2 * self.in_channels * self.out_channels * self.batch
+        return 0
+
+    def to_dict(self) -> dict[str, int | str]:
+        return asdict(self)
+
+
+def _log_uniform(rng: random.Random, low: float, high: float) -> float:
+    return math.exp(rng.uniform(math.log(low), math.log(high)))
+
+
+def _channels(rng: random.Random, low: int, high: int) -> int:
+    return (
+        max(1, round(_log_uniform(rng, low, high) / 8) * 8) if high > 8 else max(1, round(_log_uniform(rng, low, high)))
+    )
+
+
+def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: int) -> list[OperatorShape]:
+    """`per_kind` shapes of each operator kind (more for convolutions, whose speed varies most), drawn
+    log-uniformly: channels 8–512 (conv2d: also 3 input channels, as a first layer has), input side
+    2–64 rows and columns (rows sometimes fewer than columns: a spatial slab), batch 1–64; a conv2d or
+    linear above `max_flop` forward FLOPs, or any tensor above `max_elements`, is drawn again."""
+    rng = random.Random(seed)
+    shapes: list[OperatorShape] = []
+    for kind in OPERATOR_KINDS:
+        count = 3 * per_kind if kind == "conv2d" else per_kind
+        drawn = 0
+        while drawn < count:
+            shape = _draw(rng, kind)
+            elements = shape.batch * shape.in_channels * shape.height * shape.width
+            out_elements = shape.batch * max(shape.out_channels, shape.in_channels) * shape.out_height * shape.out_width
+            if shape.forward_flop > max_flop or max(elements, out_elements) > max_elements:
+                continue
+            if shape.out_height < 1 or shape.out_width < 1:
+                continue
+            shapes.append(shape)
+            drawn += 1
+    return shapes
+
+
+def _draw(rng: random.Random, kind: str) -> OperatorShape:
+    batch = max(1, round(_log_uniform(rng, 1, 64)))
+    width = max(2, round(_log_uniform(rng, 2, 64)))
+    # a slab: fewer rows than columns, one time in three
+    height = max(1, round(width * _log_uniform(rng, 0.25, 1.0))) if rng.random() < 1 / 3 else width
+    if kind == "linear":
+        return OperatorShape(
+            kind=kind,
+            batch=max(1, round(_log_uniform(rng, 1, 256))),
+            in_channels=_channels(rng, 16, 4096),
+            out_channels=_channels(rng, 8, 4096),
+            height=1,
+            width=1,
+        )
+    channels = _channels(rng, 8, 512)
+    if kind == "conv2d":
+        first = rng.random() < 0.1
+        kernel = 3 if rng.random() < 0.7 else 1
+        out = channels if rng.random() < 0.4 else _channels(rng, 8, 512)
+        return OperatorShape(
+            kind=kind,
+            batch=batch,
+            in_channels=3 if first else channels,
+            height=height,
+            width=width,
+            out_channels=out,
+            kernel=kernel,
+            stride=2 if rng.random() < 0.2 and height >= 4 else 1,
+        )
+    if kind == "max_pool2d":
+        height, width = max(2, height - height % 2), max(2, width - width % 2)
+    return OperatorShape(kind=kind, batch=batch, in_channels=channels, height=height, width=width)

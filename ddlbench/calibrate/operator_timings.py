@@ -1,0 +1,74 @@
+"""The machine file's `operator_timings`: what an `operators` point measured, per shape, for later fits.
+
+Per precision, one entry per point (ranks that timed at once on one node):
+    {precision, threads, ranks_per_node, point_id,
+     autograd_call_s: {value: t1 − (t5 − t1)/4, chain1_s: figure, chain5_s: figure},
+     samples: [{kind, batch, in_channels, height, width, out_channels, kernel, stride,
+                forward_s, backward_s, n}]}
+forward_s and backward_s are medians, in seconds, over every rank's timed repetitions of that shape
+pooled (n of them); the fit (ddlbench.analysis.analytic.operators) is made when a prediction reads the
+file, so a better fit needs no new calibration. Torch-free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddlbench.calibrate.records import CalibrationRecord, stats_figure
+from ddlbench.statistics import percentile
+
+
+def operator_timings(record: CalibrationRecord) -> list[dict[str, Any]]:
+    """One `operator_timings` entry per precision the point timed (shapes a rank refused are left out)."""
+    ranks = sorted(record.ranks, key=lambda rank: rank.rank)
+    point = record.point
+    out = []
+    for precision in point.precisions:
+        chains: dict[str, list[float]] = {"chain1_s": [], "chain5_s": []}
+        samples: dict[int, dict[str, Any]] = {}
+        for rank in ranks:
+            index = 0
+            for entry in rank.measurements:
+                if entry.get("precision") != precision:
+                    continue
+                if entry["kind"] == "autograd_call":
+                    for key, times in chains.items():
+                        times += entry.get(key, [])
+                    continue
+                if "error" not in entry:
+                    sample = samples.setdefault(index, {**entry["shape"], "forward": [], "backward": []})
+                    sample["forward"] += entry["forward_s"]
+                    sample["backward"] += entry["backward_s"]
+                index += 1
+        rows = [
+            {key: value for key, value in sample.items() if key not in ("forward", "backward")}
+            | {
+                "forward_s": percentile(sorted(sample["forward"]), 50),
+                "backward_s": percentile(sorted(sample["backward"]), 50),
+                "n": len(sample["forward"]),
+            }
+            for _, sample in sorted(samples.items())
+        ]
+        if not rows:
+            continue
+        out.append(
+            {
+                "precision": precision,
+                "threads": ranks[0].threads,
+                "ranks_per_node": len(ranks),
+                "point_id": record.point_id,
+                "autograd_call_s": _engine_figure(chains),
+                "samples": rows,
+            }
+        )
+    return out
+
+
+def _engine_figure(chains: dict[str, list[float]]) -> dict[str, Any] | None:
+    """The autograd engine's cost per backward() call: t1 − (t5 − t1)/4 from the medians of backward()
+    through 1 and 5 nodes (what one call costs beyond its nodes), at least 0; None when not timed."""
+    one, five = sorted(chains["chain1_s"]), sorted(chains["chain5_s"])
+    if not one or not five:
+        return None
+    t1, t5 = percentile(one, 50), percentile(five, 50)
+    return {"value": max(0.0, t1 - (t5 - t1) / 4), "chain1_s": stats_figure(one), "chain5_s": stats_figure(five)}
