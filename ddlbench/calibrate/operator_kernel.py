@@ -8,6 +8,8 @@ no input gradient). Every rank of the point times the same shapes at once, after
 so the operators share the node's cores and memory bandwidth as a training point's ranks do. Per shape,
 `warmup` untimed then `iterations` timed repetitions of:
 - forward: y = op(x) with autograd recording, as in training;
+and spatial parallelism's slab batch norm (ddlbench.train.strategies.halo.SlabBatchNorm, its statistics
+shared over a group of this rank alone: its arithmetic without a peer to wait for):
 - backward: y.backward(g) after an untimed forward, the weights' gradients set to None first (as
   zero_grad(set_to_none=True) leaves them), so it includes their allocation and accumulation.
 The autograd engine's own cost of one backward() call is timed the same way, through chains of one and
@@ -32,8 +34,11 @@ from ddlbench.calibrate.suite import CalibrationPoint
 SEED = 0
 
 
-def build_operator(shape: OperatorShape) -> tuple[Callable[[Tensor, Tensor | None], Tensor], list[nn.Parameter]]:
-    """The operator as a function of its input(s), and its parameters."""
+def build_operator(
+    shape: OperatorShape, own_group: dist.ProcessGroup | None = None
+) -> tuple[Callable[[Tensor, Tensor | None], Tensor], list[nn.Parameter]]:
+    """The operator as a function of its input(s), and its parameters. `own_group`: a process group of
+    this rank alone, over which a slab batch norm shares its statistics (its arithmetic, no peer)."""
     if shape.kind == "conv2d":
         module: nn.Module = nn.Conv2d(
             shape.in_channels,
@@ -53,6 +58,10 @@ def build_operator(shape: OperatorShape) -> tuple[Callable[[Tensor, Tensor | Non
         module = nn.Linear(shape.in_channels, shape.out_channels)
     elif shape.kind == "add":
         return (lambda x, other: x + other), []
+    elif shape.kind == "slab_batch_norm2d":
+        from ddlbench.train.strategies.halo import SlabBatchNorm  # the strategy's own layer
+
+        module = SlabBatchNorm(nn.BatchNorm2d(shape.in_channels), own_group, 1, 0)
     else:
         raise ValueError(f"operator kind {shape.kind!r} unknown")
     module.train()
@@ -70,10 +79,17 @@ def _input(shape: OperatorShape, generator: torch.Generator, device: torch.devic
 
 
 def time_operator(
-    shape: OperatorShape, device: torch.device, timer: Timer, *, warmup: int, iterations: int, autocast
+    shape: OperatorShape,
+    device: torch.device,
+    timer: Timer,
+    *,
+    warmup: int,
+    iterations: int,
+    autocast,
+    own_group: dist.ProcessGroup | None = None,
 ) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(SEED)
-    op, params = build_operator(shape)
+    op, params = build_operator(shape, own_group)
     for param in params:
         param.data = param.data.to(device)
     x = _input(shape, generator, device)
@@ -132,6 +148,10 @@ def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[st
         max_elements=point.operator_max_elements,
     )
     out: list[dict[str, Any]] = []
+    own_group = None
+    if dist.is_initialized():  # every rank creates every group, in the same order
+        groups = [dist.new_group([rank]) for rank in range(dist.get_world_size())]
+        own_group = groups[dist.get_rank()]
     for precision in point.precisions:
         dtype = DTYPES[precision]
 
@@ -147,7 +167,13 @@ def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[st
                 dist.barrier()  # the ranks time the same shape at once
             try:
                 entry = time_operator(
-                    shape, device, timer, warmup=point.warmup, iterations=point.iterations, autocast=autocast
+                    shape,
+                    device,
+                    timer,
+                    warmup=point.warmup,
+                    iterations=point.iterations,
+                    autocast=autocast,
+                    own_group=own_group,
                 )
             except (RuntimeError, NotImplementedError) as exc:  # a dtype the device's kernels refuse
                 entry = {"kind": "operator", "shape": shape.to_dict(), "error": str(exc).splitlines()[0][:300]}

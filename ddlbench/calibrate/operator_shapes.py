@@ -20,7 +20,9 @@ import random
 from dataclasses import asdict, dataclass
 
 # operator kinds timed, and the torch layer types (the model table's `type`) each one stands for
-OPERATOR_KINDS = ("conv2d", "batch_norm2d", "relu", "max_pool2d", "linear", "add")
+# slab_batch_norm2d: spatial parallelism's batch norm on a slab (ddlbench.train.strategies.halo.SlabBatchNorm:
+# its statistics in plain tensor operations, shared over the group), timed over a group of one rank
+OPERATOR_KINDS = ("conv2d", "batch_norm2d", "relu", "max_pool2d", "linear", "add", "slab_batch_norm2d")
 LAYER_KIND = {
     "Conv2d": "conv2d",
     "BatchNorm2d": "batch_norm2d",

@@ -262,3 +262,60 @@ def _from_operators(
 
 def _with_layers(table: ModelTable, layers: Sequence[LayerRow]) -> ModelTable:
     return replace(table, layers=tuple(layers))
+
+
+def layer_costs(
+    table: ModelTable,
+    machine: MachineModel,
+    layers: Sequence[LayerRow],
+    *,
+    batch: float,
+    precision: str,
+    threads: int,
+    sharing: int | None = None,
+) -> list[tuple[float, float]]:
+    """Per row of `layers` (a rank's layers, shapes as it runs them), its (forward, backward) seconds at
+    `batch`: from the operator fits where the machine has them (a residual sum counted on the last row of
+    its shortcut); else a profiled block's time shared among its rows as their rooflines are; else the
+    roofline. What a strategy that interleaves per-layer communication with compute costs each layer at."""
+    rows = list(layers)
+    roofline, _, _ = layer_times(_with_layers(table, rows), machine, batch=batch, precision=precision, threads=threads)
+    operators = machine.operator_model_for(precision, threads, sharing=sharing)
+    if operators is not None:
+        costs = []
+        for layer, rates in zip(rows, roofline, strict=True):
+            costs.append(operator_layer_s(operators, layer, batch) or rates)
+        last_of = {}
+        for index, layer in enumerate(rows):
+            parts = layer.name.split(".")
+            if "shortcut" in parts:
+                last_of[".".join(parts[: parts.index("shortcut")])] = index
+        for owner, (_, shape) in residual_sums(rows).items():
+            add = operators.seconds(elementwise_call(int(math.prod(shape)), channels=shape[0] if shape else 1), batch)
+            if add is not None:
+                index = last_of[owner]
+                costs[index] = (costs[index][0] + add[0], costs[index][1] + add[1])
+        return costs
+    profile = machine.profile_for(table.model, table.dataset, table.options, precision, threads, sharing=sharing)
+    if profile is not None and len(profile.forward) == len(table.blocks):
+        blocks = block_times(table, machine, batch=batch, precision=precision, threads=threads, sharing=sharing)
+        forward_total = [0.0] * len(table.blocks)
+        backward_total = [0.0] * len(table.blocks)
+        for layer, (f, b) in zip(rows, roofline, strict=True):
+            forward_total[layer.block] += f
+            backward_total[layer.block] += b
+        # each row's share of its block's roofline, of the block's profiled time at the whole shapes
+        whole, _, _ = layer_times(table, machine, batch=batch, precision=precision, threads=threads)
+        whole_f = [0.0] * len(table.blocks)
+        whole_b = [0.0] * len(table.blocks)
+        for layer, (f, b) in zip(table.layers, whole, strict=True):
+            whole_f[layer.block] += f
+            whole_b[layer.block] += b
+        return [
+            (
+                blocks.forward_s[layer.block] * f / whole_f[layer.block] if whole_f[layer.block] else 0.0,
+                blocks.backward_s[layer.block] * b / whole_b[layer.block] if whole_b[layer.block] else 0.0,
+            )
+            for layer, (f, b) in zip(rows, roofline, strict=True)
+        ]
+    return list(roofline)

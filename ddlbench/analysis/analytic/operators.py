@@ -17,7 +17,8 @@ E elements of the input and output, W weight elements. Each F/x term is an effic
 shrinks (a vector lane, a blocked tile or a batch loop left part empty); the E and W terms are the
 traffic of reading and writing them; c0 the call. A layer is then the sum of its calls. Kinds:
 conv2d, batch_norm2d, relu, max_pool2d (every 2-D pool), linear, add (a residual sum: binary
-elementwise, also what a copy of a tensor costs within a factor of 1.5).
+elementwise, also what a copy of a tensor costs within a factor of 1.5), and slab_batch_norm2d (spatial
+parallelism's batch norm, its statistics in plain tensor operations: several times a fused one).
 
 Each fit reports its leave-one-out error over the calibration's own shapes (what a shape it did not
 time is predicted to), which a prediction's notes repeat. Torch-free; numpy only when fitting.
@@ -36,6 +37,7 @@ CONV_TYPES = ("Conv2d",)
 KIND_OF_TYPE = {
     "Conv2d": "conv2d",
     "BatchNorm2d": "batch_norm2d",
+    "SlabBatchNorm2d": "slab_batch_norm2d",  # a BatchNorm2d on a spatial slab (ddlbench.analysis.analytic.layer_splits)
     "ReLU": "relu",
     "ReLU6": "relu",
     "MaxPool2d": "max_pool2d",
@@ -45,7 +47,7 @@ KIND_OF_TYPE = {
     "Linear": "linear",
 }
 FREE_TYPES = ("Identity", "Flatten", "Dropout", "Dropout2d")  # views or no-ops in training (dropout: none here)
-KINDS = ("conv2d", "batch_norm2d", "relu", "max_pool2d", "linear", "add")
+KINDS = ("conv2d", "batch_norm2d", "relu", "max_pool2d", "linear", "add", "slab_batch_norm2d")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,11 +18,12 @@ from typing import Any
 
 from ddlbench.analysis.analytic.compute import block_times
 from ddlbench.analysis.analytic.data_parallel import StrategyRun, model_ddp, model_fsdp, model_zero2
+from ddlbench.analysis.analytic.layer_splits import model_filter_channel_layers, model_spatial_layers
 from ddlbench.analysis.analytic.layers import ModelTable
 from ddlbench.analysis.analytic.layout import Context, Setting
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.pipelines import model_pipeline
-from ddlbench.analysis.analytic.splits import model_filter_channel, model_spatial, model_tensor
+from ddlbench.analysis.analytic.splits import model_tensor
 from ddlbench.catalog import MODELS
 from ddlbench.errors import DdlbenchError
 
@@ -144,9 +145,9 @@ def run_strategy(ctx: Context) -> StrategyRun:
     if name in ("tensor", "dp_tp"):
         return model_tensor(ctx, times_for)
     if name in ("filter", "channel", "dp_filter"):
-        return model_filter_channel(ctx, times_for, kind="channel" if name == "channel" else "filter")
+        return model_filter_channel_layers(ctx, kind="channel" if name == "channel" else "filter")
     if name in ("spatial", "dp_spatial"):
-        return model_spatial(ctx, times_for)
+        return model_spatial_layers(ctx)
     raise DdlbenchError(f"the analytical model has no strategy {name!r}")
 
 
