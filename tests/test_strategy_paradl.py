@@ -116,6 +116,7 @@ def test_two_rank_split_matches_single_process(tmp_path, strategy, norm, threads
 def test_df_hybrid_on_four_ranks_matches_single_process(tmp_path):
     record = check_against_reference(
         tmp_path,
+        shards=2,  # each replica's batch of 8 apart in the reference too: batch-size-proof (tests/test_ddp.py)
         strategy="dp_filter",
         nodes=1,
         ranks_per_node=4,
