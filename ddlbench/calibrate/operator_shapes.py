@@ -92,8 +92,9 @@ def _channels(rng: random.Random, low: int, high: int) -> int:
 
 def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: int) -> list[OperatorShape]:
     """`per_kind` shapes of each operator kind (more for convolutions, whose speed varies most), drawn
-    log-uniformly: channels 8–512 (conv2d: also 3 input channels, as a first layer has), input side
-    2–64 rows and columns (rows sometimes fewer than columns: a spatial slab), batch 1–64; a conv2d or
+    log-uniformly: channels 8–512 (conv2d: 8–1024, output channels the input's, half or twice, or 3 input
+    channels, as a first layer has), input side 2–64 rows and columns (conv2d: 1–8 one time in four;
+    rows sometimes fewer than columns: a spatial slab), batch 1–64; a conv2d or
     linear above `max_flop` forward FLOPs, or any tensor above `max_elements`, is drawn again."""
     rng = random.Random(seed)
     shapes: list[OperatorShape] = []
@@ -129,9 +130,16 @@ def _draw(rng: random.Random, kind: str) -> OperatorShape:
         )
     channels = _channels(rng, 8, 512)
     if kind == "conv2d":
+        # as in a model: output channels as many as the input's, half or twice (so that wide layers,
+        # whose weights dominate their backward, are drawn as often as narrow ones); one in ten a first
+        # layer (3 input channels); small maps (a deep layer's) as often as large ones
         first = rng.random() < 0.1
         kernel = 3 if rng.random() < 0.7 else 1
-        out = channels if rng.random() < 0.4 else _channels(rng, 8, 512)
+        channels = _channels(rng, 8, 1024)
+        out = max(8, min(1024, int(channels * rng.choice((0.5, 1, 1, 2)))))
+        if rng.random() < 0.25:
+            width = max(1, round(_log_uniform(rng, 1, 8)))
+            height = width
         return OperatorShape(
             kind=kind,
             batch=batch,

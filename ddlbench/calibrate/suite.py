@@ -39,7 +39,7 @@ KIND = "calibration"  # the spec's `kind`: what tells the worker this is not a t
 Benchmark = Literal["compute", "collectives", "profile", "operators"]
 PROFILE_FIELDS = ("model", "dataset", "model_options", "batch_sizes")
 OPERATOR_FIELDS = ("operator_samples", "operator_seed", "operator_max_flop", "operator_max_elements")
-OPERATOR_DEFAULTS = {"samples": 24, "seed": 0, "max_flop": 3e8, "max_elements": 4194304}
+OPERATOR_DEFAULTS = {"samples": 24, "seed": 0, "max_flop": 1.5e9, "max_elements": 8388608}
 
 
 @dataclass(frozen=True, kw_only=True)

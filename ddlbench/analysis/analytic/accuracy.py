@@ -9,6 +9,14 @@ it is, so averages are not flattered. Averages are plain means over the points o
 over strategies (each strategy weighs the same, as the issue's target "average over strategies" reads),
 with the number of points each rests on. Only points that ran to the end (status ok) count.
 
+Seen or not (`per_configuration`): a configuration is *profiled* when the machine file holds a layer
+profile of its model (the prediction's compute came from the profile: the calibration ran that model,
+perhaps at that very batch), and *never seen* otherwise (compute from the operator fits or the rates:
+nothing of the model was measured). A predictor is judged on the never-seen ones; the profiled ones are
+partly circular. Per configuration (a point's repetitions together) the measured time is the median
+over repetitions of each one's median step (`rep_step_time_s_median`), the memory the median of their
+peaks: run-to-run noise on a shared machine (±35 % here) then weighs less on a single figure.
+
 The recommendation check groups measured points like for like (ddlbench.analysis.keys.comparison_key:
 equal in everything but the strategy's own fields and the per-replica batch, at the same global batch),
 the choice a user has between strategies. In each group with at least two strategies it compares the
@@ -64,6 +72,43 @@ def join(table: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
         for p, m in zip(joined["predicted_peak_memory_bytes"], measured_memory, strict=True)
     ]
     return joined
+
+
+PROFILED, NEVER_SEEN = "profiled", "never seen"
+
+
+def seen(compute_source: object) -> str:
+    """PROFILED when a prediction's compute came from a layer profile of the model, else NEVER_SEEN."""
+    return PROFILED if str(compute_source) == "profile" else NEVER_SEEN
+
+
+def per_configuration(joined: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration (its repetitions together: `config_key`), with its measured time (median
+    over repetitions of their median steps), measured memory (median peak), prediction, accuracies and
+    `seen` (PROFILED or NEVER_SEEN)."""
+    if joined.empty:
+        return joined.assign(seen=[])
+    key = "config_key" if "config_key" in joined.columns else "point_id"
+    rows = []
+    for _, group in joined.groupby(key, sort=False):
+        first = group.iloc[0].to_dict()
+        measured = float(group["step_time_s_median"].median())
+        memory = (
+            group["tensor_peak_bytes"].dropna() if "tensor_peak_bytes" in group.columns else pd.Series([], dtype=float)
+        )
+        measured_memory = float(memory.median()) if len(memory) else None
+        first.update(
+            repetitions=len(group),
+            step_time_s_median=measured,
+            tensor_peak_bytes=measured_memory,
+            time_accuracy=accuracy(first["predicted_step_time_s"], measured) if measured > 0 else None,
+            memory_accuracy=(
+                accuracy(first["predicted_peak_memory_bytes"], measured_memory) if measured_memory else None
+            ),
+            seen=seen(first.get("predicted_compute_source")),
+        )
+        rows.append(first)
+    return pd.DataFrame(rows)
 
 
 @dataclass(frozen=True, kw_only=True)

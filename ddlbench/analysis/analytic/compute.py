@@ -23,7 +23,8 @@ t = max(FLOPs / rate, bytes / memory bandwidth), with
   that) + its weights once (forward) or twice (backward: read, and the gradient written).
 Layers without FLOPs (activations, norms, pools) are pure memory traffic. Rates were measured with the
 machine's threads per rank; a point with other threads scales them linearly (a note says so).
-- loss: the last block's output × b read and written about 3 times, forward and backward (bytes / bw);
+- loss: the last block's output × b read and written about 3 times, forward and backward (bytes / bw;
+  with operator fits: two elementwise passes over the logits forward and two backward);
 - update: SGD with momentum, `torch.optim.SGD(momentum=0.9)` as ddlbench trains: per parameter the
   momentum buffer is read, scaled, added to the gradient and written, then the parameter read and
   written: 6 × 4 B = 24 B per parameter element, at the memory bandwidth.
@@ -223,13 +224,16 @@ def _from_operators(
     threads: int,
 ) -> BlockTimes:
     rows = list(layers) if layers is not None else list(table.layers)
-    roofline_table = table if layers is None else _with_layers(table, rows)
-    roofline, used, notes = layer_times(roofline_table, machine, batch=batch, precision=precision, threads=threads)
+    fitted = [operator_layer_s(operators, layer, batch) for layer in rows]
+    used: set[str] = set()
+    roofline: list[tuple[float, float] | None] = [None] * len(rows)
+    if any(times is None for times in fitted):  # rates only where a layer has no fit (a datasheet may lack them)
+        roofline_table = table if layers is None else _with_layers(table, rows)
+        roofline, used, _ = layer_times(roofline_table, machine, batch=batch, precision=precision, threads=threads)
     forward = [0.0] * len(table.blocks)
     backward = [0.0] * len(table.blocks)
     fallback = []
-    for layer, rates in zip(rows, roofline, strict=True):
-        times = operator_layer_s(operators, layer, batch)
+    for layer, times, rates in zip(rows, fitted, roofline, strict=True):
         if times is None:
             times = rates
             fallback.append(layer.type)
@@ -243,7 +247,9 @@ def _from_operators(
             backward[block] += add[1]
     bandwidth = machine.memory_bandwidth_bytes_per_s or math.inf
     last = table.blocks[-1]
-    loss = LOSS_PASSES * math.prod(last.output_shape) * FP32 * batch / bandwidth
+    # cross-entropy: log-softmax and the loss forward, their two gradients backward, each a pass over the logits
+    logits = operators.seconds(elementwise_call(int(math.prod(last.output_shape))), batch)
+    loss = 2 * sum(logits) if logits else LOSS_PASSES * math.prod(last.output_shape) * FP32 * batch / bandwidth
     source = f"operator fits ({operators.ranks_per_node} rank(s) at once)"
     notes = [operators.describe()]
     if fallback:
@@ -279,12 +285,16 @@ def layer_costs(
     its shortcut); else a profiled block's time shared among its rows as their rooflines are; else the
     roofline. What a strategy that interleaves per-layer communication with compute costs each layer at."""
     rows = list(layers)
-    roofline, _, _ = layer_times(_with_layers(table, rows), machine, batch=batch, precision=precision, threads=threads)
     operators = machine.operator_model_for(precision, threads, sharing=sharing)
+    fitted = [operator_layer_s(operators, layer, batch) for layer in rows] if operators is not None else []
+    if operators is None or any(times is None for times in fitted):
+        roofline, _, _ = layer_times(
+            _with_layers(table, rows), machine, batch=batch, precision=precision, threads=threads
+        )
+    else:
+        roofline = [None] * len(rows)
     if operators is not None:
-        costs = []
-        for layer, rates in zip(rows, roofline, strict=True):
-            costs.append(operator_layer_s(operators, layer, batch) or rates)
+        costs = [times or rates for times, rates in zip(fitted, roofline, strict=True)]
         last_of = {}
         for index, layer in enumerate(rows):
             parts = layer.name.split(".")
