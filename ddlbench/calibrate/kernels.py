@@ -162,7 +162,11 @@ def _busy(point: CalibrationPoint, world: int, make: Callable[..., Callable[[], 
     began = time.perf_counter()
     for _ in range(50):
         torch.mm(a, b)
-    per_mm = (time.perf_counter() - began) / 50
+    # every rank runs the same number of products (rank 0's estimate): bursts of equal work, as a step's
+    # ranks have, so a call waits only for a peer that was slowed, not for one given more to do
+    per_mm = torch.tensor([(time.perf_counter() - began) / 50], dtype=torch.float64)
+    dist.broadcast(per_mm, src=0)
+    per_mm = float(per_mm)
     out = []
     for op in point.collectives:
         for size in point.message_bytes:
