@@ -318,6 +318,15 @@ def model_spatial_layers(ctx: Context) -> StrategyRun:
     lane.compute(update_s(ctx) * table.params, "update")
     scale = [1.0 / p if i < region else 1.0 for i in range(len(table.blocks))]
     saved, grads, flowing = activation_terms(ctx, b, scale=scale)
+    # what the slab versions keep beyond the table's layers (halo.py): a slab batch norm, in plain tensor
+    # operations, saves x − mean twice (for the square and for the scaling) and the normalised x (for the
+    # affine product) where a fused one saves its input once: two more slabs; a windowed convolution
+    # saves the window it assembled (a new tensor, not the previous layer's output)
+    for layer, row in zip(table.layers, rows, strict=True):
+        if layer.block < region and layer.type == "BatchNorm2d":
+            saved[layer.block] += 2 * elements(row.input_shape) * b * FP32
+        if layer.name in windows and layer.type == "Conv2d":
+            saved[layer.block] += elements(row.input_shape) * b * FP32
     memory = rank_memory(
         params=table.param_bytes + table.buffer_bytes,
         grads=table.param_bytes,
