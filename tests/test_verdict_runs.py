@@ -91,12 +91,16 @@ def test_an_aa_pair_is_never_called_different_and_a_thirty_percent_slowdown_is(t
     slow_s = 0.3 * median_step_s(tmp_path, "one_a")
     runs = run_sweeps(tmp_path, sweeps, db, monkeypatch, slow={"slow": slow_s})
     row = compare(db, runs["a"], runs["b"], capsys)
-    print("A/A at 3 launches:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")})
+    with capsys.disabled():  # shown with -s, not swallowed by the next compare
+        print("A/A at 3 launches:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")})
     assert row["launches"] == [3, 3] and row["verdict"] == "same within noise", row
     row = compare(db, runs["a" if reps == 3 else "base"], runs["slow"], capsys)
-    print("30 % slower:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")})
+    with capsys.disabled():  # shown with -s, not swallowed by the next compare
+        print("30 % slower:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")})
     assert row["verdict"] == "worse", row
-    assert 1 / 1.3 * 0.8 < row["ratio"] < 1 / 1.3 * 1.2  # throughput ÷ 1.3, give or take the noise
+    # about throughput ÷ 1.3: measured 0.672 [0.591, 0.763] on a quiet host, 0.582 [0.423, 0.801] with other
+    # work beside it (the sleep is 30 % of a step timed earlier; a busy spell lengthens the rest)
+    assert 1 / 1.3 * 0.6 < row["ratio"] < 1 / 1.3 * 1.2
 
     # certify: A's own references (±30 %) pass A; B (A again) passes with no regression; the slow run is one
     refs, certs = tmp_path / "refs.yaml", tmp_path / "certs.sqlite"
