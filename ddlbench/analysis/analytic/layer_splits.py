@@ -82,6 +82,12 @@ class Lane:
         return self.previous
 
 
+def _input_grad(layer: LayerRow) -> bool:
+    """Whether backward computes the layer's input gradient: not for the model's first layer, whose input
+    (the batch) needs none; the table's backward FLOPs then count the weights' gradient alone."""
+    return layer.backward_flops >= 1.5 * layer.forward_flops if layer.forward_flops else True
+
+
 def _costs(ctx: Context, rows: list[LayerRow]) -> list[tuple[float, float]]:
     s = ctx.setting
     return layer_costs(
@@ -150,17 +156,20 @@ def model_filter_channel_layers(ctx: Context, *, kind: str) -> StrategyRun:
             backward_op[layer.block] = lane.compute(backward, f"B {layer.name}")
             continue
         out_values, in_values = elements(layer.output_shape) * b, elements(layer.input_shape) * b
+        # a layer whose input needs no gradient (the model's first) reduces or gathers none
         if kind == "filter":
             lane.copy(out_values / p, f"own slice of grad {layer.name}")
-            lane.compute(backward, f"B {layer.name}")
-            lane.copy(in_values, f"clone grad {layer.name}")
-            backward_op[layer.block] = lane.collective(
-                "all_reduce", in_values * FP32, group, f"all_reduce grad {layer.name}"
-            )
+            backward_op[layer.block] = lane.compute(backward, f"B {layer.name}")
+            if _input_grad(layer):
+                lane.copy(in_values, f"clone grad {layer.name}")
+                backward_op[layer.block] = lane.collective(
+                    "all_reduce", in_values * FP32, group, f"all_reduce grad {layer.name}"
+                )
         else:
-            lane.compute(backward, f"B {layer.name}")
-            lane.collective("all_gather", in_values * FP32, group, f"all_gather grad {layer.name}")
-            backward_op[layer.block] = lane.copy(in_values, f"cat grad {layer.name}")
+            backward_op[layer.block] = lane.compute(backward, f"B {layer.name}")
+            if _input_grad(layer):
+                lane.collective("all_gather", in_values * FP32, group, f"all_gather grad {layer.name}")
+                backward_op[layer.block] = lane.copy(in_values, f"cat grad {layer.name}")
     program = lane.program
     last = lane.previous
     reductions = []
@@ -224,13 +233,27 @@ def update_s(ctx: Context) -> float:
 def window_rows(extent: int, parts: int, *, kernel: int, stride: int, padding: int, rank: int) -> tuple[int, int]:
     """(rows of the window rank `rank` computes its output slab from, halo rows it receives from other
     ranks) for a windowed layer along the split axis (the arithmetic of halo.halo_windows, per rank)."""
-    out = (extent + 2 * padding - kernel) // stride + 1
-    slab, out_slab = extent // parts, out // parts
-    start = rank * out_slab * stride - padding
-    stop = ((rank + 1) * out_slab - 1) * stride - padding + kernel
-    own = max(0, min(stop, (rank + 1) * slab) - max(start, rank * slab))
-    inside = max(0, min(stop, extent) - max(start, 0))
-    return stop - start, inside - own
+    window, received, _ = _window(extent, parts, kernel=kernel, stride=stride, padding=padding, rank=rank)
+    return window, received
+
+
+def _window(extent: int, parts: int, *, kernel: int, stride: int, padding: int, rank: int) -> tuple[int, int, int]:
+    """(window rows, rows received, rows sent) of rank `rank`: it sends the rows of its slab that other
+    ranks' windows read."""
+
+    def span(r: int) -> tuple[int, int]:
+        out_slab = ((extent + 2 * padding - kernel) // stride + 1) // parts
+        start = r * out_slab * stride - padding
+        return start, ((r + 1) * out_slab - 1) * stride - padding + kernel
+
+    def overlap(start: int, stop: int, owner: int) -> int:
+        slab = extent // parts
+        return max(0, min(stop, (owner + 1) * slab) - max(start, owner * slab))
+
+    start, stop = span(rank)
+    received = sum(overlap(start, stop, owner) for owner in range(parts) if owner != rank)
+    sent = sum(overlap(*span(other), rank) for other in range(parts) if other != rank)
+    return stop - start, received, sent
 
 
 def _slab_rows(table_layers: list[LayerRow], region: int, parts: int) -> tuple[list[LayerRow], dict[str, tuple]]:
@@ -248,9 +271,11 @@ def _slab_rows(table_layers: list[LayerRow], region: int, parts: int) -> tuple[l
             kernel = layer.weight_shape[-1] if layer.type == "Conv2d" else (layer.kernel_size or (2,))[0]
             stride = max(1, round(h_in / max(1, h_out)))
             padding = kernel // 2 if layer.type == "Conv2d" else 0
-            window, halo = window_rows(h_in, parts, kernel=kernel, stride=stride, padding=padding, rank=0)
-            if window != input_rows or halo:
-                windows[layer.name] = (window, halo, c_in * w_in)
+            window, received, sent = _window(h_in, parts, kernel=kernel, stride=stride, padding=padding, rank=0)
+            if window != input_rows or received or sent:
+                # a rank that sends or receives rows exchanges them (halo.HaloExchange): its message is
+                # the larger of the two
+                windows[layer.name] = (window, max(received, sent), c_in * w_in)
             input_rows = window
         kind = "SlabBatchNorm2d" if layer.type == "BatchNorm2d" else layer.type
         rows.append(
@@ -300,7 +325,7 @@ def model_spatial_layers(ctx: Context) -> StrategyRun:
         lane.compute(backward, f"B {row.name}")
         if layer.block < region and layer.type in NORM_TYPES:
             lane.collective("all_reduce", p * 2 * layer.input_shape[0] * FP32, group, f"norm stats grad {layer.name}")
-        if layer.name in windows:
+        if layer.name in windows and _input_grad(layer):
             _, halo, per_row = windows[layer.name]
             slab = layer.input_shape[1] // p  # this rank's own rows: zeroed, then the window's gradient added
             lane.copy(2 * slab * per_row * b, f"window grad into slab {layer.name}")
