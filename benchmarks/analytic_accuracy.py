@@ -71,12 +71,17 @@ def measured_compute(row: dict) -> float:
     return sum(float(row.get(f"phase_{name}_s_median") or 0.0) for name in ("forward", "backward", "update"))
 
 
-def print_table(rows) -> None:
-    print(f"{'strategy':<18} {'n':>3} {'time mean':>10} {'time worst':>11} {'memory mean':>12} {'memory worst':>13}")
+def print_table(rows, repeatability: dict[str, float] | None = None) -> None:
+    """Per strategy: n, time and memory accuracy (mean, worst) and, given, how well one repetition
+    predicted another (the machine's own noise: no model can do better against single runs)."""
+    extra = f" {'repetitions agree':>18}" if repeatability is not None else ""
+    head = f"{'strategy':<18} {'n':>3} {'time mean':>10} {'time worst':>11} {'memory mean':>12} {'memory worst':>13}"
+    print(head + extra)
     for r in rows:
+        agree = f" {pct((repeatability or {}).get(r.strategy)):>18}" if repeatability is not None else ""
         print(
             f"{r.strategy:<18} {r.points:>3} {pct(r.time_accuracy):>10} {pct(r.time_worst):>11} "
-            f"{pct(r.memory_accuracy):>12} {pct(r.memory_worst):>13}"
+            f"{pct(r.memory_accuracy):>12} {pct(r.memory_worst):>13}{agree}"
         )
 
 
@@ -169,7 +174,8 @@ def main() -> int:
         if not rows:
             print("  none")
             continue
-        print_table(rows)
+        agreement = chosen.dropna(subset=["repeatability"]).groupby("strategy")["repeatability"].mean()
+        print_table(rows, {str(k): float(v) for k, v in agreement.items()})
         time_all, memory_all = overall(rows)
         dp = [r.time_accuracy for r in rows if r.strategy in DATA_PARALLEL and r.time_accuracy is not None]
         dp_time = sum(dp) / len(dp) if dp else None
@@ -180,11 +186,17 @@ def main() -> int:
                 f"(target ≥ 95 %{gap(dp_time, 0.95)}), memory {pct(memory_all)} "
                 f"(target ≥ 95 %{gap(memory_all, 0.95)}); n = {len(chosen)} configurations"
             )
+            agree = chosen["repeatability"].dropna()
+            print(
+                f"repetitions agree to {pct(float(agree.mean()) if len(agree) else None)} on average "
+                "(one run as a prediction of another: the machine's noise, the ceiling against single runs)"
+            )
             summary["headline"] = {
                 "time_accuracy": time_all,
                 "data_parallel_time_accuracy": dp_time,
                 "memory_accuracy": memory_all,
                 "configurations": len(chosen),
+                "repeatability": float(agree.mean()) if len(agree) else None,
             }
         else:
             print(

@@ -15,7 +15,9 @@ perhaps at that very batch), and *never seen* otherwise (compute from the operat
 nothing of the model was measured). A predictor is judged on the never-seen ones; the profiled ones are
 partly circular. Per configuration (a point's repetitions together) the measured time is the median
 over repetitions of each one's median step (`rep_step_time_s_median`), the memory the median of their
-peaks: run-to-run noise on a shared machine (±35 % here) then weighs less on a single figure.
+peaks: run-to-run noise on a shared machine (±35 % here) then weighs less on a single figure. Its
+`repeatability` is the accuracy one repetition has as a prediction of another (mean over ordered
+pairs): what a model that knew this machine perfectly could expect against one run.
 
 The recommendation check groups measured points like for like (ddlbench.analysis.keys.comparison_key:
 equal in everything but the strategy's own fields and the per-replica batch, at the same global batch),
@@ -97,8 +99,13 @@ def per_configuration(joined: pd.DataFrame) -> pd.DataFrame:
             group["tensor_peak_bytes"].dropna() if "tensor_peak_bytes" in group.columns else pd.Series([], dtype=float)
         )
         measured_memory = float(memory.median()) if len(memory) else None
+        times = [float(t) for t in group["step_time_s_median"].dropna() if t > 0]
+        pairs = [(a, b) for i, a in enumerate(times) for j, b in enumerate(times) if i != j]
         first.update(
             repetitions=len(group),
+            # how well one repetition predicts another: the accuracy a perfect model of this machine could
+            # expect against a single run (mean over ordered pairs; None with one repetition)
+            repeatability=sum(accuracy(a, b) for a, b in pairs) / len(pairs) if pairs else None,
             step_time_s_median=measured,
             tensor_peak_bytes=measured_memory,
             time_accuracy=accuracy(first["predicted_step_time_s"], measured) if measured > 0 else None,

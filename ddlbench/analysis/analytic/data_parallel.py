@@ -181,9 +181,13 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
         optimizer=MOMENTUM_STATES * table.param_bytes / p,
         buffers=0,
         saved=saved,
-        grad_per_block=grads,
+        # a bucket's gradients are copied into a bucket buffer and freed once the bucket is full
+        # (ddlbench.train.strategies.sharded): they never pile up beyond one bucket. The most held is the
+        # first bucket, early in backward while nearly every activation is still kept: its parameters'
+        # gradients and its buffer at once; the shards of later steps' reductions are small beside them
+        grad_per_block=[0.0] * len(grads),
         flowing=flowing,
-        extra_peak=largest + largest / p,  # a bucket's full gradient and its shard while it is reduced
+        extra_peak=2 * largest,
         detail="full parameters (one flat buffer); gradient and optimizer shards of 1/p",
     )
     what = f"{len(buckets)} reduce-scatter(s) during backward, {len(buckets)} all-gather(s) after the update"

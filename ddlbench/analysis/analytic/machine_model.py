@@ -10,8 +10,9 @@ of preference:
 1. the machine's own α–β fit of that operation at p ranks on n nodes: t = α + β·S; where the calibration
    timed it in busy mode (each call after the rank's own compute, no barrier: what a call costs inside a
    step, a late peer included, as a mean), that fit, t = α + β·S + κ·X with X the rank's compute since
-   its previous call — on a shared CPU gloo's mean call costs milliseconds where its median after a
-   barrier is a tenth of one (2 ranks here: all_reduce 5.4 ms against 0.2 ms);
+   its previous call — on a shared CPU gloo's calls after a barrier take 0.05–0.2 ms or 2–4 ms, in
+   proportions that drift with the load, so their median says little of what a step pays (2 ranks here,
+   busy: about 1.5 ms an all-reduce, 0.7 ms an all-gather, as a filter step's recorded calls);
 2. a fit of the operation at another rank count p0 (same side of the node boundary), moved to p by
    the ring algorithm (Thakur, Rabenseifner and Gropp, IJHPCA 2005): a ring all-reduce is 2(p−1) steps
    of S/p bytes, an all-gather or reduce-scatter (p−1) steps of S/p, so per step α_step = α/steps(p0)
