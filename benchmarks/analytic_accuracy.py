@@ -10,7 +10,7 @@
    → <results>/machine.yaml;
 2. Snakemake runs benchmarks/analytic/sweep.yaml (issue 22's held-out sweep: resnet20 and vgg11 at batch
    16, ddp and zero2 on 1 and 2 nodes × 1 rank, gpipe with 4 micro-batches, filter and spatial on 2; and
-   resnet8 at its profiled batch beside them; 2 repetitions) with `machine:` pointing at that file, so
+   resnet8 at its profiled batch beside them; 3 repetitions) with `machine:` pointing at that file, so
    the DAG predicts every point before the report and the report sets predicted beside measured;
 3. prints, per strategy, the mean time and memory accuracy (1 − |predicted − measured| / measured; time:
    the configuration's median step, the median over its repetitions; memory: the busiest rank's peak

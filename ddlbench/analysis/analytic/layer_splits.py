@@ -257,8 +257,9 @@ def _window(extent: int, parts: int, *, kernel: int, stride: int, padding: int, 
 
 
 def _slab_rows(table_layers: list[LayerRow], region: int, parts: int) -> tuple[list[LayerRow], dict[str, tuple]]:
-    """The region's layers as rank 0 runs them (rows of its slab or window), and per windowed layer with
-    a window wider than its slab: (window rows, halo rows, its input's elements per row)."""
+    """The region's layers as rank 0 runs them (rows of its slab or window), and per windowed layer whose
+    window is not its slab: (window rows, rows exchanged, its input's elements per row, whether the
+    window is a copy)."""
     rows, windows = [], {}
     for layer in table_layers:
         if layer.block >= region or len(layer.input_shape) != 3:
@@ -274,8 +275,10 @@ def _slab_rows(table_layers: list[LayerRow], region: int, parts: int) -> tuple[l
             window, received, sent = _window(h_in, parts, kernel=kernel, stride=stride, padding=padding, rank=0)
             if window != input_rows or received or sent:
                 # a rank that sends or receives rows exchanges them (halo.HaloExchange): its message is
-                # the larger of the two
-                windows[layer.name] = (window, max(received, sent), c_in * w_in)
+                # the larger of the two; it assembles a window (a copy) when it received rows or pads
+                # the edge, else computes on a view of its slab (halo.fetch_window)
+                copies = bool(received or padding)
+                windows[layer.name] = (window, max(received, sent), c_in * w_in, copies)
             input_rows = window
         kind = "SlabBatchNorm2d" if layer.type == "BatchNorm2d" else layer.type
         rows.append(
@@ -307,10 +310,11 @@ def model_spatial_layers(ctx: Context) -> StrategyRun:
             lane.collective("all_gather", whole * FP32, group, "gather slabs")
             lane.copy(whole, "cat slabs")
         if layer.name in windows:
-            window, halo, per_row = windows[layer.name]
+            window, halo, per_row, copies = windows[layer.name]
             if halo:
                 lane.exchange(halo * per_row * b * FP32, f"halo {layer.name}")
-            lane.copy(window * per_row * b, f"window {layer.name}")
+            if copies:
+                lane.copy(window * per_row * b, f"window {layer.name}")
         lane.compute(forward, f"F {row.name}")
         if layer.block < region and layer.type in NORM_TYPES:
             norms += 1
@@ -325,8 +329,10 @@ def model_spatial_layers(ctx: Context) -> StrategyRun:
         lane.compute(backward, f"B {row.name}")
         if layer.block < region and layer.type in NORM_TYPES:
             lane.collective("all_reduce", p * 2 * layer.input_shape[0] * FP32, group, f"norm stats grad {layer.name}")
-        if layer.name in windows and _input_grad(layer):
-            _, halo, per_row = windows[layer.name]
+        if layer.name in windows and _input_grad(layer) and windows[layer.name][1]:
+            # halo.HaloExchange.backward: a zeroed gradient slab, the window's gradient added, the halo's
+            # gradient swapped back (a window without a message is a cat, whose backward is views)
+            _, halo, per_row, _ = windows[layer.name]
             slab = layer.input_shape[1] // p  # this rank's own rows: zeroed, then the window's gradient added
             lane.copy(2 * slab * per_row * b, f"window grad into slab {layer.name}")
             if halo:
@@ -350,7 +356,7 @@ def model_spatial_layers(ctx: Context) -> StrategyRun:
     for layer, row in zip(table.layers, rows, strict=True):
         if layer.block < region and layer.type == "BatchNorm2d":
             saved[layer.block] += 2 * elements(row.input_shape) * b * FP32
-        if layer.name in windows and layer.type == "Conv2d":
+        if layer.name in windows and layer.type == "Conv2d" and windows[layer.name][3]:
             saved[layer.block] += elements(row.input_shape) * b * FP32
     memory = rank_memory(
         params=table.param_bytes + table.buffer_bytes,
