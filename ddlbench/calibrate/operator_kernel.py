@@ -6,7 +6,7 @@ nn.Linear with bias, a residual add of two tensors) on a random input that requi
 3-channel convolution's input does not: it stands for a model's first layer, whose backward computes
 no input gradient). Every rank of the point times the same shapes at once, after a barrier per shape,
 so the operators share the node's cores and memory bandwidth as a training point's ranks do. Per shape,
-`warmup` untimed then `iterations` timed repetitions of:
+in each of ROUNDS passes over all shapes, `warmup` untimed then iterations / ROUNDS timed repetitions of:
 - forward: y = op(x) with autograd recording, as in training;
 and spatial parallelism's slab batch norm (ddlbench.train.strategies.halo.SlabBatchNorm, its statistics
 shared over a group of this rank alone: its arithmetic without a peer to wait for):
@@ -32,6 +32,7 @@ from ddlbench.calibrate.operator_shapes import OperatorShape, sample_shapes
 from ddlbench.calibrate.suite import CalibrationPoint
 
 SEED = 0
+ROUNDS = 2  # passes over every shape (run_operators)
 
 
 def build_operator(
@@ -162,20 +163,25 @@ def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[st
 
         chains = time_autograd_call(device, timer, warmup=point.warmup, iterations=point.iterations)
         out.append({"kind": "autograd_call", "precision": precision, **chains})
-        for shape in shapes:
-            if dist.is_initialized():
-                dist.barrier()  # the ranks time the same shape at once
-            try:
-                entry = time_operator(
-                    shape,
-                    device,
-                    timer,
-                    warmup=point.warmup,
-                    iterations=point.iterations,
-                    autocast=autocast,
-                    own_group=own_group,
-                )
-            except (RuntimeError, NotImplementedError) as exc:  # a dtype the device's kernels refuse
-                entry = {"kind": "operator", "shape": shape.to_dict(), "error": str(exc).splitlines()[0][:300]}
-            out.append(entry | {"precision": precision})
+        # every shape in ROUNDS passes over all of them, a share of the iterations each: a shape's times
+        # then come from moments a minute apart, so a spell of load on a shared host weighs on all shapes
+        # alike rather than on the few it fell on
+        per_round = max(1, -(-point.iterations // ROUNDS))
+        for _ in range(ROUNDS):
+            for shape in shapes:
+                if dist.is_initialized():
+                    dist.barrier()  # the ranks time the same shape at once
+                try:
+                    entry = time_operator(
+                        shape,
+                        device,
+                        timer,
+                        warmup=point.warmup,
+                        iterations=per_round,
+                        autocast=autocast,
+                        own_group=own_group,
+                    )
+                except (RuntimeError, NotImplementedError) as exc:  # a dtype the device's kernels refuse
+                    entry = {"kind": "operator", "shape": shape.to_dict(), "error": str(exc).splitlines()[0][:300]}
+                out.append(entry | {"precision": precision})
     return out

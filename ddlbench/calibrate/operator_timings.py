@@ -6,7 +6,7 @@ Per precision, one entry per point (ranks that timed at once on one node):
      samples: [{kind, batch, in_channels, height, width, out_channels, kernel, stride,
                 forward_s, backward_s, n}]}
 forward_s and backward_s are medians, in seconds, over every rank's timed repetitions of that shape
-pooled (n of them); the fit (ddlbench.analysis.analytic.operators) is made when a prediction reads the
+in every round pooled (n of them); the fit (ddlbench.analysis.analytic.operators) is made when a prediction reads the
 file, so a better fit needs no new calibration. Torch-free.
 """
 
@@ -25,9 +25,8 @@ def operator_timings(record: CalibrationRecord) -> list[dict[str, Any]]:
     out = []
     for precision in point.precisions:
         chains: dict[str, list[float]] = {"chain1_s": [], "chain5_s": []}
-        samples: dict[int, dict[str, Any]] = {}
+        samples: dict[tuple, dict[str, Any]] = {}  # by shape: a shape timed in several rounds is one sample
         for rank in ranks:
-            index = 0
             for entry in rank.measurements:
                 if entry.get("precision") != precision:
                     continue
@@ -36,10 +35,10 @@ def operator_timings(record: CalibrationRecord) -> list[dict[str, Any]]:
                         times += entry.get(key, [])
                     continue
                 if "error" not in entry:
-                    sample = samples.setdefault(index, {**entry["shape"], "forward": [], "backward": []})
+                    key = tuple(sorted(entry["shape"].items()))
+                    sample = samples.setdefault(key, {**entry["shape"], "forward": [], "backward": []})
                     sample["forward"] += entry["forward_s"]
                     sample["backward"] += entry["backward_s"]
-                index += 1
         rows = [
             {key: value for key, value in sample.items() if key not in ("forward", "backward")}
             | {
@@ -47,7 +46,7 @@ def operator_timings(record: CalibrationRecord) -> list[dict[str, Any]]:
                 "backward_s": percentile(sorted(sample["backward"]), 50),
                 "n": len(sample["forward"]),
             }
-            for _, sample in sorted(samples.items())
+            for sample in samples.values()  # in the order the shapes were first timed
         ]
         if not rows:
             continue
