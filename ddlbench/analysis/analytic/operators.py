@@ -251,26 +251,20 @@ def layer_call(
         )
     if len(input_shape) != 3 or len(output_shape) != 3:
         return None  # not a 2-D image layer (a volume, a sequence): the roofline costs it
+    extra: dict = {}
     if kind == "conv2d":
         groups = input_shape[0] // weight_shape[1] if len(weight_shape) == 4 and weight_shape[1] else 1
         if groups != 1:
             return None  # grouped or depthwise: none of the calibration's shapes
         k = weight_shape[2] * weight_shape[3] if len(weight_shape) == 4 else 1
-        return OpCall(
-            kind=kind,
-            in_channels=int(input_shape[0]),
-            out_channels=int(output_shape[0]),
-            in_pixels=int(input_shape[1] * input_shape[2]),
-            out_pixels=int(output_shape[1] * output_shape[2]),
-            kernel_elements=int(k),
-            input_grad=input_grad,
-        )
+        extra = {"kernel_elements": int(k), "input_grad": input_grad}
     return OpCall(
         kind=kind,
         in_channels=int(input_shape[0]),
         out_channels=int(output_shape[0]),
         in_pixels=int(input_shape[1] * input_shape[2]),
         out_pixels=int(output_shape[1] * output_shape[2]),
+        **extra,
     )
 
 
