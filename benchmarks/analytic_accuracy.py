@@ -18,7 +18,11 @@
    calibration (no layer profile of the model: compute from the operator fits; the headline, against
    issue 22's targets: ≥ 90 % time averaged over strategies, ≥ 95 % for data parallelism, memory ≥ 95 %,
    with the gap) and *profiled* ones (the calibration ran the model, at that batch: partly circular);
-   then every point alone against issue 12's targets, as before.
+   then every point alone against issue 12's targets, as before;
+4. scores the recommendation (ddlbench.analysis.analytic.recommendation): per cell (a model at one scale,
+   two strategies or more), the configuration predicted fastest in samples/s against the measured best,
+   a hit when it is the best or not measurably slower over the launches; the share of hits against issue
+   22's target (≥ 90 %), with a line per cell; accuracy.json keeps it under "recommendation".
 
 Nothing else should run on the machine meanwhile: the sweep's timings are what is being predicted, and
 the calibration measures the machine as it is then (on a CPU shared with others, its load included).
@@ -32,6 +36,7 @@ under another folder.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -83,6 +88,38 @@ def print_table(rows, repeatability: dict[str, float] | None = None) -> None:
             f"{r.strategy:<18} {r.points:>3} {pct(r.time_accuracy):>10} {pct(r.time_worst):>11} "
             f"{pct(r.memory_accuracy):>12} {pct(r.memory_worst):>13}{agree}"
         )
+
+
+def print_recommendation(result) -> dict:
+    """The recommendation's share (hits ÷ cells, against issue 22's target) over all cells and the never-seen
+    ones, and a line per cell; returns the same for accuracy.json."""
+    from ddlbench.analysis.analytic.accuracy import NEVER_SEEN
+
+    held_out = result.of(NEVER_SEEN)
+    print(
+        f"\nrecommendation: the measured best or within its interval in {result.hits} of {result.n} cells "
+        f"({pct(result.share)}; target ≥ {100 * result.target:.0f} %{gap(result.share, result.target)}); "
+        f"never seen: {held_out.hits} of {held_out.n} ({pct(held_out.share)})"
+    )
+    print(f"  {result.rule}")
+    for c in result.cells:
+        interval = f" [{c.ci_low:.3g}, {c.ci_high:.3g}]" if c.ci_low is not None else ""
+        ratio = "–" if c.ratio is None else f"{c.ratio:.3g}{interval}"
+        print(
+            f"  {'hit ' if c.hit else 'miss'} {c.label} ({c.seen}): compared {', '.join(c.compared)}; "
+            f"recommended {c.recommended} (predicted {c.recommended_predicted_samples_per_s:.4g} samples/s, "
+            f"measured {c.recommended_samples_per_s:.4g}), measured best {c.measured_best} "
+            f"({c.best_samples_per_s:.4g} samples/s); recommended ÷ best {ratio}; {c.verdict}"
+        )
+    return {
+        "rule": result.rule,
+        "target": result.target,
+        "hits": result.hits,
+        "cells": result.n,
+        "share": result.share,
+        "never_seen": {"hits": held_out.hits, "cells": held_out.n, "share": held_out.share},
+        "per_cell": [dataclasses.asdict(c) for c in result.cells],
+    }
 
 
 def main() -> int:
@@ -147,8 +184,8 @@ def main() -> int:
         join,
         overall,
         per_configuration,
-        picks,
     )
+    from ddlbench.analysis.analytic.recommendation import score
 
     table = pd.read_parquet(results / "table.parquet")
     predictions = pd.read_csv(results / "predictions.csv")
@@ -218,14 +255,7 @@ def main() -> int:
             f"data parallelism ({', '.join(r.strategy for r in rows if r.strategy in DATA_PARALLEL)}): "
             f"time {100 * sum(dp) / len(dp):.1f} % (target ≥ 97 %)"
         )
-    chosen = picks(joined)
-    if chosen:
-        agree = sum(p.agrees for p in chosen)
-        print(f"recommendation: predicted fastest = measured fastest in {agree} of {len(chosen)} configurations")
-        for p in chosen:
-            print(
-                f"  {p.group}: predicted {p.predicted_best}, measured {p.measured_best}, regret {100 * p.regret:.1f} %"
-            )
+    summary["recommendation"] = print_recommendation(score(joined))
     if len(configurations):
         worst = configurations.sort_values("time_accuracy").head(5)
         print("\nweakest time predictions (configurations):")

@@ -18,9 +18,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from ddlbench.analysis.analytic.accuracy import by_strategy, join, picks
+from ddlbench.analysis.analytic.accuracy import by_strategy, join
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.oracle import consult
+from ddlbench.analysis.analytic.recommendation import picks
 from ddlbench.analysis.keys import comparison_key
 from ddlbench.analysis.verdicts import ALPHA, MIN_LAUNCHES, Contrast, contrast, judge
 from ddlbench.statistics import student_t_quantile

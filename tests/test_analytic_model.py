@@ -11,11 +11,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ddlbench.analysis.analytic.accuracy import accuracy, by_strategy, join, overall, picks
+from ddlbench.analysis.analytic.accuracy import accuracy, by_strategy, join, overall
 from ddlbench.analysis.analytic.layout import Setting
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.oracle import consult
 from ddlbench.analysis.analytic.predict import CSV_COLUMNS, introspected_table, predict
+from ddlbench.analysis.analytic.recommendation import picks
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = REPO / "workflow" / "machines" / "dgx_h100_4ndr.yaml"

@@ -155,8 +155,12 @@ def test_analytic_accuracy_calibrates_runs_and_scores_its_quick_sweep(tmp_path):
         figure(output, rf"{strategy}\s+1\s+{PERCENT}\s+{PERCENT}\s+{PERCENT}\s+{PERCENT}")
     figure(output, rf"average over strategies: time {NUMBER} % \(target ≥ 92 %\), memory {NUMBER} % \(target ≥ 90 %\)")
     figure(output, rf"data parallelism \(ddp\): time {NUMBER} % \(target ≥ 97 %\)")
+    # one cell (ddp and gpipe on 1 node × 2 ranks), one launch each: a hit only if the pick is the best
+    hits = figure(output, r"recommendation: the measured best or within its interval in ([01]) of 1 cells \(.*")
     summary = json.loads((tmp_path / "bench_analytic_quick" / "accuracy.json").read_text())
     assert {row["strategy"] for row in summary["by_strategy"]} == {"ddp", "gpipe"}
+    (cell,) = summary["recommendation"]["per_cell"]
+    assert cell["hit"] == (cell["recommended"] == cell["measured_best"]) == (hits.group(1) == "1")
 
 
 @pytest.mark.slow

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 
 from ddlbench.analysis.aggregate import build_table
-from ddlbench.analysis.analytic.accuracy import picks
 from ddlbench.analysis.analytic.layout import Setting
 from ddlbench.analysis.analytic.oracle import consult
 from ddlbench.analysis.analytic.predict import predict
+from ddlbench.analysis.analytic.recommendation import picks
 from ddlbench.analysis.configurations import summarize_configurations
 from ddlbench.analysis.empirical.cheapest import ONE_LAUNCH, cheapest, global_batch, parse_target
 from ddlbench.analysis.empirical.series import Series, series_from_table

@@ -1,7 +1,8 @@
 """The report's predictions beside measurements: every point's predicted and measured step time and
 peak memory with their accuracies (a table per model × dataset section), the averages per strategy and
-overall, and the strategy the model would have picked beside the one that was fastest
-(ddlbench.analysis.analytic.accuracy has the formulas).
+overall (ddlbench.analysis.analytic.accuracy has the formulas), and per cell (one scale's choice) the
+configuration the model recommends beside the one measured fastest, with the share of cells where the
+recommendation is the best or within its run-to-run interval (ddlbench.analysis.analytic.recommendation).
 
 Reads <sweep>/predictions.csv, written by `ddlbench predict` (workflow/rules/predict.smk) when the sweep
 names a machine file or a calibration suite. No torch here: the predictions are a table by then.
@@ -14,7 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from ddlbench.analysis.analytic.accuracy import by_strategy, join, overall, picks
+from ddlbench.analysis.analytic.accuracy import by_strategy, join, overall
+from ddlbench.analysis.analytic.recommendation import Cell, Score, score
 from ddlbench.config import SweepConfig
 from ddlbench.report.figures import number
 from ddlbench.report.tables import Spec
@@ -44,8 +46,59 @@ ACCURACY_COLUMNS = [
 ]
 
 
+RECOMMENDATION_COLUMNS = [
+    "cell",
+    "configurations compared",
+    "recommended",
+    "predicted (samples/s)",
+    "measured best",
+    "recommended, measured (samples/s)",
+    "best, measured (samples/s)",
+    "recommended ÷ best [95 % CI]",
+    "launches",
+    "verdict",
+    "hit",
+]
+
+
 def _pct(value: Any) -> str:
     return "–" if value is None or pd.isna(value) else f"{100 * float(value):.1f} %"
+
+
+def _ratio(cell: Cell) -> str:
+    if cell.ratio is None:
+        return "–"
+    interval = f" [{cell.ci_low:.3g}, {cell.ci_high:.3g}]" if cell.ci_low is not None else ""
+    return f"{cell.ratio:.3g}{interval}"
+
+
+def recommendation_context(result: Score) -> dict[str, Any]:
+    """The recommendation's headline, rule and one row per cell (RECOMMENDATION_COLUMNS)."""
+    return {
+        "headline": (
+            f"{result.hits} of {result.n} cells ({_pct(result.share)}) recommend the measured best or one "
+            f"within its interval; target ≥ {100 * result.target:.0f} %"
+        ),
+        "met": result.met,
+        "rule": result.rule,
+        "columns": RECOMMENDATION_COLUMNS,
+        "rows": [
+            {
+                "cell": c.label,
+                "configurations compared": ", ".join(c.compared),
+                "recommended": c.recommended,
+                "predicted (samples/s)": f"{c.recommended_predicted_samples_per_s:.4g}",
+                "measured best": c.measured_best,
+                "recommended, measured (samples/s)": f"{c.recommended_samples_per_s:.4g}",
+                "best, measured (samples/s)": f"{c.best_samples_per_s:.4g}",
+                "recommended ÷ best [95 % CI]": _ratio(c),
+                "launches": f"{c.launches[0]}+{c.launches[1]}",
+                "verdict": c.verdict,
+                "hit": "yes" if c.hit else "no",
+            }
+            for c in result.cells
+        ],
+    }
 
 
 def predicted_section(config: SweepConfig, table: pd.DataFrame) -> dict[str, Any] | None:
@@ -80,15 +133,5 @@ def predicted_section(config: SweepConfig, table: pd.DataFrame) -> dict[str, Any
         "overall_time": _pct(time_all),
         "overall_memory": _pct(memory_all),
         "points": len(joined),
-        "picks": [
-            {
-                "group": p.group,
-                "strategies": p.strategies,
-                "predicted": p.predicted_best,
-                "measured": p.measured_best,
-                "agrees": "yes" if p.agrees else "no",
-                "regret": _pct(p.regret),
-            }
-            for p in picks(joined)
-        ],
+        "recommendation": recommendation_context(score(joined)),
     }

@@ -1,4 +1,4 @@
-"""Predicted beside measured: per point, per strategy and overall, and the oracle's pick beside the best.
+"""Predicted beside measured: per point, per strategy and overall.
 
     accuracy = 1 − |predicted − measured| / measured        (dimensionless; ParaDL's definition, Kahira et al.)
 
@@ -19,12 +19,8 @@ peaks: run-to-run noise on a shared machine (±35 % here) then weighs less on a 
 `repeatability` is the accuracy one repetition has as a prediction of another (mean over ordered
 pairs): what a model that knew this machine perfectly could expect against one run.
 
-The recommendation check groups measured points like for like (ddlbench.analysis.keys.comparison_key:
-equal in everything but the strategy's own fields and the per-replica batch, at the same global batch),
-the choice a user has between strategies. In each group with at least two strategies it compares the
-strategy with the lowest predicted step time with the one with the lowest measured step time; the
-group is named by its model, dataset, nodes, ranks per node, global batch and precision, and by any
-other field in which groups differ.
+The oracle's recommendation against the measured best is scored in
+ddlbench.analysis.analytic.recommendation.
 """
 
 from __future__ import annotations
@@ -33,11 +29,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pandas as pd
-
-from ddlbench.analysis.keys import comparison_key
-
-# what a group's name always shows; comparison_key decides the groups
-LABEL = ("model", "dataset", "nodes", "ranks_per_node", "global_batch_size", "precision")
 
 
 def accuracy(predicted: float, measured: float) -> float:
@@ -57,6 +48,7 @@ def join(table: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
         "bubble_s",
         "bottleneck",
         "compute_source",
+        "fits",
     ]
     pred = predictions[[c for c in keep if c in predictions.columns]].rename(
         columns={c: f"predicted_{c}" for c in keep if c != "point_id"}
@@ -154,54 +146,3 @@ def overall(rows: Iterable[StrategyAccuracy]) -> tuple[float | None, float | Non
     time = [r.time_accuracy for r in rows if r.time_accuracy is not None]
     memory = [r.memory_accuracy for r in rows if r.memory_accuracy is not None]
     return (sum(time) / len(time) if time else None, sum(memory) / len(memory) if memory else None)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pick:
-    group: str
-    strategies: int
-    predicted_best: str
-    measured_best: str
-    predicted_best_measured_s: float  # what the predicted pick really took (median step, s)
-    measured_best_s: float
-
-    @property
-    def agrees(self) -> bool:
-        return self.predicted_best == self.measured_best
-
-    @property
-    def regret(self) -> float:
-        """How much slower the predicted pick really was than the measured best (0 when they agree)."""
-        return self.predicted_best_measured_s / self.measured_best_s - 1.0
-
-
-def picks(joined: pd.DataFrame) -> list[Pick]:
-    out = []
-    groups: dict[tuple, list[int]] = {}
-    for index, row in zip(joined.index, joined.to_dict("records"), strict=True):
-        groups.setdefault(comparison_key(row), []).append(index)
-    # a field that tells groups apart beyond the label's (threads, options, ...) is named too
-    differing = [
-        name for name, _ in next(iter(groups), ()) if len({dict(key)[name] for key in groups}) > 1 and name not in LABEL
-    ]
-    for key in groups:  # in the table's order (the sweep's)
-        rows = joined.loc[groups[key]]
-        per = rows.groupby("strategy").agg(
-            measured=("step_time_s_median", "median"), predicted=("predicted_step_time_s", "median")
-        )
-        if len(per) < 2:
-            continue
-        predicted_best = str(per["predicted"].idxmin())
-        measured_best = str(per["measured"].idxmin())
-        fields = dict(key)
-        out.append(
-            Pick(
-                group=" ".join(f"{name}={fields[name]}" for name in (*LABEL, *differing) if fields[name] is not None),
-                strategies=len(per),
-                predicted_best=predicted_best,
-                measured_best=measured_best,
-                predicted_best_measured_s=float(per.loc[predicted_best, "measured"]),
-                measured_best_s=float(per.loc[measured_best, "measured"]),
-            )
-        )
-    return out
