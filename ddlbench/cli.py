@@ -77,6 +77,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(handler=_run_point)
 
+    group = commands.add_parser(
+        "run-group", help="run several points of one layout in one launch, each with its own record"
+    )
+    group.add_argument("--specs", required=True, help="the points as a JSON list of point specs")
+    group.add_argument("--records-dir", required=True, type=Path, help="each record at DIR/<point id>/record.json")
+    group.add_argument("--out", required=True, type=Path, help="the launch's record (what the launch cost)")
+    group.add_argument("--launch-id", default="launch", help="the launch's name in its record")
+    group.add_argument("--launcher", default="auto", choices=LAUNCHERS, help="as for run-point")
+    group.add_argument("--cores", type=int, help="cores granted to the launch (Snakemake's {threads})")
+    group.set_defaults(handler=_run_group)
+
     aggregate = commands.add_parser("aggregate", help="collect a sweep's records into one table")
     _add_sweep_options(aggregate)
     aggregate.add_argument("--parquet", type=Path, help="default: <sweep dir>/table.parquet")
@@ -229,6 +240,30 @@ def _run_point(args: argparse.Namespace) -> int:
         log.error("point %s interrupted (%s); no record written", point.point_id, exc)
         return 143
     print(f"{record.point_id}: {record.status}{': ' + record.reason if record.reason else ''} -> {out}")
+    return 0
+
+
+def _run_group(args: argparse.Namespace) -> int:
+    from ddlbench.launch.group import run_group
+    from ddlbench.launch.runner import Interrupted
+    from ddlbench.point import Point
+
+    try:
+        specs = json.loads(args.specs)
+        points = [Point.from_dict(spec) for spec in specs]
+    except (json.JSONDecodeError, TypeError, AttributeError) as exc:
+        raise DdlbenchError(f"--specs is not a JSON list of points: {exc}") from None
+    outs = [args.records_dir / point.point_id / "record.json" for point in points]
+    try:
+        launch = run_group(
+            points, outs=outs, launch_out=args.out, launch_id=args.launch_id, launcher=args.launcher, cores=args.cores
+        )
+    except Interrupted as exc:
+        log.error("group launch %s interrupted (%s); its launch record is not written", args.launch_id, exc)
+        return 143
+    for span in launch.points:
+        print(f"{span.point_id}: {span.status}{' (run again alone)' if span.alone else ''}")
+    print(f"launch {launch.launch_id}: {launch.wall_s:.1f} s wall, {launch.node_s:.1f} node-s -> {args.out}")
     return 0
 
 

@@ -3,7 +3,9 @@
     ddlbench sample --configfile S --round N [--out F]   # choose round N's points from rounds < N
     ddlbench sample --configfile S --summarize [--out F] # cost, savings and models once a round stopped
 
-Rounds are <sweep>/adaptive/rounds/<N>.json; sampled points' records <sweep>/adaptive/points/<id>/record.json.
+Rounds are <sweep>/adaptive/rounds/<N>.json; each round's short runs are measured in launches of several
+points (`ddlbench run-group`), whose records are <sweep>/adaptive/launches/<launch id>.json, and the
+points' records <sweep>/adaptive/points/<id>/record.json.
 """
 
 from __future__ import annotations
@@ -48,6 +50,20 @@ def read_rounds(folder: Path, upto: int | None = None) -> list[dict[str, Any]]:
     return rounds
 
 
+def read_launches(folder: Path, rounds: list[dict[str, Any]]):
+    """The launch records of `rounds`, each required (a round's launches are measured before the next)."""
+    from ddlbench.launches import read_launch
+
+    launches = []
+    for entry in rounds:
+        for launch in entry.get("launches", []):
+            path = folder / "launches" / f"{launch['id']}.json"
+            if not path.exists():
+                raise DdlbenchError(f"round {entry['round']}'s launch {launch['id']} has no record at {path}")
+            launches.append(read_launch(path))
+    return launches
+
+
 def read_sampled(folder: Path, rounds: list[dict[str, Any]]):
     from ddlbench.point import Point
     from ddlbench.records import read_record
@@ -80,7 +96,7 @@ def _sample(args: argparse.Namespace, read_sweep: Callable) -> int:
             raise DdlbenchError(
                 f"the adaptive sweep has not stopped yet ({len(rounds)} round(s) in {folder / 'rounds'})"
             )
-        result = summarize(plan.points, rounds, read_sampled(folder, rounds), settings)
+        result = summarize(plan.points, rounds, read_sampled(folder, rounds), read_launches(folder, rounds), settings)
         out = args.out or folder / "sampling.json"
     else:
         if args.round < 0:
@@ -91,7 +107,7 @@ def _sample(args: argparse.Namespace, read_sweep: Callable) -> int:
                 f"round {earlier[-1]['round']} already stopped the adaptive sweep: {earlier[-1]['why']}"
             )
         records = read_sampled(folder, earlier)
-        result = plan_round(args.round, plan.points, records, settings)
+        result = plan_round(args.round, plan.points, records, settings, read_launches(folder, earlier))
         out = args.out or folder / "rounds" / f"{args.round}.json"
     write_text_atomic(out, json.dumps(result, indent=2) + "\n")
     print(f"written: {out}")

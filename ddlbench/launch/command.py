@@ -8,7 +8,9 @@ from pathlib import Path
 from ddlbench.point import Point
 
 
-def worker_command(point: Point, rank_dir: Path, dump_params: Path | None) -> list[str]:
+def worker_command(point: Point, rank_dir: Path, dump_params: Path | None, group: Path | None = None) -> list[str]:
+    """The ranks' command; with `group`, a file listing several points of `point`'s layout that the ranks
+    run one after another in this one launch (ddlbench.launch.group), `point` being the first."""
     command = [
         sys.executable,
         "-m",
@@ -20,6 +22,8 @@ def worker_command(point: Point, rank_dir: Path, dump_params: Path | None) -> li
     ]
     if dump_params is not None:
         command += ["--dump-params", str(dump_params)]
+    if group is not None:
+        command += ["--group", str(group)]
     return command
 
 

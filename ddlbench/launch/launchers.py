@@ -31,7 +31,9 @@ LAUNCHERS = ("auto", "local", "srun", "mpirun")
 class Launcher(Protocol):
     name: str
 
-    def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float) -> LaunchOutcome: ...
+    def launch(
+        self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float, group: Path | None = None
+    ) -> LaunchOutcome: ...
 
 
 class LocalLauncher:
@@ -51,10 +53,14 @@ class LocalLauncher:
         check_cores(point, grant)
         return grant
 
-    def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float) -> LaunchOutcome:
+    def launch(
+        self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float, group: Path | None = None
+    ) -> LaunchOutcome:
         grant = self.check(point)
         with claimed_cores(grant) as claimed:
-            return self._start(point, rank_dir=rank_dir, dump_params=dump_params, timeout_s=timeout_s, claimed=claimed)
+            return self._start(
+                point, rank_dir=rank_dir, dump_params=dump_params, timeout_s=timeout_s, claimed=claimed, group=group
+            )
 
     def _start(
         self,
@@ -64,6 +70,7 @@ class LocalLauncher:
         dump_params: Path | None,
         timeout_s: float,
         claimed: tuple[int, ...] | None,
+        group: Path | None = None,
     ) -> LaunchOutcome:
         rendezvous = rank_dir / "rendezvous"
         rendezvous.unlink(missing_ok=True)
@@ -83,7 +90,7 @@ class LocalLauncher:
                 # a file store: no port to pick, so points running side by side cannot collide
                 INIT_METHOD_VAR: f"file://{rendezvous.resolve()}",
             }
-            processes.append(start_process(worker_command(point, rank_dir, dump_params), env))
+            processes.append(start_process(worker_command(point, rank_dir, dump_params, group), env))
         ranks = [(rank,) for rank in range(point.world_size)]
         return supervise(processes, ranks_of_process=ranks, timeout_s=timeout_s)
 
@@ -118,7 +125,9 @@ class SrunLauncher:
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self.environ = dict(os.environ if environ is None else environ)
 
-    def command(self, point: Point, *, rank_dir: Path, dump_params: Path | None) -> list[str]:
+    def command(
+        self, point: Point, *, rank_dir: Path, dump_params: Path | None, group: Path | None = None
+    ) -> list[str]:
         return [
             "srun",
             f"--nodes={point.nodes}",
@@ -130,7 +139,7 @@ class SrunLauncher:
             "--overlap",
             "--kill-on-bad-exit=0",  # ddlbench stops the step itself, after collecting failure texts
             "--export=ALL",
-            *worker_command(point, rank_dir, dump_params),
+            *worker_command(point, rank_dir, dump_params, group),
         ]
 
     def rendezvous_env(self) -> dict[str, str]:
@@ -145,9 +154,11 @@ class SrunLauncher:
         port = slurm_master_port(job_id)
         return {"MASTER_ADDR": master, "MASTER_PORT": str(port), INIT_METHOD_VAR: f"tcp://{master}:{port}"}
 
-    def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float) -> LaunchOutcome:
+    def launch(
+        self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float, group: Path | None = None
+    ) -> LaunchOutcome:
         env = {**step_environment(self.environ), **thread_env(point), **self.rendezvous_env()}
-        command = self.command(point, rank_dir=rank_dir, dump_params=dump_params)
+        command = self.command(point, rank_dir=rank_dir, dump_params=dump_params, group=group)
         process = subprocess.Popen(command, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
         tee = StderrTee(process.stderr, SLURM_MEMORY_KILL)
         tee.start()

@@ -210,12 +210,14 @@ class MpirunLauncher:
         check_cores(point, grant)
         return grant
 
-    def launch(self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float) -> LaunchOutcome:
+    def launch(
+        self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float, group: Path | None = None
+    ) -> LaunchOutcome:
         plan = self.plan(point)
         grant = self._grant(point, plan)
         with claimed_cores(grant) if grant else contextlib.nullcontext() as claimed:
             env = self.rank_environment(point, claimed)
-            command = self.command(point, plan, env, rank_dir=rank_dir, dump_params=dump_params)
+            command = self.command(point, plan, env, rank_dir=rank_dir, dump_params=dump_params, group=group)
             process = subprocess.Popen(command, env=env, start_new_session=True)
             try:
                 return supervise([process], ranks_of_process=[tuple(range(point.world_size))], timeout_s=timeout_s)
@@ -223,7 +225,14 @@ class MpirunLauncher:
                 kill_session(process.pid)
 
     def command(
-        self, point: Point, plan: MpiPlan, env: Mapping[str, str], *, rank_dir: Path, dump_params: Path | None
+        self,
+        point: Point,
+        plan: MpiPlan,
+        env: Mapping[str, str],
+        *,
+        rank_dir: Path,
+        dump_params: Path | None,
+        group: Path | None = None,
     ) -> list[str]:
         """The mpirun command of `plan`, naming for Open MPI the variables of `env` its ranks need."""
         passed_on = (*_PASSED_ON, *_SET_FOR_RANKS, *thread_env(point))
@@ -233,7 +242,7 @@ class MpirunLauncher:
             plan.executable,
             point=point,
             hosts=plan.hosts,
-            worker=worker_command(point, rank_dir, dump_params),
+            worker=worker_command(point, rank_dir, dump_params, group),
             exported=exported,
             as_root=os.geteuid() == 0,
         )

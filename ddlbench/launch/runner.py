@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ddlbench.anatomy.timeline import last_step, trace_path, write_trace
 from ddlbench.errors import DdlbenchError
+from ddlbench.launch.cores import CoreGrant
 from ddlbench.launch.launchers import LocalLauncher, select_launcher
 from ddlbench.launch.mpi import MpirunLauncher
 from ddlbench.launch.processes import LaunchOutcome, describe_returncode
@@ -20,7 +21,16 @@ from ddlbench.launch.worker import failure_file, rank_file
 from ddlbench.metrics import first_nonfinite_step, mean_loss_per_step, summarize_ranks
 from ddlbench.point import Point
 from ddlbench.provenance import collect_provenance, utc_now
-from ddlbench.records import MEASUREMENT_VERSION, Metrics, PointRecord, RankFailure, RankResult, Status, write_record
+from ddlbench.records import (
+    MEASUREMENT_VERSION,
+    Metrics,
+    PointRecord,
+    RankFailure,
+    RankResult,
+    SlurmJob,
+    Status,
+    write_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +76,37 @@ def run_point(
     rank_dir.mkdir(parents=True)
     slurm = current_allocation() if chosen.name == "srun" else None
     log.info("point %s: %d ranks via %s", point.point_id, point.world_size, chosen.name)
-    with _stop_on_signals():
+    with stop_on_signals():
         outcome = chosen.launch(point, rank_dir=rank_dir, dump_params=dump_params, timeout_s=timeout_s)
+    record = record_point(
+        point,
+        out=out,
+        outcome=outcome,
+        launcher=chosen.name,
+        grant=grant,
+        slurm=slurm,
+        timeout_s=timeout_s,
+        start_time=start_time,
+        end_time=utc_now(),
+    )
+    log.info("point %s: %s after %.1f s of launch%s", point.point_id, record.status, outcome.wall_s, _detail(record))
+    return record
+
+
+def record_point(
+    point: Point,
+    *,
+    out: Path,
+    outcome: LaunchOutcome,
+    launcher: str,
+    grant: CoreGrant | None,
+    slurm: SlurmJob | None,
+    timeout_s: float,
+    start_time: str,
+    end_time: str,
+) -> PointRecord:
+    """Judge what the ranks wrote into the point's rank folder, write the point's record, drop the folder."""
+    rank_dir = rank_dir_for(out)
     results, failures = _read_rank_files(rank_dir, point.world_size)
     verdict = judge(point, outcome, results, failures, timeout_s=timeout_s)
     if verdict.metrics is not None and grant is not None and grant.oversubscribed:
@@ -80,11 +119,11 @@ def run_point(
         reason=verdict.reason,
         metrics=verdict.metrics,
         provenance=collect_provenance(
-            launcher=chosen.name,
+            launcher=launcher,
             ranks=results,
             config_hash=point.spec_hash,
             start_time=start_time,
-            end_time=utc_now(),
+            end_time=end_time,
             slurm=slurm,
         ),
         ranks=tuple(results),
@@ -97,9 +136,11 @@ def run_point(
     record = replace(record, ranks=tuple(replace(rank, timeline=last_step(rank.timeline)) for rank in record.ranks))
     write_record(out, record)
     shutil.rmtree(rank_dir, ignore_errors=True)
-    detail = f" ({record.reason})" if record.reason else ""
-    log.info("point %s: %s after %.1f s of launch%s", point.point_id, record.status, outcome.wall_s, detail)
     return record
+
+
+def _detail(record: PointRecord) -> str:
+    return f" ({record.reason})" if record.reason else ""
 
 
 def local_host_names() -> set[str]:
@@ -199,7 +240,7 @@ def _read_rank_files(rank_dir: Path, world_size: int) -> tuple[list[RankResult],
     return results, failures
 
 
-class _stop_on_signals:
+class stop_on_signals:
     """Turn SIGTERM/SIGINT into Interrupted while ranks run, so they are stopped rather than orphaned."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)

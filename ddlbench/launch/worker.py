@@ -1,7 +1,9 @@
 """Entry point of one rank: join the process group, train the point (or run a calibration point's
 microbenchmarks, ddlbench.calibrate), write what it measured, exit cleanly.
 
-Run as `python -m ddlbench.launch.worker --spec JSON --rank-dir DIR` by a launcher, never by hand.
+Run as `python -m ddlbench.launch.worker --spec JSON --rank-dir DIR` by a launcher, never by hand. With
+`--group FILE` the ranks run several points of one layout one after another in this launch, each writing
+into its own rank folder (ddlbench.launch.group); `--spec` is then the first of them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ def failure_file(rank_dir: Path, rank: int) -> Path:
     return rank_dir / f"rank-{rank}.failure.json"
 
 
+def span_file(rank_dir: Path) -> Path:
+    """Where rank 0 of a group launch writes when one point's part of the launch began and ended."""
+    return rank_dir / "span.json"
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return True
@@ -50,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spec", required=True, help="the point, as the JSON of Point.to_json()")
     parser.add_argument("--rank-dir", required=True, type=Path, help="where each rank writes its result")
     parser.add_argument("--dump-params", type=Path, help="rank 0 saves the final full state dict here")
+    parser.add_argument("--group", type=Path, help="a group launch's file: the points to run one after another")
     args = parser.parse_args(argv)
     # SLURM warns a job of its time limit or preemption with SIGUSR2 to every step (submitit's signal);
     # the point's launcher decides what to do, so a rank must not die of it
@@ -62,9 +70,13 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s rank {env.rank}/{env.world_size} %(levelname)s %(message)s"
     )
+    # a group's failure is written into the folder of the point that was running when it happened
+    current = {"rank_dir": args.rank_dir}
     try:
         if calibration:
             _calibrate(CalibrationPoint.from_dict(spec), env, args.rank_dir, binding)
+        elif args.group is not None:
+            _run_group(json.loads(args.group.read_text())["points"], env, binding, current)
         else:
             _run(Point.from_dict(spec), env, args.rank_dir, args.dump_params, binding)
     except BaseException as exc:  # a rank's failure is data: write it down, then leave without a barrier
@@ -78,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
             time=time.time(),
         )
         log.error("failed: %s: %s", failure.error_type, failure.message)
-        write_json_atomic(failure_file(args.rank_dir, env.rank), asdict(failure))
+        write_json_atomic(failure_file(current["rank_dir"], env.rank), asdict(failure))
         _exit(1)
     _exit(0)
 
@@ -113,23 +125,53 @@ def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None, b
     import torch
     import torch.distributed as dist
 
-    from ddlbench.launch.devices import gpu_identity
-    from ddlbench.train.kernel import train_point
-
     ctx = _join(point, env)
-    device = ctx.device
-    result, state = train_point(point, ctx, keep_state=dump_params is not None)
-    placed = replace(
-        result,
-        cpu_binding=binding,
-        slurm_node=os.environ.get("SLURMD_NODENAME", ""),
-        gpu=gpu_identity(device, os.environ),
-    )
-    write_json_atomic(rank_file(rank_dir, env.rank), asdict(placed))
+    state = _train(point, ctx, rank_dir, binding, keep_state=dump_params is not None)
     if state is not None and dump_params is not None:
         dump_params.parent.mkdir(parents=True, exist_ok=True)
         torch.save(state, dump_params)
     # gloo workers may abort in their destructors at interpreter exit; meet, tear down, and leave at once
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _train(point: Point, ctx, rank_dir: Path, binding: str, *, keep_state: bool = False):
+    """Train `point` on this rank and write its result; the final state dict when `keep_state`."""
+    from ddlbench.launch.devices import gpu_identity
+    from ddlbench.train.kernel import train_point
+
+    result, state = train_point(point, ctx, keep_state=keep_state)
+    placed = replace(
+        result,
+        cpu_binding=binding,
+        slurm_node=os.environ.get("SLURMD_NODENAME", ""),
+        gpu=gpu_identity(ctx.device, os.environ),
+    )
+    write_json_atomic(rank_file(rank_dir, ctx.rank), asdict(placed))
+    return state
+
+
+def _run_group(entries: list[dict], env: RankEnv, binding: str, current: dict) -> None:
+    """Each point of a group launch in turn, in one process group (joined once: the launch's overhead is
+    paid once); rank 0 writes each point's span (its part of the launch, wall clock) once every rank is
+    done with it. The process group's timeout is the longest of the points'."""
+    import gc
+
+    import torch.distributed as dist
+
+    from ddlbench.provenance import utc_now
+
+    points = [Point.from_dict(entry["spec"]) for entry in entries]
+    ctx = _join(replace(points[0], timeout_s=max(p.timeout_s for p in points)), env)
+    for point, entry in zip(points, entries, strict=True):
+        rank_dir = Path(entry["rank_dir"])
+        current["rank_dir"] = rank_dir
+        start = utc_now()
+        _train(point, ctx, rank_dir, binding)
+        gc.collect()  # the last point's model and batches go before the next is built and its memory probed
+        dist.barrier()
+        if ctx.rank == 0:
+            write_json_atomic(span_file(rank_dir), {"start_time": start, "end_time": utc_now()})
     dist.barrier()
     dist.destroy_process_group()
 

@@ -22,6 +22,7 @@ class AdaptiveSettings:
     steps: int = 4  # measured steps per sampled point (the sweep's own count is the full sweep's)
     warmup_steps: int = 1
     repetitions: int = 1
+    per_launch: int = 8  # short runs of one layout measured in one launch (1: each its own launch)
 
 
 KEYS = tuple(AdaptiveSettings.__dataclass_fields__)
@@ -46,6 +47,7 @@ def adaptive_settings(raw: dict[str, Any] | None) -> AdaptiveSettings:
         ("steps", 1),
         ("warmup_steps", 0),
         ("repetitions", 1),
+        ("per_launch", 1),
     ):
         value = raw.get(key, getattr(AdaptiveSettings, key))
         if isinstance(value, bool) or not isinstance(value, int) or value < lowest:

@@ -1,10 +1,10 @@
-# The adaptive sweep's rounds (workflow/adaptive.smk): which round file holds a sampled point, what each
-# round needs, and a sampled point's allocation (its configuration's in the full sweep).
+# The adaptive sweep's rounds (workflow/adaptive.smk): which round file holds a launch of sampled points,
+# what each round needs, and a launch's allocation (its points' configuration's in the full sweep, with
+# their time limits added up).
 import dataclasses
 import json
-import os
 
-from ddlbench.point import POINT_ID_PATTERN, Point
+from ddlbench.point import Point
 
 PLAN = PREPARED.plan
 
@@ -21,7 +21,7 @@ CONFIG_JSON = json.dumps(PLAN.config.to_dict(), sort_keys=True)
 
 wildcard_constraints:
     round=r"\d+",
-    point=POINT_ID_PATTERN,
+    launch=r"r\d+-l\d+",
 
 
 def round_file(number):
@@ -33,17 +33,17 @@ def chosen(path):
         return json.load(handle)
 
 
-def records_of(path):
-    return [f"{FOLDER}/points/{Point.from_dict(spec).point_id}/record.json" for spec in chosen(path)["points"]]
+def launches_of(path):
+    return [f"{FOLDER}/launches/{launch['id']}.json" for launch in chosen(path)["launches"]]
 
 
 def previous_round(wildcards):
-    """Round N needs round N−1 (a checkpoint: its points are known only once it ran) and its records."""
+    """Round N needs round N−1 (a checkpoint: its points are known only once it ran) and its launches."""
     number = int(wildcards.round)
     if number == 0:
         return []
     path = checkpoints.choose_round.get(round=str(number - 1)).output.plan
-    return [path, *records_of(path)]
+    return [path, *launches_of(path)]
 
 
 def every_round(wildcards):
@@ -51,39 +51,45 @@ def every_round(wildcards):
     number = 0
     while True:
         path = checkpoints.choose_round.get(round=str(number)).output.plan
-        inputs += [path, *records_of(path)]
+        inputs += [path, *launches_of(path)]
         if chosen(path)["stop"]:
             return inputs
         number += 1
 
 
-def sampled(wildcards):
-    """The sampled point of this id, from the round files written so far."""
-    number = 0
-    while os.path.exists(round_file(number)):
-        for spec in chosen(round_file(number))["points"]:
-            if Point.from_dict(spec).point_id == wildcards.point:
-                return Point.from_dict(spec)
-        number += 1
-    raise ValueError(f"point {wildcards.point} is in no round of {FOLDER}/rounds")
+def launched(wildcards):
+    """The sampled points of this launch, from the round file that lists it."""
+    path = round_file(int(wildcards.launch[1:].split("-")[0]))
+    entry = chosen(path)
+    ids = next(launch["points"] for launch in entry["launches"] if launch["id"] == wildcards.launch)
+    by_id = {Point.from_dict(spec).point_id: Point.from_dict(spec) for spec in entry["points"]}
+    return [by_id[point_id] for point_id in ids]
 
 
-def sampled_spec(wildcards):
-    return sampled(wildcards).to_json()
+def launch_specs(wildcards):
+    return json.dumps([point.to_dict() for point in launched(wildcards)], sort_keys=True)
 
 
-def sampled_threads(wildcards):
-    point = sampled(wildcards)
+def launch_threads(wildcards):
+    point = launched(wildcards)[0]
     return point.world_size * point.cores_per_rank
 
 
-def sampled_resource(key):
+def _configuration(point):
+    return BY_CONFIGURATION[dataclasses.replace(point, steps=0, warmup_steps=0, repetition=0)]
+
+
+def launch_resource(key):
+    """The first point's configuration's value; the time limit is the points' limits added up."""
+
     def value(wildcards):
-        point = sampled(wildcards)
-        return BY_CONFIGURATION[dataclasses.replace(point, steps=0, warmup_steps=0, repetition=0)][key]
+        points = launched(wildcards)
+        if key == "runtime":
+            return sum(_configuration(point)[key] for point in points)
+        return _configuration(points[0])[key]
 
     return value
 
 
-# the same keys for every sampled point (a Snakemake rule has one set); none when running locally
-SAMPLED_RESOURCES = {key: sampled_resource(key) for key in next(iter(RESOURCES.values()), {})}
+# the same keys for every launch (a Snakemake rule has one set); none when running locally
+LAUNCH_RESOURCES = {key: launch_resource(key) for key in next(iter(RESOURCES.values()), {})}
