@@ -20,7 +20,9 @@
      median (what one more measurement would score: the floor no prediction can beat);
    - accuracy lost = repeatability − prediction accuracy, in points; issue 22's targets: ≥ 90 % of the
      cost saved at ≤ 2 points lost, medians over at least 5 trials.
-Nothing else should run meanwhile: both sweeps' timings are what is compared.
+Both sweeps run one point (one launch) at a time (`--cores 1`): two 1-thread points side by side on a
+2-core host slow each other (the full sweep's medians came out 10–30 % above the same configurations
+timed alone), and the full sweep is the reference. Nothing else should run meanwhile.
 
 --quick runs benchmarks/sampling/quick_sweep.yaml instead (four batch sizes, one launch each; the adaptive
 sweep measures three): the same steps and printout in seconds, to show the benchmark still runs; its
@@ -84,7 +86,7 @@ def main() -> int:
         sweep_file.write_text(yaml.safe_dump(raw, sort_keys=False))
     snakemake = str(Path(sys.executable).with_name("snakemake"))
     if not args.reuse and not args.reuse_full:
-        run(snakemake, "--cores", "2", "--configfile", str(sweep_file), "--forceall")
+        run(snakemake, "--cores", "1", "--configfile", str(sweep_file), "--forceall")
     full = [read_record(p) for p in sorted((sweep_dir / "points").glob("*/record.json"))]
     full_cost = sum(node_seconds(r) for r in full)
     print(f"full sweep: {len(full)} runs, {full_cost:.1f} node-s (measured)")
@@ -92,7 +94,7 @@ def main() -> int:
     for trial in range(1 if args.reuse else args.trials):
         if not args.reuse:
             shutil.rmtree(sweep_dir / "adaptive", ignore_errors=True)
-            run(snakemake, "-s", "workflow/adaptive.smk", "--cores", "2", "--configfile", str(sweep_file), "--quiet")
+            run(snakemake, "-s", "workflow/adaptive.smk", "--cores", "1", "--configfile", str(sweep_file), "--quiet")
         print(f"\n--- adaptive sweep, trial {trial + 1}")
         outcomes.append(compare(full, full_cost, sweep_dir))
     print(f"\nover {len(outcomes)} adaptive sweep(s) (medians; the range in brackets):")

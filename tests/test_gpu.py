@@ -98,3 +98,23 @@ def test_a_rank_takes_its_local_rank_gpu_and_records_what_it_is(tmp_path):
     record = run_point(make_point(), out=tmp_path / "r.json", launcher="local")
     assert record.status == "ok", record.reason
     assert record.ranks[0].gpu["index"] == 0 and record.ranks[0].gpu["uuid"] == identity["uuid"]
+
+
+def test_points_in_one_cuda_launch_measure_as_they_would_alone(tmp_path):
+    """A group launch (the adaptive sweep's) on CUDA: the second point starts after the first in the same
+    processes and the same device, yet its allocator peak and its losses are those of the point alone —
+    nothing of the first point stays on the device, and the peaks are reset between points."""
+    from ddlbench.launch.group import run_group
+
+    big, small = (make_point(batch_size=b, warmup_steps=2, steps=4) for b in (128, 64))
+    outs = [tmp_path / "group" / name / "record.json" for name in ("big", "small")]
+    launch = run_group([big, small], outs=outs, launch_out=tmp_path / "launch.json", launch_id="g", launcher="local")
+    assert [span.status for span in launch.points] == ["ok", "ok"] and not any(s.alone for s in launch.points)
+    alone = run_point(small, out=tmp_path / "alone" / "record.json", launcher="local")
+    from ddlbench.records import read_record
+
+    grouped = read_record(outs[1])
+    assert alone.status == "ok" and grouped.ranks[0].timer == "cuda_events"
+    assert grouped.metrics.cuda_peak_allocated_bytes == pytest.approx(alone.metrics.cuda_peak_allocated_bytes, rel=0.02)
+    assert grouped.metrics.tensor_peak_bytes == pytest.approx(alone.metrics.tensor_peak_bytes, rel=0.02)
+    assert grouped.ranks[0].losses == pytest.approx(alone.ranks[0].losses, rel=1e-3)

@@ -285,9 +285,10 @@ def test_bad_submissions_are_refused_before_anything_is_queued(
 
 
 def test_the_adaptive_sweep_submits_its_short_runs_as_slurm_jobs(slurm_env, write_sweep, tmp_path):
-    """workflow/adaptive.smk under `--profile slurm`: a sampled point is a SLURM job with its
-    configuration's allocation (2 nodes for a 2-node point), and the loop still stops and summarises.
-    One configuration (over batch size, at 2 nodes) keeps it to one job."""
+    """workflow/adaptive.smk under `--profile slurm`: a launch of sampled points is a SLURM job with its
+    points' configuration's allocation (2 nodes for 2-node points), whose ranks srun starts once for
+    all its points, and the loop still stops and summarises. One configuration (over batch size, at 2
+    nodes) keeps it to one job."""
     adaptive = {"over": "batch_size", "figure": "samples_per_s", "initial": 2, "max_rounds": 1, "steps": 2}
     sweep_file = sweep(write_sweep, "adaptive", nodes=[2], steps=20, repetitions=3, adaptive=adaptive)
     result = run_snakemake(
@@ -298,8 +299,12 @@ def test_the_adaptive_sweep_submits_its_short_runs_as_slurm_jobs(slurm_env, writ
     (record,) = records_of(folder).values()
     assert record.status == "ok" and (record.point.nodes, record.point.steps) == (2, 2)
     assert record.provenance.launcher == "srun" and record.provenance.slurm.num_nodes == 2
+    (launch,) = [json.loads(p.read_text()) for p in (folder / "launches").glob("*.json")]
+    assert launch["launcher"] == "srun" and launch["nodes"] == 2 and launch["node_s"] > 0
+    assert [span["point_id"] for span in launch["points"]] == [record.point_id]
     summary = json.loads((folder / "sampling.json").read_text())
     assert summary["measured_points"] == 1 and summary["rounds"][-1]["stop"]
+    assert summary["measured_node_s"] == pytest.approx(launch["node_s"])
     assert summary["rounds"][-1]["why"] == "every candidate measured"
 
 

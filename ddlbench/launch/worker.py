@@ -157,6 +157,7 @@ def _run_group(entries: list[dict], env: RankEnv, binding: str, current: dict) -
     done with it. The process group's timeout is the longest of the points'."""
     import gc
 
+    import torch
     import torch.distributed as dist
 
     from ddlbench.provenance import utc_now
@@ -169,6 +170,15 @@ def _run_group(entries: list[dict], env: RankEnv, binding: str, current: dict) -
         start = utc_now()
         _train(point, ctx, rank_dir, binding)
         gc.collect()  # the last point's model and batches go before the next is built and its memory probed
+        if ctx.device.type == "cuda":
+            # what a fresh process would not hold either: cuBLAS's workspaces (made at a process's first
+            # matmul, kept for its life: a point alone counts them in its peak, so the next must too) and
+            # the cached blocks the last point left, which the next would count as reserved
+            clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear is not None:
+                clear()
+            torch.cuda.empty_cache()
+            log.info("between points: %d bytes still allocated on %s", torch.cuda.memory_allocated(), ctx.device)
         dist.barrier()
         if ctx.rank == 0:
             write_json_atomic(span_file(rank_dir), {"start_time": start, "end_time": utc_now()})

@@ -169,6 +169,10 @@ class MemoryProbe:
         self._probed = False
 
     def start(self) -> None:
+        if self.device.type == "cuda":
+            # the run's peaks count from here: a point that follows another in the same process (a group
+            # launch, ddlbench.launch.group) must not report the other's
+            torch.cuda.reset_peak_memory_stats(self.device)
         if not self.enabled:
             return
         if self.device.type == "cuda":
@@ -254,8 +258,8 @@ class MemoryProbe:
         )
 
     def cuda_run_peaks(self) -> tuple[int, int]:
-        """The caching allocator's peaks over the whole run so far, (allocated, reserved) bytes, inputs and
-        first steps included: the reset at the probed step's start loses nothing of them."""
+        """The caching allocator's peaks over the whole run so far (since start()), (allocated, reserved)
+        bytes, inputs and first steps included: the reset at the probed step's start loses nothing of them."""
         allocated, reserved = self._cuda_before_reset
         return (
             max(allocated, torch.cuda.max_memory_allocated(self.device)),
