@@ -170,12 +170,12 @@ def test_sampling_accuracy_compares_its_quick_sweeps(tmp_path):
     runs = int(
         figure(
             output,
-            rf"adaptive:\s+(\d+) runs in \d+ launches over \d+ rounds, {NUMBER} node-s \(measured: .*round 0 incl",
+            rf"adaptive:\s+(\d+) runs in \d+ launches over \d+ rounds, {NUMBER} node-s \(measured: .*\)",
         ).group(1)
     )
     assert 1 <= runs <= 4
     figure(output, rf"saved: {NUMBER} % of the profiling cost")
-    figure(output, r"over 1 adaptive sweep\(s\) \(medians")
+    figure(output, r"over 1 adaptive sweep\(s\) \(medians; the range in brackets\):")
     figure(output, r"rounds after round 0 that measured points: \d+ \(\d+–\d+\)")
     figure(output, rf"saved: {NUMBER} % \({NUMBER}–{NUMBER} %\), target ≥ 90 %")
     if runs < 4:  # a configuration left to the model: its prediction is scored, by both searches
