@@ -61,6 +61,21 @@ def backward_peak(
     return peak, activations
 
 
+def bucketed_backward_peak(
+    saved: Sequence[float], grads: Sequence[float], flowing: Sequence[float], launched: Sequence[float]
+) -> tuple[float, float]:
+    """backward_peak for gradients handed to buckets that stay alive to the end of backward (zero2 on
+    gloo): launched[k] is what the buckets completed by block k's backward add on top of their
+    gradients (their buffers, the collective's output, the shards) from then on. After the walk, every
+    activation is gone and every bucket still held: that moment is a candidate for the peak too."""
+    peak, produced, extra = 0.0, 0.0, 0.0
+    for k in range(len(saved) - 1, -1, -1):
+        produced += grads[k]
+        peak = max(peak, sum(saved[: k + 1]) + produced + extra + flowing[k])
+        extra += launched[k]
+    return max(peak, produced + extra), float(sum(saved))
+
+
 def rank_memory(
     *,
     params: float,
@@ -72,11 +87,16 @@ def rank_memory(
     flowing: Sequence[float],
     in_flight: float = 1.0,
     extra_peak: float = 0.0,
+    launched: Sequence[float] | None = None,
     detail: str = "",
 ) -> RankMemory:
     """A rank's memory from its parts (bytes); extra_peak: a strategy's transient on top (gathered
-    parameters, gradient buckets in flight)."""
-    step_peak, activations = backward_peak(saved, grad_per_block, flowing, in_flight=in_flight)
+    parameters, gradient buckets in flight); `launched`: buckets kept to the end of backward
+    (bucketed_backward_peak)."""
+    if launched is None:
+        step_peak, activations = backward_peak(saved, grad_per_block, flowing, in_flight=in_flight)
+    else:
+        step_peak, activations = bucketed_backward_peak(saved, grad_per_block, flowing, launched)
     return RankMemory(
         params_bytes=int(params),
         grads_bytes=int(grads),
