@@ -250,8 +250,10 @@ def _run_group(args: argparse.Namespace) -> int:
 
     try:
         specs = json.loads(args.specs)
+        if not isinstance(specs, list) or not all(isinstance(spec, dict) for spec in specs):
+            raise TypeError(f"got {type(specs).__name__}, need a list of point mappings (Point.to_dict)")
         points = [Point.from_dict(spec) for spec in specs]
-    except (json.JSONDecodeError, TypeError, AttributeError) as exc:
+    except (json.JSONDecodeError, TypeError, ValueError, KeyError) as exc:
         raise DdlbenchError(f"--specs is not a JSON list of points: {exc}") from None
     outs = [args.records_dir / point.point_id / "record.json" for point in points]
     try:

@@ -101,3 +101,20 @@ def test_points_of_different_layouts_cannot_share_a_launch():
     one = points_of(batch_size=[4])
     with pytest.raises(DdlbenchError, match="lists a point twice"):
         check_layout(one + one)
+
+
+@pytest.mark.parametrize(
+    ("specs", "says"),
+    [
+        ('{"a": 1}', "got dict, need a list of point mappings"),
+        ("not json", "Expecting value"),
+        ('[{"model": "resnet8"}]', "missing 12 required keyword-only arguments"),
+        ("[]", "at least one point"),
+    ],
+)
+def test_bad_specs_are_refused_with_what_is_wrong(tmp_path, capsys, specs, says):
+    from ddlbench.cli import main
+
+    code = main(["run-group", "--specs", specs, "--records-dir", str(tmp_path), "--out", str(tmp_path / "l.json")])
+    assert code == 2 and says in capsys.readouterr().err
+    assert not (tmp_path / "l.json").exists()
