@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from datetime import datetime
 from typing import Any
 
@@ -95,20 +94,18 @@ def plan_round(
     points: tuple[Point, ...],
     records: list[PointRecord],
     settings: AdaptiveSettings,
-    launches: list[LaunchRecord] | None = None,
+    launches: list[LaunchRecord],
 ) -> dict[str, Any]:
     """The round's choice (see the module docstring) as a plain mapping; `points` are the sweep's,
-    `records` and `launches` what the earlier rounds measured (without launch records, each record
-    counts as a launch of its own)."""
+    `records` and `launches` what the earlier rounds measured."""
     series = series_of(points, settings.over)
-    spent = spent_node_s(launches) if launches is not None else sum(node_seconds(r) for r in records)
-    overheads = measure_overheads(launches or [], records) if launches else _alone(records)
+    spent = spent_node_s(launches)
+    overheads = measure_overheads(launches, records)
     measured_configs = {_config(r.point) for r in records}
     if round_number == 0:
         chosen = [p for members in series.values() for p in spread(members, settings.initial)]
-        bound = round0_share_bound(
-            points, _runs(chosen, settings), group_launches(_runs(chosen, settings), settings.per_launch, 0)
-        )
+        runs = _runs(chosen, settings)
+        bound = round0_share_bound(points, runs, group_launches(runs, settings.per_launch, 0))
         if settings.budget_share is not None and bound > settings.budget_share:
             raise ConfigError(
                 "adaptive.budget_share",
@@ -144,8 +141,10 @@ def plan_round(
     for candidate in sorted(open_, key=lambda s: -s["score"]):
         point = Point.from_dict(candidate["point"])
         layout = layout_key(point)
-        before = opened.get(layout, 0)
-        new_launches = -(-(before + settings.repetitions) // settings.per_launch) - -(-before // settings.per_launch)
+        before = opened.get(layout, 0)  # runs of this layout already in the round: a launch per per_launch
+        new_launches = math.ceil((before + settings.repetitions) / settings.per_launch) - math.ceil(
+            before / settings.per_launch
+        )
         launch = point.nodes * overheads.launch_s * new_launches
         if len(best) < settings.per_round and planned + candidate["cost_node_s"] + launch <= budget:
             best.append(candidate)
@@ -161,11 +160,6 @@ def plan_round(
 
 def _runs(chosen: list[Point], settings: AdaptiveSettings) -> list[Point]:
     return [s for p in chosen for s in sampled(p, settings)]
-
-
-def _alone(records: list[PointRecord]) -> Overheads:
-    """Overheads when every record was a launch of its own: all of it counted as the launch's."""
-    return Overheads(launch_s=launch_overhead(records), point_s=0.0, launches=len(records), points=0)
 
 
 def _round(number, chosen, settings, spent, why, scored, overheads: Overheads) -> dict[str, Any]:
@@ -236,19 +230,6 @@ def stands_for(series, member: Point, over: str) -> bool:
 
 def _config(point: Point) -> Point:
     return dataclasses.replace(point, steps=0, warmup_steps=0, repetition=0)
-
-
-def launch_overhead(records: list[PointRecord]) -> float:
-    """Median launch overhead, seconds: a point's wall time less its steps at their mean step time."""
-    values = []
-    for record in records:
-        if record.status != "ok" or record.metrics is None:
-            continue
-        start = datetime.fromisoformat(record.provenance.start_time)
-        end = datetime.fromisoformat(record.provenance.end_time)
-        steps = record.point.warmup_steps + record.point.steps
-        values.append(max(0.0, (end - start).total_seconds() - steps * record.metrics.step_time_s.mean))
-    return statistics.median(values) if values else 0.0
 
 
 def _score(members, left, done, settings: AdaptiveSettings, overheads: Overheads) -> list[dict[str, Any]]:

@@ -52,7 +52,9 @@ def summarize(
             ]
     overheads = measure_overheads(launches, records)
     full = estimated_full_cost(points, records, overheads, settings)
-    budget = [r["budget_node_s"] for r in rounds if r.get("budget_node_s") is not None]
+    # the last budget a round was planned against (budget_share's moves with the full-cost estimate)
+    planned = [r["budget_node_s"] for r in rounds if r.get("budget_node_s") is not None]
+    budget = planned[-1] if planned else settings.budget_node_s
     bound = rounds[0].get("round0_share_bound") if rounds else None
     return {
         "settings": settings.__dict__,
@@ -68,9 +70,8 @@ def summarize(
         "launch_overhead_s": overheads.launch_s,
         "point_overhead_s": overheads.point_s,
         "round0_share_bound": bound,
-        # the last budget a round was planned against (budget_share's moves with the full-cost estimate)
-        "budget_node_s": budget[-1] if budget else settings.budget_node_s,
-        "within_budget": measured <= budget[-1] if budget else None,
+        "budget_node_s": budget,
+        "within_budget": measured <= budget if budget is not None else None,
         "full_sweep_points": len(points),
         "full_sweep_node_s_estimated": full,
         "saved_estimated": 1 - measured / full if full else None,

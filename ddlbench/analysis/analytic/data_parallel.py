@@ -174,8 +174,6 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
     for k, b in enumerate(buckets):
         program.comm(0, ctx.collective_s("all_gather", b.bytes, world), deps=(update,), label=f"all_gather {k}")
     saved, grads, flowing = activation_terms(ctx, s.batch_size)
-    largest = max((b.bytes for b in buckets), default=0)
-    launched, transient = None, 2.0 * largest
     if ctx.machine.device_kind == "cpu":
         # gloo (ddlbench.train.strategies.sharded): a bucket's gradients are .grad until its last block's
         # backward ends; then it holds its buffer (their size), the collective's output temporary and the
@@ -183,21 +181,23 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
         # buckets whose reduce-scatter is done, and gloo's async work is not done by then). Measured on
         # models outside the scoring sweep (resnet18, alexnet; 1 and 2 ranks): a peak of P·(2 + 3/p) once
         # the activations are gone, P the parameters' bytes
-        launched = [0.0] * len(grads)
+        walked, launched, transient = list(grads), [0.0] * len(grads), 0.0
         for b in buckets:
             launched[b.ready_block] += 2.0 * b.bytes / p
-        transient = 0.0
+    else:
+        # NCCL: a bucket's gradients are copied into its buffer and freed once it is full, the reduce-scatter
+        # writes into the shard and is done by the next launch: one bucket's gradients and buffer at a time,
+        # early in backward while nearly every activation is still kept. Not right yet: on one H200 at one
+        # rank it predicted 66-67 % of the measured peak (docs/analytic.md: workspaces are not modelled)
+        largest = max((b.bytes for b in buckets), default=0)
+        walked, launched, transient = [0.0] * len(grads), None, 2.0 * largest
     memory = rank_memory(
         params=table.param_bytes + table.buffer_bytes,
         grads=table.param_bytes / p,
         optimizer=MOMENTUM_STATES * table.param_bytes / p,
         buffers=0,
         saved=saved,
-        # NCCL (not measured yet): a bucket's gradients are copied into its buffer and freed once it is
-        # full, the reduce-scatter writes into the shard and is done by the next launch: one bucket's
-        # gradients and buffer at a time (`transient`), early in backward while nearly every activation
-        # is still kept. gloo: the gradients are walked as they come, each bucket's buffers on top
-        grad_per_block=list(grads) if launched is not None else [0.0] * len(grads),
+        grad_per_block=walked,
         flowing=flowing,
         extra_peak=transient,
         launched=launched,
