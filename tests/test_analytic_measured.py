@@ -212,7 +212,9 @@ def test_predicted_ratios_between_configurations_hold_over_launches(measured):
     _, table, predictions = measured
     joined = join(table, predictions)
     launches = _launches(joined)
-    assert launches[("ddp", 16)][1] > 1.3 * launches[("ddp", 8)][1]  # the batch's ratio is one to judge
+    # the compute grows with the batch; by how much is the host's (the per-step fixed part weighs more on a
+    # faster core: ×1.27 predicted on one CI host), and the launches judge whether it holds
+    assert launches[("ddp", 16)][1] > launches[("ddp", 8)][1]
     assert refuted_ratios(launches) == [], joined[["point_id", "step_time_s_median", "predicted_step_time_s"]]
     assert refuted_ratios(_launches(_slowed(joined, 2.0))) == []  # a machine twice as slow changes nothing
 
