@@ -51,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--format", choices=("table", "ids", "json"), default="table")
     plan.add_argument("--report-path", action="store_true", help="print only the path of the sweep's report")
     plan.add_argument("--no-skipped", action="store_true", help="do not list the combinations that cannot run")
+    plan.add_argument(
+        "--pack", metavar="N", help="print the packing of the points into allocations of N nodes (or auto) instead"
+    )
+    plan.add_argument(
+        "--max-time", type=float, metavar="MIN", help="with --pack: the longest an allocation may run, in minutes"
+    )
     plan.set_defaults(handler=_plan)
 
     run = commands.add_parser("run-point", help="run one point of a sweep and write its record")
@@ -171,6 +177,10 @@ def _plan(args: argparse.Namespace) -> int:
         print(config.report_path)
         return 0
     plan = expand_sweep(config)
+    if args.pack:
+        return _plan_packed(plan.points, args)
+    if args.max_time is not None:
+        raise DdlbenchError("--max-time goes with --pack")
     if args.format == "ids":
         print("\n".join(point.point_id for point in plan.points))
     elif args.format == "json":
@@ -195,6 +205,36 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _column(point, column: str):
     return point.point_id if column == "point_id" else getattr(point, column)
+
+
+def _plan_packed(points, args: argparse.Namespace) -> int:
+    """`plan --pack N`: the allocations, their time limits, predicted makespans and idle node-seconds."""
+    from ddlbench.launch.packed import describe, pack_width, tasks_for
+    from ddlbench.launch.packing import pack
+
+    if args.max_time is not None and not args.max_time > 0:
+        raise DdlbenchError(f"--max-time {args.max_time:g} is not accepted; give minutes > 0")
+    packing = pack(tasks_for(points), pack_width(points, args.pack),
+                   max_time_s=args.max_time * 60 if args.max_time else None)  # fmt: skip
+    if args.format == "json":
+        allocations = [
+            {
+                "nodes": a.nodes,
+                "named": list(a.named),
+                "time_limit_s": a.worst.makespan_s,
+                "makespan_s": a.expected.makespan_s,
+                "idle_share": a.idle_share,
+                "placements": [
+                    {"point_id": p.key, "start_s": p.start_s, "end_s": p.end_s, "slots": list(p.slots)}
+                    for p in a.expected.placements
+                ],
+            }
+            for a in packing.allocations
+        ]
+        print(json.dumps({"allocations": allocations, "idle_share": packing.idle_share}, indent=1))
+        return 0
+    print("\n".join(describe(packing)))
+    return 0
 
 
 def _run_point(args: argparse.Namespace) -> int:

@@ -40,7 +40,19 @@ def add_commands(commands: argparse._SubParsersAction, add_sweep_options: Callab
     add_sweep_options(submit)
     _add_submission_options(submit)
     submit.add_argument("--all", action="store_true", help="also points that already have a record")
+    submit.add_argument(
+        "--pack",
+        metavar="N",
+        help="run the points as job steps inside allocations of N nodes (auto: the widest point's), not as a job "
+        "each; `ddlbench plan --pack N` shows the packing first",
+    )
     submit.set_defaults(handler=lambda args: _submit(args, sweep_of(args)))
+
+    packed = commands.add_parser(
+        "run-packed", help="inside a packed allocation: run its plan's points as job steps (its job script calls it)"
+    )
+    packed.add_argument("--plan", required=True, type=Path, help="the allocation's plan (written by submit --pack)")
+    packed.set_defaults(handler=_run_packed)
 
     rerun = commands.add_parser("rerun", help="run again the points whose records have the given statuses")
     add_sweep_options(rerun)
@@ -179,7 +191,40 @@ def _submit(args: argparse.Namespace, config) -> int:
     if not points:
         print(f"every point of sweep {config.name!r} has a record; --all submits them again")
         return _refresh_outputs(config)
+    if args.pack:
+        return _submit_packed(args, config, points)
     return _submit_and_wait(args, config, points)
+
+
+def _submit_packed(args: argparse.Namespace, config, points) -> int:
+    """The points as steps of few allocations (ddlbench.launch.packed): plan, check, submit, wait, report."""
+    from ddlbench.launch.packed import describe, pack_width, submit_allocations, tasks_for, wait_for_allocations
+    from ddlbench.launch.packing import pack
+    from ddlbench.launch.slurm import check_cluster, query_cluster
+    from ddlbench.launch.submission import plan_resources
+
+    site = _site(args)
+    planned = plan_resources(points, site, sweep=config)
+    check_cluster(list(planned.items()), account_required=True if site.require_account else None)
+    partition = query_cluster().partitions[next(iter(planned.values())).partition]
+    max_time_s = partition.max_time_min * 60 - site.time_margin_s if partition.max_time_min else None
+    packing = pack(tasks_for(points), pack_width(points, args.pack), max_time_s=max_time_s)
+    for line in describe(packing):
+        print(line)
+    submitted = submit_allocations(packing, planned, points, site, sweep_dir=config.sweep_dir, name=config.name)
+    for allocation, job_id in submitted:
+        print(f"allocation {allocation.index}\tjob {job_id}\t{len(allocation.order)} points")
+    if args.no_wait:
+        return 0
+    wait_for_allocations([job_id for _, job_id in submitted])
+    return _refresh_outputs(config)
+
+
+def _run_packed(args: argparse.Namespace) -> int:
+    from ddlbench.launch.allocation import run_allocation
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
+    return run_allocation(args.plan)
 
 
 def _rerun(args: argparse.Namespace, config) -> int:

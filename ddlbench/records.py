@@ -257,6 +257,9 @@ class SlurmJob:
     num_gpus: int  # GPUs of the whole allocation
     restarts: int  # times SLURM requeued the job before this run
     exclusive: bool | None = None  # the job held its nodes alone (OverSubscribe=NO); None: not known
+    # a packed sweep's point is one job step on some of the allocation's nodes (ddlbench.launch.allocation)
+    step_id: str | None = None  # "<job>.<step>", as srun names it
+    step_nodes: str | None = None  # the step's nodes, comma-separated
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -117,26 +117,48 @@ def step_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return {key: value for key, value in environ.items() if not key.startswith("SLURM_") or _JOB_WIDE.fullmatch(key)}
 
 
+# A packed sweep's dispatcher (ddlbench.launch.allocation) gives each point the nodes of its step and
+# a port for its ranks' rendezvous that no other step of the allocation uses at the same time
+STEP_NODES_VAR = "DDLBENCH_STEP_NODES"
+STEP_PORT_VAR = "DDLBENCH_STEP_PORT"
+SRUN_STEP_ID = re.compile(r"launching StepId=(\d+(?:\.\d+)?)")
+
+
 class SrunLauncher:
-    """One srun step over the allocation; ranks meet over TCP on the allocation's first node."""
+    """One srun step over the allocation; ranks meet over TCP on the allocation's first node.
+
+    In a packed allocation ($DDLBENCH_STEP_NODES set), the step runs on those nodes only, holding its
+    CPUs alone (`--exclusive`), so that points run side by side on disjoint nodes; srun says its step
+    id (`-v`) and the record keeps it."""
 
     name = "srun"
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self.environ = dict(os.environ if environ is None else environ)
 
+    def step_nodes(self) -> list[str]:
+        """The nodes of this point's step in a packed allocation; [] otherwise."""
+        return [node for node in self.environ.get(STEP_NODES_VAR, "").split(",") if node]
+
     def command(
         self, point: Point, *, rank_dir: Path, dump_params: Path | None, group: Path | None = None
     ) -> list[str]:
+        nodes = self.step_nodes()
+        if nodes and len(nodes) != point.nodes:
+            raise DdlbenchError(
+                f"point {point.point_id} needs {point.nodes} nodes; its step was given {','.join(nodes)}"
+            )
+        # packed: the step holds its nodes' CPUs alone, beside other points' steps. Otherwise the launcher
+        # may itself run in a step (submitit's, Snakemake's `srun -n1`) that holds the allocation's CPUs and
+        # memory, and the ranks share them with it.
+        placement = ["--exclusive", f"--nodelist={','.join(nodes)}", "-v"] if nodes else ["--overlap"]
         return [
             "srun",
             f"--nodes={point.nodes}",
             f"--ntasks={point.world_size}",
             f"--ntasks-per-node={point.ranks_per_node}",
             f"--cpus-per-task={point.cores_per_rank}",
-            # the launcher may itself run in a step (submitit's, Snakemake's `srun -n1`) that holds the
-            # allocation's CPUs and memory; the ranks share them with it
-            "--overlap",
+            *placement,
             "--kill-on-bad-exit=0",  # ddlbench stops the step itself, after collecting failure texts
             "--export=ALL",
             *worker_command(point, rank_dir, dump_params, group),
@@ -144,6 +166,10 @@ class SrunLauncher:
 
     def rendezvous_env(self) -> dict[str, str]:
         job_id = self.environ["SLURM_JOB_ID"]
+        nodes = self.step_nodes()
+        if nodes:
+            master, port = nodes[0], int(self.environ.get(STEP_PORT_VAR) or slurm_master_port(job_id))
+            return {"MASTER_ADDR": master, "MASTER_PORT": str(port), INIT_METHOD_VAR: f"tcp://{master}:{port}"}
         node_list = self.environ.get("SLURM_JOB_NODELIST")
         if not node_list:  # Snakemake's job step passes on only the job id
             allocation = current_allocation(self.environ)
@@ -160,12 +186,12 @@ class SrunLauncher:
         env = {**step_environment(self.environ), **thread_env(point), **self.rendezvous_env()}
         command = self.command(point, rank_dir=rank_dir, dump_params=dump_params, group=group)
         process = subprocess.Popen(command, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
-        tee = StderrTee(process.stderr, SLURM_MEMORY_KILL)
+        tee = StderrTee(process.stderr, SLURM_MEMORY_KILL, step=SRUN_STEP_ID)
         tee.start()
         ranks = [tuple(range(point.world_size))]
         outcome = supervise([process], ranks_of_process=ranks, timeout_s=timeout_s)
         tee.join(timeout=10)
-        return dataclasses.replace(outcome, launcher_messages=tuple(tee.matches))
+        return dataclasses.replace(outcome, launcher_messages=tuple(tee.matches), step_id=tee.step_id)
 
 
 def select_launcher(

@@ -32,6 +32,7 @@ class LaunchOutcome:
     wall_s: float
     # lines the launcher itself printed that explain a failure (srun: "Exceeded job memory limit")
     launcher_messages: tuple[str, ...] = field(default_factory=tuple)
+    step_id: str | None = None  # the SLURM job step that ran the ranks, where srun said ("<job>.<step>")
 
 
 def start_process(command: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -42,17 +43,22 @@ def start_process(command: list[str], env: dict[str, str]) -> subprocess.Popen:
 class StderrTee(threading.Thread):
     """Copies a launcher's stderr to ours line by line, keeping the lines that match `pattern`."""
 
-    def __init__(self, stream: IO[str], pattern: re.Pattern[str]) -> None:
+    def __init__(self, stream: IO[str], pattern: re.Pattern[str], *, step: re.Pattern[str] | None = None) -> None:
         super().__init__(daemon=True)
         self.stream = stream
         self.pattern = pattern
+        self.step = step  # its first group names the job step (srun -v: "launching StepId=12.3 on host n1")
         self.matches: list[str] = []
+        self.step_id: str | None = None
 
     def run(self) -> None:
         for line in self.stream:
             sys.stderr.write(line)
             if self.pattern.search(line):
                 self.matches.append(line.strip())
+            if self.step is not None and self.step_id is None:
+                found = self.step.search(line)
+                self.step_id = found.group(1) if found else None
         sys.stderr.flush()
 
 

@@ -112,6 +112,9 @@ def record_point(
     if verdict.metrics is not None and grant is not None and grant.oversubscribed:
         note = f"launcher: {grant.needed} cores needed, {grant.granted} granted; " + verdict.metrics.cores_note
         verdict = replace(verdict, metrics=replace(verdict.metrics, oversubscribed=True, cores_note=note))
+    if slurm is not None and outcome.step_id:
+        nodes = ",".join(sorted({rank.slurm_node for rank in results if rank.slurm_node})) or None
+        slurm = replace(slurm, step_id=outcome.step_id, step_nodes=nodes)
     record = PointRecord(
         point_id=point.point_id,
         point=point,

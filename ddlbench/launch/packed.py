@@ -1,0 +1,278 @@
+"""A sweep in few allocations (`ddlbench submit --pack N`, `ddlbench plan --pack N`): the login node's side.
+
+The points are packed (ddlbench.launch.packing) into allocations of N nodes; each allocation is one
+sbatch of a job script written into the sweep's `packed/` folder, whose only command execs the
+dispatcher (`ddlbench run-packed`, ddlbench.launch.allocation) on the plan written beside it.
+
+What each allocation asks of SLURM: N nodes (and the pinned points' nodes by name), as many CPUs, GPUs
+and as much memory per node as its largest point's (ddlbench.launch.resources, as for a point on its
+own), whole nodes unless the site says otherwise (then memory for every runner that may run at once on
+the first node is added), and a time limit of the packing's worst case (every point at its timeout plus
+LAUNCH_ALLOWANCE_S) plus the site's margin. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import shlex
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddlbench.atomic import write_text_atomic
+from ddlbench.errors import DdlbenchError
+from ddlbench.launch.packing import Allocation, Packing, Task
+from ddlbench.launch.resources import LAUNCHER_MEM_MB, Resources, Site
+from ddlbench.launch.slurm import SlurmError, query_queue, run_slurm
+from ddlbench.point import Point
+from ddlbench.records import record_path
+
+log = logging.getLogger(__name__)
+
+# a point's runner beyond its timeout: interpreter start, the step's start, judging and writing the record
+LAUNCH_ALLOWANCE_S = 30
+PACKED_DIR = "packed"
+# squeue's states of a job that has ended (it lists them for MinJobAge)
+ENDED_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
+# what may stand in an #SBATCH line: a value with a space, quote or newline would change the script
+_SAFE_VALUE = re.compile(r"[A-Za-z0-9_.,:+=@%/\[\]|&*!-]+")
+
+
+def tasks_for(
+    points: Sequence[Point], *, time_factor: float = 1.0, expected_s: Mapping[str, float] | None = None
+) -> list[Task]:
+    """Each point's limit (timeout × `time_factor`, plus the runner's allowance) and expected time
+    (`expected_s` where given, e.g. predicted from a machine file; else its limit)."""
+    expected_s = expected_s or {}
+    tasks = []
+    for point in points:
+        limit = point.timeout_s * time_factor + LAUNCH_ALLOWANCE_S
+        tasks.append(
+            Task(
+                key=point.point_id,
+                nodes=point.nodes,
+                limit_s=limit,
+                expected_s=min(limit, expected_s.get(point.point_id, limit)),
+                node=point.node,
+            )
+        )
+    return tasks
+
+
+def pack_width(points: Sequence[Point], pack_arg: str) -> int:
+    """--pack N, or `auto`: the sweep's widest point."""
+    if pack_arg == "auto":
+        return max((point.nodes for point in points), default=1)
+    try:
+        width = int(pack_arg)
+    except ValueError:
+        raise DdlbenchError(f"--pack {pack_arg!r} is not accepted; give a number of nodes >= 1, or auto") from None
+    if width < 1:
+        raise DdlbenchError(f"--pack {width} is not accepted; give a number of nodes >= 1, or auto")
+    return width
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """What one allocation asks of sbatch."""
+
+    options: tuple[tuple[str, str], ...]  # (option, value) pairs; value "" for a flag
+    time_limit_s: int
+    margin_s: int
+
+    def lines(self) -> list[str]:
+        return [f"#SBATCH --{key}={value}" if value else f"#SBATCH --{key}" for key, value in self.options]
+
+
+def request_for(allocation: Allocation, planned: Mapping[str, Resources], site: Site, *, name: str) -> Request:
+    members = [planned[task.key] for task in allocation.order]
+    first = members[0]
+    partitions = {r.partition for r in members}
+    if len(partitions) > 1:
+        raise DdlbenchError(f"packed points must share one partition; these use {', '.join(sorted(partitions))}")
+    margin = site.time_margin_s
+    time_limit_s = math.ceil(allocation.worst.makespan_s + margin)
+    options: list[tuple[str, str]] = [
+        ("job-name", name),
+        ("partition", first.partition),
+        ("nodes", str(allocation.nodes)),
+        ("ntasks-per-node", "1"),
+        ("cpus-per-task", str(max(r.cpus_per_node for r in members))),
+        ("time", _minutes(time_limit_s)),
+        ("signal", f"B:TERM@{first.signal_delay_s}"),
+    ]
+    if first.exclusive:
+        options += [("exclusive", ""), ("mem", "0")]  # whole nodes, all their memory
+    else:
+        runners = max(_concurrent(allocation) - 1, 0)
+        options.append(("mem", f"{max(r.mem_per_node_mb for r in members) + runners * LAUNCHER_MEM_MB}M"))
+    gpus = max(r.gpus_per_node for r in members)
+    if gpus:
+        options.append(("gres", f"gpu:{gpus}"))
+    if allocation.named:
+        options.append(("nodelist", ",".join(allocation.named)))
+    for key, value in (("account", first.account), ("qos", first.qos), ("constraint", first.constraint)):
+        if value:
+            options.append((key, value))
+    for key, value in options:
+        if value and not _SAFE_VALUE.fullmatch(value):
+            raise DdlbenchError(f"SLURM {key} {value!r} cannot go into a job script: use letters, digits and _.,:+=-")
+    return Request(options=tuple(options), time_limit_s=time_limit_s, margin_s=margin)
+
+
+def _concurrent(allocation: Allocation) -> int:
+    """The most points the plan runs at once in the allocation."""
+    events = sorted(
+        [(p.start_s, 1) for p in allocation.worst.placements] + [(p.end_s, -1) for p in allocation.worst.placements],
+        key=lambda e: (e[0], e[1]),
+    )
+    most = current = 0
+    for _, change in events:
+        current += change
+        most = max(most, current)
+    return most
+
+
+def _minutes(seconds: int) -> str:
+    minutes = math.ceil(seconds / 60)
+    days, minutes = divmod(minutes, 24 * 60)
+    return f"{days}-{minutes // 60:02d}:{minutes % 60:02d}:00"
+
+
+def write_allocation(
+    allocation: Allocation,
+    request: Request,
+    points: Mapping[str, Point],
+    *,
+    sweep_dir: Path,
+    stamp: str,
+    time_factor: float = 1.0,
+) -> Path:
+    """The allocation's plan and job script in <sweep>/packed/; returns the script's path."""
+    folder = sweep_dir.resolve() / PACKED_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    base = f"{stamp}-{allocation.index}"
+    plan_path = folder / f"{base}.plan.json"
+    plan = {
+        "sweep_dir": str(sweep_dir.resolve()),
+        "time_limit_s": request.time_limit_s,
+        "margin_s": request.margin_s,
+        "points": [
+            {
+                "point_id": task.key,
+                "spec": points[task.key].to_json(),
+                "out": str(record_path(sweep_dir.resolve(), task.key)),
+                "log": str(sweep_dir.resolve() / "logs" / "run_point" / f"{task.key}.log"),
+                "nodes": task.nodes,
+                "node": task.node,
+                "limit_s": task.limit_s,
+            }
+            for task in allocation.order
+        ],
+    }
+    write_text_atomic(plan_path, json.dumps(plan, indent=1) + "\n")
+    script = folder / f"{base}.sbatch"
+    lines = [
+        "#!/bin/bash",
+        f"# written by `ddlbench submit --pack` at {stamp}: {len(allocation.order)} points in one allocation of "
+        f"{allocation.nodes} nodes;",
+        f"# planned makespan {allocation.expected.makespan_s:.0f} s expected, {allocation.worst.makespan_s:.0f} s "
+        "if every point runs to its timeout",
+        *request.lines(),
+        f"#SBATCH --output={folder / (base + '-%j.out')}",
+        "",
+        f"exec {shlex.quote(sys.executable)} -m ddlbench run-packed --plan {shlex.quote(str(plan_path))}",
+        "",
+    ]
+    if not _SAFE_VALUE.fullmatch(str(folder)):
+        raise DdlbenchError(f"the sweep folder {folder} has characters an #SBATCH --output line cannot hold")
+    write_text_atomic(script, "\n".join(lines))
+    script.chmod(0o755)
+    return script
+
+
+def submit_allocations(
+    packing: Packing,
+    planned: Mapping[str, Resources],
+    points: Sequence[Point],
+    site: Site,
+    *,
+    sweep_dir: Path,
+    name: str,
+    time_factor: float = 1.0,
+) -> list[tuple[Allocation, str]]:
+    """Write and sbatch every allocation; (allocation, job id) in order. The jobs index records each
+    point's allocation (ddlbench.launch.submission.remember_jobs)."""
+    from ddlbench.launch.submission import remember_jobs
+
+    by_id = {point.point_id: point for point in points}
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    submitted = []
+    for allocation in packing.allocations:
+        request = request_for(allocation, planned, site, name=f"ddlbench-{name}-packed")
+        script = write_allocation(allocation, request, by_id, sweep_dir=sweep_dir, stamp=stamp, time_factor=time_factor)
+        job_id = run_slurm(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
+        remember_jobs(sweep_dir, {task.key: job_id for task in allocation.order})
+        log.info(
+            "allocation %d: job %s, %d points on %d nodes",
+            allocation.index,
+            job_id,
+            len(allocation.order),
+            allocation.nodes,
+        )
+        submitted.append((allocation, job_id))
+    return submitted
+
+
+def wait_for_allocations(job_ids: Sequence[str], *, first_s: float = 2.0, most_s: float = 60.0) -> None:
+    """Until none of `job_ids` is in the queue: one squeue call per poll for all of them, the interval
+    growing ×1.5 (up to `most_s`) while nothing changes, back to `first_s` when something does."""
+    wanted = set(job_ids)
+    interval = first_s
+    last: dict[str, str] | None = None
+    while True:
+        try:
+            states = {job.job_id: job.state for job in query_queue() if job.job_id in wanted}
+        except SlurmError as exc:
+            log.warning("queue not read (%s); trying again", exc)
+            states = last or {}
+        if all(state in ENDED_STATES for state in states.values()):
+            return
+        interval = first_s if states != last else min(interval * 1.5, most_s)
+        last = states
+        time.sleep(interval)
+
+
+def describe(packing: Packing) -> list[str]:
+    """The packing in lines: per allocation and in total, with what each figure is."""
+    lines = [
+        f"{packing.points} points in {len(packing.allocations)} allocation(s) of up to {packing.nodes} node(s)"
+        + (f", each at most {packing.max_time_s:.0f} s" if packing.max_time_s else "")
+    ]
+    lines.append(
+        f"{'alloc':>5} {'nodes':>5} {'points':>6} {'limit s':>9} {'makespan s':>10} {'bound s':>9} "
+        f"{'idle node-s':>11} {'idle':>6}"
+    )
+    for a in packing.allocations:
+        idle = a.allocated_node_s - a.busy_node_s
+        lines.append(
+            f"{a.index:>5} {a.nodes:>5} {len(a.order):>6} {a.worst.makespan_s:>9.0f} {a.expected.makespan_s:>10.0f} "
+            f"{a.lower_bound_s:>9.0f} {idle:>11.0f} {a.idle_share:>6.1%}"
+        )
+    idle = packing.allocated_node_s - packing.busy_node_s
+    lines.append(
+        f"total: predicted makespan {packing.makespan_s:.0f} s with the allocations one after another; "
+        f"{idle:.0f} idle of {packing.allocated_node_s:.0f} allocated node-s ({packing.idle_share:.1%})"
+    )
+    lines.append(
+        "limit s: every point at its timeout (+ launch allowance), which sets the time limit; makespan s, idle: "
+        "every point at its expected time; bound s: max(longest point, node-s ÷ nodes), no packing ends sooner"
+    )
+    return lines

@@ -1,0 +1,127 @@
+"""A packed sweep on the real test cluster (`ddlbench submit --pack`): every point a job step of one
+allocation, side by side where they fit; a killed step, a timed-out point and an allocation that ends
+early cost only what they must."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from slurm_support import one_row_per_point, profile_env, records_of, sweep, wait_until
+
+from ddlbench.launch.resources import Site
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="module")
+def slurm_env(tmp_path_factory) -> dict[str, str]:
+    return profile_env(tmp_path_factory, Site(partition="cpu", time_margin_s=60))
+
+
+def _allocations(stdout: str) -> list[str]:
+    return [line.split("\tjob ")[1].split("\t")[0] for line in stdout.splitlines() if line.startswith("allocation ")]
+
+
+def _summary(sweep_dir: Path, job_id: str) -> dict:
+    path = sweep_dir / "packed" / f"allocation-{job_id}.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def test_a_packed_sweep_runs_every_point_as_a_step_of_one_allocation(slurm_env, write_sweep, tmp_path):
+    sweep_file = sweep(write_sweep, "packed", batch_size=[8, 16])  # 1 and 2 nodes × 2 batches: 4 points
+    sweep_dir = tmp_path / "results" / "packed"
+    planned = run_cli("plan", "--configfile", str(sweep_file), "--pack", "2", env=slurm_env)
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.startswith("4 points in 1 allocation(s) of up to 2 node(s)")
+    submitted = run_cli("submit", "--configfile", str(sweep_file), "--pack", "auto", env=slurm_env)
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    (job_id,) = _allocations(submitted.stdout)
+    records = records_of(sweep_dir)
+    assert len(records) == 4
+    steps = set()
+    for record in records.values():
+        assert record.status == "ok", record.reason
+        slurm = record.provenance.slurm
+        assert slurm.job_id == job_id and slurm.num_nodes == 2
+        assert slurm.step_id.startswith(f"{job_id}.")
+        steps.add(slurm.step_id)
+        nodes = slurm.step_nodes.split(",")
+        assert len(nodes) == record.point.nodes
+        assert sorted(rank.slurm_node for rank in record.ranks) == sorted(nodes)  # where SLURM ran the ranks
+    assert len(steps) == 4  # a step each
+    summary = _summary(sweep_dir, job_id)
+    assert summary["state"] == "done" and summary["not_started"] == []
+    single = [p for p in summary["points"] if len(p["nodes"]) == 1]
+    assert len(single) == 2 and single[0]["nodes"] != single[1]["nodes"]  # side by side, a node each
+    assert single[0]["start_s"] < single[1]["end_s"] and single[1]["start_s"] < single[0]["end_s"]
+    assert json.loads((sweep_dir / "slurm-jobs.json").read_text()) == {point: [job_id] for point in records}
+    table = one_row_per_point(sweep_file, slurm_env, 4)
+    assert set(table["status"]) == {"ok"}
+
+
+def test_a_killed_step_and_a_timed_out_point_end_only_their_own_steps(slurm_env, write_sweep, tmp_path):
+    sweep_file = sweep(write_sweep, "packfail", batch_size=[8, 16], timeout_s=40)
+    sweep_dir = tmp_path / "results" / "packfail"
+    # both b8 points hang: the 2-node one is killed by hand, the 1-node one runs into its timeout
+    env = {**os.environ, **slurm_env, "DDLBENCH_INJECT_FAULT": "hang@-n2x1-b8-,hang@-n1x1-b8-"}
+    submitted = run_cli("submit", "--configfile", str(sweep_file), "--pack", "2", "--no-wait", env=env)
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    (job_id,) = _allocations(submitted.stdout)
+
+    def hanging_step() -> str | None:
+        queued = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %N"], capture_output=True, text=True)
+        for line in queued.stdout.splitlines():
+            step, nodes = line.split()
+            first_done = list(sweep_dir.glob("points/*n2x1-b16*/record.json"))
+            if step.split(".")[1].isdigit() and nodes == "n[1-2]" and first_done:
+                return step  # the 2-node step running after the b16 one has its record: the hanging b8
+        return None
+
+    step = wait_until(hanging_step, timeout_s=120, what="the hanging 2-node step", poll_s=1)
+    subprocess.run(["scancel", step], check=True, env=env)
+    wait_until(lambda: _summary(sweep_dir, job_id).get("state") == "done", timeout_s=180, what="the allocation")
+    records = {point_id.split("-ddp-")[1].split("-t1")[0]: record for point_id, record in records_of(sweep_dir).items()}
+    assert {key: r.status for key, r in records.items()} == {
+        "n2x1-b16": "ok",
+        "n2x1-b8": "failed",
+        "n1x1-b16": "ok",
+        "n1x1-b8": "timeout",
+    }
+    assert records["n2x1-b8"].provenance.slurm.step_id == step
+    assert all(r.provenance.slurm.job_id == job_id for r in records.values())
+
+
+def test_an_allocation_that_ends_early_leaves_its_unrun_points_to_the_next_submit(slurm_env, write_sweep, tmp_path):
+    sweep_file = sweep(write_sweep, "packstop", nodes=[1], batch_size=[4, 8, 16], timeout_s=240)
+    sweep_dir = tmp_path / "results" / "packstop"
+    env = {**os.environ, **slurm_env, "DDLBENCH_INJECT_FAULT": "hang@-b4-"}
+    # one node: the points run one after another in the plan's order (b16, b4, b8), b4 hanging
+    submitted = run_cli("submit", "--configfile", str(sweep_file), "--pack", "1", "--no-wait", env=env)
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    (job_id,) = _allocations(submitted.stdout)
+    wait_until(
+        lambda: any("-b4-" in p["point_id"] for p in _summary(sweep_dir, job_id).get("points", [])),
+        timeout_s=120,
+        what="the hanging point to start",
+    )
+    first = records_of(sweep_dir)
+    subprocess.run(["scancel", job_id], check=True, env=env)  # the allocation ends: scancel, time limit, preemption
+    wait_until(
+        lambda: _summary(sweep_dir, job_id).get("state") == "stopped", timeout_s=60, what="the dispatcher to stop"
+    )
+    assert records_of(sweep_dir).keys() == first.keys() and len(first) == 1  # in flight and unstarted: no record
+    assert sorted(_summary(sweep_dir, job_id)["not_started"]) == sorted(
+        p for p in json.loads((sweep_dir / "slurm-jobs.json").read_text()) if p not in first and "-b4-" not in p
+    )
+    again = run_cli("submit", "--configfile", str(sweep_file), "--pack", "1", env=slurm_env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.startswith("2 points in 1 allocation(s)")  # exactly the two without a record
+    records = records_of(sweep_dir)
+    assert {r.status for r in records.values()} == {"ok"} and len(records) == 3
+    (kept,) = first
+    assert records[kept].provenance.slurm.job_id == job_id  # the first record stays as measured
