@@ -138,13 +138,25 @@ def _site(args: argparse.Namespace):
 
 
 def _profile(args: argparse.Namespace) -> int:
+    from ddlbench.launch.limits import read_limits
     from ddlbench.launch.profile import ProfileOptions, write_profile
     from ddlbench.launch.resources import site_from_mapping
+    from ddlbench.launch.slurm import SlurmError, query_cluster
 
     site = site_from_mapping(_site_overrides(args), source="the command line")
-    options = ProfileOptions(jobs=args.jobs, status_wait_s=args.status_wait, status_command=args.status_command)
+    try:  # the profile's `jobs` stays under the user's submit limits, as read now
+        limits = read_limits(query_cluster(), account=site.account, qos=site.qos, partition=site.partition)
+        limit = min(limits.submit, key=lambda each: each.value, default=None)
+    except SlurmError as exc:
+        print(f"(SLURM's limits not read: {exc}; jobs stays {args.jobs})")
+        limit = None
+    options = ProfileOptions(
+        jobs=args.jobs, status_wait_s=args.status_wait, status_command=args.status_command, queue_limit=limit
+    )
     config = write_profile(site, options, directory=args.dest, force=args.force)
     print(f"profile: {config}")
+    if limit is not None and limit.value < args.jobs:
+        print(f"jobs: {limit.value}, not {args.jobs}: {limit.name} is {limit.value}")
     print("run from the repository root:  snakemake --profile slurm [--configfile SWEEP.yaml]")
     return 0
 

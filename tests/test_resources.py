@@ -298,9 +298,12 @@ def test_status_joins_records_and_the_queue(tmp_path):
     sweep_dir = plan.config.sweep_dir
     write_unfinished_record(p1, out=sweep_dir / "points" / p1.point_id / "record.json", status="oom", reason="big")
     queue = parse_queue(
-        f"101|RUNNING|uuid|rule_run_point_wildcards_{p2.point_id}\n77_1|PENDING|ddlbench-x|\n5|RUNNING|other|\n"
+        f"101|RUNNING|uuid|acc|normal|rule_run_point_wildcards_{p2.point_id}\n77_1|PENDING|ddlbench-x|acc|normal|\n"
+        "5|RUNNING|other|acc|normal|\n"
     )
-    assert queue[1] == QueuedJob(job_id="77_1", state="PENDING", name="ddlbench-x", comment="")
+    assert queue[1] == QueuedJob(
+        job_id="77_1", state="PENDING", name="ddlbench-x", comment="", account="acc", qos="normal"
+    )
     statuses = sweep_status(plan, queue=queue, jobs_index={p3.point_id: ["77_1"]}, sweep_dir=sweep_dir)
     by_id = {status.point_id: status for status in statuses}
     assert (by_id[p1.point_id].state, by_id[p1.point_id].reason) == ("oom", "big")

@@ -7,7 +7,9 @@ point, are made once:
 
 - SLURM, on the login node (outside an allocation): every point against the live cluster — partition,
   node count, time limit, CPUs, memory and GPUs per node, account (ddlbench.launch.slurm.check_resources)
-  — so that a bad sweep is refused before anything is queued;
+  — so that a bad sweep is refused before anything is queued; and Snakemake's --jobs against the room
+  the user's submit limits leave now (ddlbench.launch.limits.check_room), since the plugin counts a job
+  sbatch refuses as failed;
 - locally: every point's ranks × cores per rank against `--cores` (ddlbench.launch.cores.check_plan_cores),
   since Snakemake would quietly cap a job's threads and the ranks would share cores unseen. `--lint`
   parses the workflow with cores=1 whatever is asked and runs nothing, so it is not checked then.
@@ -25,8 +27,9 @@ from typing import Any
 
 from ddlbench.errors import ConfigError
 from ddlbench.launch.cores import check_plan_cores
+from ddlbench.launch.limits import check_room, read_limits
 from ddlbench.launch.resources import Resources, load_site, snakemake_resources
-from ddlbench.launch.slurm import check_cluster
+from ddlbench.launch.slurm import check_cluster, query_cluster, query_queue
 from ddlbench.launch.submission import plan_resources
 
 # what each workflow plans from its config, and how a refusal names that config
@@ -57,9 +60,11 @@ def prepare_workflow(
     cores: int | None,
     linting: bool = False,
     environ: Mapping[str, str] | None = None,
+    jobs: int | None = None,
 ) -> Prepared:
     """Plan `config` as workflow `kind` and make the checks every workflow makes before it runs; a
-    ddlbench.errors.DdlbenchError names the first problem (the preamble prints it in one line)."""
+    ddlbench.errors.DdlbenchError names the first problem (the preamble prints it in one line). `jobs`
+    is Snakemake's --jobs: with a site file, at most that many jobs are queued at once."""
     if kind not in WORKFLOWS:
         raise ConfigError("workflow", f"{kind!r} is not a workflow; accepted: {', '.join(WORKFLOWS)}")
     prepared = _PLANNERS[kind](dict(config))
@@ -69,11 +74,27 @@ def prepare_workflow(
         site = load_site(site_file)
         planned = plan_resources(prepared.points, site, sweep=prepared.plan.config if prepared.plan else None)
         if not environ.get("SLURM_JOB_ID"):  # on the login node, once, before any submission
-            check_cluster(list(planned.items()))
+            check_cluster(list(planned.items()), account_required=True if site.require_account else None)
+            if jobs and planned and not linting:
+                _check_queue_room(prepared, site, jobs=jobs)
     elif not linting:
         check_plan_cores(list(prepared.points), cores)
     resources = {point_id: snakemake_resources(allocation) for point_id, allocation in planned.items()}
     return replace(prepared, resources=resources)
+
+
+def _check_queue_room(prepared: Prepared, site: Any, *, jobs: int) -> None:
+    partition = getattr(prepared.plan.config, "slurm_partition", None) if prepared.plan else None
+    limits = read_limits(query_cluster(), account=site.account, qos=site.qos, partition=partition or site.partition)
+    if not limits.submit:
+        return
+    to_run = len(prepared.points)
+    if prepared.kind == "sweep":  # a point with a record is not run again (a deleted record is how to rerun)
+        from ddlbench.records import record_path
+
+        sweep_dir = prepared.plan.config.sweep_dir
+        to_run = sum(1 for point in prepared.points if not record_path(sweep_dir, point.point_id).exists())
+    check_room(jobs=jobs, to_run=to_run, limits=limits, queue=query_queue())
 
 
 def refusal(kind: str, error: Exception) -> str:

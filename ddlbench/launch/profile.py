@@ -14,6 +14,7 @@ import yaml
 
 from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
+from ddlbench.launch.limits import Limit
 from ddlbench.launch.resources import Site, load_site
 from ddlbench.provenance import utc_now
 from ddlbench.templating import template_environment
@@ -52,6 +53,9 @@ class ProfileOptions:
     # running, so a job cancelled with scancel would keep Snakemake waiting forever (seen on the test
     # cluster). squeue says CANCELLED, and keeps ended jobs for MinJobAge (the plugin checks it).
     status_command: str | None = "squeue"
+    # the tightest of the user's submit limits, read when the profile is written (ddlbench.launch.limits):
+    # `jobs` is held under it, since Snakemake's plugin counts a job sbatch refuses as failed
+    queue_limit: Limit | None = None
 
 
 def write_profile(site: Site, options: ProfileOptions, *, directory: Path | None = None, force: bool = False) -> Path:
@@ -70,6 +74,9 @@ def write_profile(site: Site, options: ProfileOptions, *, directory: Path | None
     for name, value in (("jobs", options.jobs), ("status wait", options.status_wait_s)):
         if value < 1:
             raise DdlbenchError(f"{name} {value} is not accepted; give an integer >= 1")
+    jobs, limit = options.jobs, options.queue_limit
+    if limit is not None and limit.value < jobs:
+        jobs = max(1, limit.value)
     directory.mkdir(parents=True, exist_ok=True)
     site_file = directory / SITE_FILE_NAME
     write_text_atomic(site_file, f"# {MARKER}\n" + yaml.safe_dump(site.to_dict(), sort_keys=True))
@@ -79,7 +86,9 @@ def write_profile(site: Site, options: ProfileOptions, *, directory: Path | None
         .render(
             site=site,
             site_file=str(site_file.resolve()),
-            jobs=options.jobs,
+            jobs=jobs,
+            requested_jobs=options.jobs,
+            queue_limit=limit,
             status_wait=options.status_wait_s,
             latency_wait=options.latency_wait_s,
             status_command=options.status_command,

@@ -167,7 +167,17 @@ class ClusterFacts:
 
     partitions: dict[str, Partition]
     nodes: dict[str, Node]
-    account_required: bool = False
+    account_required: bool = False  # the site insists on an account named (site's require_account)
+    # AccountingStorageEnforce: with associations, a job needs an account; sbatch charges the user's
+    # default account where none is named
+    associations_enforced: bool = False
+    limits_enforced: bool = False  # the associations' and QOS' limits hold (limits, or safe)
+    user: str = ""
+    default_account: str | None = None  # the user's DefaultAccount (sacctmgr), asked where associations hold
+    default_account_known: bool = True  # False: sacctmgr did not answer, so sbatch is left to decide
+    cluster_name: str | None = None
+    max_array_size: int | None = None  # MaxArraySize: an array's task ids run 0 .. MaxArraySize - 1
+    max_job_count: int | None = None  # MaxJobCount: jobs the controller holds at once, every user's
     def_mem_per_cpu_mb: int | None = None  # the cluster's DefMemPerCPU (a partition's own comes first)
     def_mem_per_node_mb: int | None = None
 
@@ -204,22 +214,48 @@ def query_partitions() -> dict[str, Partition]:
     return parse_partitions(run_slurm(["scontrol", "show", "partition", "-o"]))
 
 
+def _count(text: str | None) -> int | None:
+    return int(text) if text and text.strip().isdigit() else None
+
+
+def parse_default_account(text: str) -> str | None:
+    """`sacctmgr -nP show user NAME format=DefaultAccount`: the account, or None where the user has none."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else None
+
+
 @functools.cache
 def query_cluster() -> ClusterFacts:
-    """Partitions, nodes and the cluster's defaults, in three scontrol calls, once per process."""
+    """Partitions, nodes and the cluster's defaults, in three scontrol calls, once per process; where
+    associations are enforced, also the user's default account (one sacctmgr call)."""
     config = parse_config(run_slurm(["scontrol", "show", "config"]))
+    enforce = {word.strip() for word in config.get("AccountingStorageEnforce", "").lower().split(",")}
+    # `limits` and `safe` imply associations (slurm.conf(5))
+    associations = bool(enforce & {"associations", "limits", "safe", "qos", "wckeys"})
+    user = getpass.getuser()
+    default_account, known = None, True
+    if associations:
+        try:
+            default_account = parse_default_account(
+                run_slurm(["sacctmgr", "-nP", "show", "user", user, "format=DefaultAccount"])
+            )
+        except SlurmError as exc:
+            log.warning("cannot read the default account of %s (%s); sbatch will say if one is missing", user, exc)
+            known = False
     return ClusterFacts(
         partitions=query_partitions(),
         nodes=parse_nodes(run_slurm(["scontrol", "show", "node", "-o"])),
-        account_required="associations" in config.get("AccountingStorageEnforce", "").lower(),
+        associations_enforced=associations,
+        limits_enforced=bool(enforce & {"limits", "safe"}),
+        user=user,
+        default_account=default_account,
+        default_account_known=known,
+        cluster_name=config.get("ClusterName"),
+        max_array_size=_count(config.get("MaxArraySize")),
+        max_job_count=_count(config.get("MaxJobCount")),
         def_mem_per_cpu_mb=_mb(config.get("DefMemPerCPU")),
         def_mem_per_node_mb=_mb(config.get("DefMemPerNode")),
     )
-
-
-def query_account_required() -> bool:
-    """Whether the controller rejects jobs without an association (AccountingStorageEnforce)."""
-    return query_cluster().account_required
 
 
 def check_resources(planned: Iterable[tuple[str, Resources]], facts: ClusterFacts) -> None:
@@ -258,6 +294,18 @@ def _problem(resources: Resources, facts: ClusterFacts) -> str | None:
         )
     if facts.account_required and not resources.account:
         return "this cluster requires an account and none is set; give one with `ddlbench profile slurm --account NAME`"
+    if (
+        facts.associations_enforced
+        and not resources.account
+        and facts.default_account_known
+        and not facts.default_account
+    ):
+        who = f"user {facts.user!r}" if facts.user else "this user"
+        return (
+            f"this cluster requires an account (AccountingStorageEnforce) and none is set, and {who} has no "
+            "default account for sbatch to use; give one with `ddlbench profile slurm --account NAME` "
+            f"(`sacctmgr show assoc user={facts.user or '$USER'} format=account` lists yours)"
+        )
     mem, cpus, gpus = resources.mem_per_node_mb, resources.cpus_per_node, resources.gpus_per_node
     if partition.max_mem_per_node_mb is not None and mem > partition.max_mem_per_node_mb:
         return (
@@ -373,27 +421,41 @@ def first_host(node_list: str) -> str:
     return run_slurm(["scontrol", "show", "hostnames", node_list]).split()[0]
 
 
+RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING"})
+PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED"})
+# a job in one of these counts against the submit limits; squeue also lists ended jobs for MinJobAge
+ACTIVE_STATES = RUNNING_STATES | PENDING_STATES
+
+
 @dataclass(frozen=True, kw_only=True)
 class QueuedJob:
     job_id: str  # 123, or 123_4 for an array task
     state: str  # PENDING, RUNNING, COMPLETING, ...
     name: str
     comment: str
+    account: str = ""
+    qos: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
 
 
-QUEUE_FORMAT = "%i|%T|%j|%k"
+# the comment is free text, so it comes last and the line is split only that far
+QUEUE_FORMAT = "%i|%T|%j|%a|%q|%k"
 
 
 def parse_queue(text: str) -> list[QueuedJob]:
     jobs = []
     for line in text.splitlines():
-        parts = line.split("|", 3)
-        if len(parts) == 4:
-            jobs.append(QueuedJob(job_id=parts[0], state=parts[1], name=parts[2], comment=parts[3]))
+        parts = line.split("|", 5)
+        if len(parts) == 6:
+            job_id, state, name, account, qos, comment = parts
+            jobs.append(QueuedJob(job_id=job_id, state=state, name=name, account=account, qos=qos, comment=comment))
     return jobs
 
 
 def query_queue() -> list[QueuedJob]:
-    """This user's jobs still in the queue, all in one squeue call."""
+    """This user's jobs in the queue (array tasks one by one), all in one squeue call."""
     user = getpass.getuser()
     return parse_queue(run_slurm(["squeue", "-h", "-r", "-u", user, "-o", QUEUE_FORMAT]))

@@ -12,13 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddlbench.launch.slurm import QueuedJob
+from ddlbench.launch.slurm import PENDING_STATES, RUNNING_STATES, QueuedJob
 from ddlbench.records import MEASUREMENT_VERSION, Provenance, RecordError, read_record, record_path
 from ddlbench.sweep import Plan
 
 SNAKEMAKE_COMMENT_PREFIX = "rule_run_point_wildcards_"
-RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING"})
-PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED"})
 # in the order the summary lists them
 STATES = ("ok", "failed", "oom", "timeout", "running", "pending", "not started", "unreadable")
 

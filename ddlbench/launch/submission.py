@@ -1,7 +1,9 @@
 """Submitting a sweep's points to SLURM without Snakemake (submitit), and what both ways share.
 
-Points that need the same allocation go out as one job array (one sbatch); each array task runs one
-point with the same runner as `ddlbench run-point`, so the records are the same. A point whose job is
+Points that need the same allocation go out as one job array (one sbatch), or as several where the
+user's limits (MaxArraySize, the submit limits) allow fewer at once, the later ones as earlier jobs end
+(ddlbench.launch.waves); each array task runs one point with the same runner as `ddlbench run-point`,
+so the records are the same. A point whose job is
 preempted or reaches its time limit is requeued through submitit's checkpointing and runs again from
 its start (a benchmark's timings cannot be stitched across allocations), up to a bound; past it, the
 point's record says `timeout`.
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,8 +20,10 @@ from typing import Any
 
 from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
+from ddlbench.launch.limits import UserLimits, is_limit_refusal, read_limits
 from ddlbench.launch.resources import Resources, Site, resources_for, submitit_parameters
-from ddlbench.launch.slurm import ClusterFacts, query_cluster
+from ddlbench.launch.slurm import ClusterFacts, SlurmError, query_cluster
+from ddlbench.launch.waves import LimitRefusal, QueueWatch, submit_in_waves, wait_for_jobs
 from ddlbench.point import Point
 from ddlbench.records import record_path
 
@@ -145,16 +148,29 @@ def submit_points(
     timeout_factor: float = 1.0,
     max_requeues: int = MAX_REQUEUES,
     array_parallelism: int = 64,
+    facts: ClusterFacts | None = None,
+    watch: QueueWatch | None = None,
 ) -> list[Any]:
-    """Submit `points`, one job array per distinct allocation; returns submitit's jobs in point order."""
+    """Submit `points`, one job array per distinct allocation as far as the user's limits allow (else
+    in several, as earlier jobs end); returns submitit's jobs in point order once all are submitted."""
     import submitit
+    from submitit.core.utils import FailedJobError
 
     groups: dict[Resources, list[Point]] = {}
     for point in points:
         groups.setdefault(planned[point.point_id], []).append(point)
     folder = sweep_dir / "submitit" / "%j"
     jobs_by_point: dict[str, Any] = {}
-    for resources, members in groups.items():
+    facts = facts or query_cluster()
+    read: dict[tuple[str | None, str | None, str], UserLimits] = {}
+
+    def limits_of(resources: Resources) -> UserLimits:
+        key = (resources.account, resources.qos, resources.partition)
+        if key not in read:
+            read[key] = read_limits(facts, account=key[0], qos=key[1], partition=key[2])
+        return read[key]
+
+    def submit(resources: Resources, members: list[Point]) -> list[str]:
         executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
         executor.update_parameters(
             name=f"ddlbench-{name}",
@@ -170,10 +186,17 @@ def submit_points(
             )
             for point in members
         ]
-        with executor.batch():
-            group_jobs = [executor.submit(job) for job in callables]
+        try:
+            with executor.batch():
+                group_jobs = [executor.submit(job) for job in callables]
+        except FailedJobError as exc:
+            message = " ".join(str(exc).split())
+            if is_limit_refusal(message):
+                raise LimitRefusal(message) from None
+            raise SlurmError(f"sbatch refused {len(members)} point(s) of sweep {name!r}: {message}") from None
         for point, job in zip(members, group_jobs, strict=True):
             jobs_by_point[point.point_id] = job
+        remember_jobs(sweep_dir, {point.point_id: job.job_id for point, job in zip(members, group_jobs, strict=True)})
         log.info(
             "submitted %d point(s) as job array %s (%d node(s) × %d task(s), %s)",
             len(members),
@@ -182,7 +205,9 @@ def submit_points(
             resources.tasks_per_node,
             resources.time_limit,
         )
-    remember_jobs(sweep_dir, {point_id: job.job_id for point_id, job in jobs_by_point.items()})
+        return [job.job_id for job in group_jobs]
+
+    submit_in_waves(list(groups.items()), submit, limits=limits_of, watch=watch or QueueWatch())
     return [jobs_by_point[point.point_id] for point in points]
 
 
@@ -206,13 +231,10 @@ def read_jobs_index(sweep_dir: Path) -> dict[str, list[str]]:
         raise DdlbenchError(f"{path} is not valid JSON: {exc}") from None
 
 
-def wait_for(jobs: list[Any], *, poll_s: float = 5.0) -> None:
-    """Wait until every job has ended; submitit asks SLURM about all of them in one call per poll."""
-    pending = list(jobs)
-    while pending:
-        pending = [job for job in pending if not job.done()]
-        if pending:
-            time.sleep(poll_s)
+def wait_for(jobs: list[Any], *, watch: QueueWatch | None = None) -> None:
+    """Wait until every job has ended: one squeue call per poll for all of them, at an interval that
+    grows while none changes (QueueWatch); then each job's result, read from its file."""
+    wait_for_jobs([job.job_id for job in jobs], watch=watch or QueueWatch())
     for job in jobs:
         try:
             job.result()

@@ -3,6 +3,8 @@
 # with munge, slurmdbd + MariaDB for accounting (sacct), and NODES virtual nodes n1..nN, one slurmd each
 # on its own port, in partitions `cpu` (default) and `gpu`. Every node declares GPUS GPUs as GRES, backed
 # by placeholder device files, so GPU requests are parsed, allocated and bound for real.
+# Accounting is enforced as on a production cluster (associations, limits, QOS): every user who runs
+# jobs here has an association and a default account, and tests may set limits with sacctmgr.
 #
 #   tests/cluster/slurm.sh install   apt packages (root), only those missing
 #   tests/cluster/slurm.sh up        start what is not running (idempotent); last line: export SLURM_CONF=...
@@ -23,6 +25,8 @@ NODES=${DDLBENCH_SLURM_NODES:-4}
 # parse and allocate GPU requests and set CUDA_VISIBLE_DEVICES for each step, as on a GPU cluster
 GPUS=${DDLBENCH_SLURM_GPUS:-2}
 CLUSTER=${DDLBENCH_SLURM_CLUSTER:-ddlbench}
+# the account the users of this cluster default to (add_accounts)
+ACCOUNT=ddlbench
 HOST=$(hostname -s)
 CONF=$DIR/slurm.conf
 PACKAGES=(slurm-wlm slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
@@ -87,6 +91,9 @@ Waittime=0
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$HOST
 AccountingStoragePort=6819
+# as on a production cluster: a job needs an association (a user's default account serves), and the
+# associations' and QOS' limits hold (sbatch refuses a job over MaxSubmitJobs); see add_accounts
+AccountingStorageEnforce=associations,limits,qos
 JobCompType=jobcomp/none
 GresTypes=gpu
 # sacct reports GPUs (AllocTRES gres/gpu=N) only for TRES it is told to account
@@ -171,6 +178,21 @@ add_hosts() {
     done
 }
 
+add_accounts() {
+    # Associations for the users who run jobs here (root, and whoever ran sudo), under one account that is
+    # their default. sacctmgr refuses to add what exists ("Nothing new added"), so only the missing are added.
+    local user users=(root)
+    [[ -n ${SUDO_USER:-} && ${SUDO_USER} != root ]] && users+=("$SUDO_USER")
+    for user in ${DDLBENCH_SLURM_USERS:-}; do users+=("$user"); done
+    [[ -n $(sacctmgr -nP show cluster "$CLUSTER" format=cluster) ]] || sacctmgr -i add cluster "$CLUSTER" >/dev/null
+    [[ -n $(sacctmgr -nP show account "$ACCOUNT" format=account) ]] ||
+        sacctmgr -i add account "$ACCOUNT" cluster="$CLUSTER" description="ddlbench tests" organization=ddlbench >/dev/null
+    for user in "${users[@]}"; do
+        [[ -n $(sacctmgr -nP show assoc where cluster="$CLUSTER" user="$user" format=user) ]] ||
+            sacctmgr -i add user "$user" cluster="$CLUSTER" account="$ACCOUNT" defaultaccount="$ACCOUNT" >/dev/null
+    done
+}
+
 wait_port() {
     local port=$1 i
     for i in $(seq 1 80); do
@@ -202,6 +224,7 @@ up() {
               GRANT ALL ON ddlbench_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
     alive "$DIR/slurmdbd.pid" || slurmdbd
     wait_port 6819
+    add_accounts
     alive "$DIR/slurmctld.pid" || slurmctld -i
     wait_port 6817
     local i node

@@ -30,6 +30,7 @@ try:
         site_file=SITE_FILE,
         cores=workflow.resource_settings.cores,
         linting="--lint" in sys.argv,
+        jobs=workflow.resource_settings.nodes,
     )
 except DdlbenchError as error:
     sys.stderr.write(refusal(WORKFLOW_KIND, error))
