@@ -44,6 +44,12 @@ def add_commands(commands: Any) -> None:
         help="with --write-references: the narrowest band proposed, ± this fraction (default 0.10)",
     )
     certify.add_argument("--profile", help="Snakemake profile to run the suite with (e.g. slurm); default: locally")
+    certify.add_argument(
+        "--pack",
+        metavar="N",
+        help="run the suite's points as job steps of SLURM allocations of N nodes (auto: the whole partition for "
+        "per-node points), with the site of `ddlbench profile slurm`, not as a job each",
+    )
     certify.add_argument("--cores", type=int, default=2, help="cores for a local run (default 2)")
     certify.add_argument(
         "--nodes", type=int, default=2, help="nodes of a local 'partition' (default 2; SLURM: the partition's)"
@@ -97,7 +103,14 @@ def _certify(args: argparse.Namespace) -> int:
     from ddlbench.certify.figures import machine_figures, training_figures
     from ddlbench.certify.propose import propose_references, references_text
     from ddlbench.certify.references import load_references
-    from ddlbench.certify.run import read_machine, records_config_hash, records_table, run_suite, suite_table
+    from ddlbench.certify.run import (
+        read_machine,
+        records_config_hash,
+        records_table,
+        run_suite,
+        run_suite_packed,
+        suite_table,
+    )
     from ddlbench.certify.suite import load_suite, local_partition, resolve_suite, slurm_partition
     from ddlbench.history.compare import regressions
     from ddlbench.history.db import history_path, last_passing_certificate
@@ -111,20 +124,26 @@ def _certify(args: argparse.Namespace) -> int:
     notes: list[str] = []
     config = None
     if args.from_records is not None:
-        if args.suite is not None or args.profile is not None:
-            raise DdlbenchError("--from-records: judges records that exist; --suite and --profile run new ones")
+        if args.suite is not None or args.profile is not None or args.pack is not None:
+            raise DdlbenchError("--from-records: judges records that exist; --suite, --profile and --pack run new ones")
         folder = args.from_records
         table, machine = records_table(folder), read_machine(folder)
         suite_name, config_hash = folder.name, records_config_hash(folder, table)
     else:
-        nodes = slurm_partition(args.partition) if args.profile else local_partition(args.nodes)
+        if args.pack is not None and args.profile is not None:
+            raise DdlbenchError("--pack submits the suite itself; give --pack or --profile, not both")
+        on_slurm = args.profile is not None or args.pack is not None
+        nodes = slurm_partition(args.partition) if on_slurm else local_partition(args.nodes)
         config = resolve_suite(load_suite(args.suite), system=args.system, partition=args.partition, nodes=nodes)
         folder, suite_name, config_hash = config.sweep_dir, config.name, config.config_hash()
         if references:  # names the plan fixes are checked before anything runs
             planned = [name for name in references if not name.startswith("machine/")]
             check_reference_names({name: references[name] for name in planned}, training_figures(suite_table(config)))
         history = history_path(args.db, results_dir=config.results_dir)
-        status, log_file = run_suite(config, cores=args.cores, profile=args.profile, history=history)
+        if args.pack is not None:
+            status, log_file = run_suite_packed(config, pack=args.pack, history=history)
+        else:
+            status, log_file = run_suite(config, cores=args.cores, profile=args.profile, history=history)
         if status != 0:
             notes.append(f"the workflow exited with status {status} (log: {log_file}); judged on the records there are")
         table = suite_table(config)

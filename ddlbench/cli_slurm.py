@@ -210,26 +210,10 @@ def _submit(args: argparse.Namespace, config) -> int:
 
 def _submit_packed(args: argparse.Namespace, config, points) -> int:
     """The points as steps of few allocations (ddlbench.launch.packed): plan, check, submit, wait, report."""
-    from ddlbench.launch.packed import describe, pack_width, submit_allocations, tasks_for, wait_for_allocations
-    from ddlbench.launch.packing import pack
-    from ddlbench.launch.slurm import check_cluster, query_cluster
-    from ddlbench.launch.submission import plan_resources
+    from ddlbench.launch.packed import submit_packed_sweep
 
-    site = _site(args)
-    planned = plan_resources(points, site, sweep=config)
-    check_cluster(list(planned.items()), account_required=True if site.require_account else None)
-    partition = query_cluster().partitions[next(iter(planned.values())).partition]
-    max_time_s = partition.max_time_min * 60 - site.time_margin_s if partition.max_time_min else None
-    packing = pack(tasks_for(points), pack_width(points, args.pack), max_time_s=max_time_s)
-    for line in describe(packing):
-        print(line)
-    submitted = submit_allocations(packing, planned, points, site, sweep_dir=config.sweep_dir, name=config.name)
-    for allocation, job_id in submitted:
-        print(f"allocation {allocation.index}\tjob {job_id}\t{len(allocation.order)} points")
-    if args.no_wait:
-        return 0
-    wait_for_allocations([job_id for _, job_id in submitted])
-    return _refresh_outputs(config)
+    submit_packed_sweep(config, points, _site(args), args.pack, wait=not args.no_wait)
+    return 0 if args.no_wait else _refresh_outputs(config)
 
 
 def _run_packed(args: argparse.Namespace) -> int:

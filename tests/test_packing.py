@@ -116,3 +116,11 @@ def test_the_same_durations_give_the_same_schedule_either_way():
     ]
     again, deferred = simulate(allocation.order, [f"#{i}" for i in range(4)], which="limit")
     assert again == allocation.worst and deferred == []
+
+
+def test_pinned_points_run_one_at_a_time_where_their_nodes_share_hardware():
+    tasks = [task(f"{n}-0", 1, 10, node=n) for n in ("n1", "n2", "n3")]
+    side_by_side = pack(tasks, 3).allocations[0]
+    assert {p.start_s for p in side_by_side.expected.placements} == {0}
+    (serial,) = pack(tasks, 3, pinned_serial=True).allocations
+    assert serial.serial and sorted(p.start_s for p in serial.expected.placements) == [0, 10, 20]

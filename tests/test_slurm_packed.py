@@ -125,3 +125,35 @@ def test_an_allocation_that_ends_early_leaves_its_unrun_points_to_the_next_submi
     assert {r.status for r in records.values()} == {"ok"} and len(records) == 3
     (kept,) = first
     assert records[kept].provenance.slurm.job_id == job_id  # the first record stays as measured
+
+
+def test_per_node_certification_runs_every_node_at_once_in_one_allocation(slurm_env, tmp_path):
+    """`ddlbench certify --pack auto`: the single-node point once on each of the partition's 4 nodes
+    (`each_node: all`), each a step pinned to its node, all four at once, in one job of the partition."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        json.dumps(
+            {
+                "name": "packnode", "results_dir": str(tmp_path / "results"), "models": ["resnet8"],
+                "datasets": ["cifar10"], "strategies": ["ddp"], "nodes": [1], "each_node": "all",
+                "batch_size": [8], "warmup_steps": 1, "steps": 3, "timeout_s": 120,
+            }
+        )
+    )  # fmt: skip
+    run = run_cli(
+        "certify", "--system", "testcluster", "--partition", "cpu", "--db", str(tmp_path / "h.sqlite"),
+        "--suite", str(suite), "--pack", "auto", "--write-references", str(tmp_path / "proposed.yaml"), env=slurm_env,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr[-3000:]  # nothing referenced yet: not a pass
+    folder = tmp_path / "results" / "packnode_testcluster_cpu"
+    records = list(records_of(folder).values())
+    assert sorted(record.point.node for record in records) == ["n1", "n2", "n3", "n4"]
+    (job_id,) = {record.provenance.slurm.job_id for record in records}
+    for record in records:
+        assert record.status == "ok", record.reason
+        assert record.provenance.slurm.num_nodes == 4
+        assert record.provenance.slurm.step_nodes == record.point.node == record.ranks[0].slurm_node
+    summary = _summary(folder, job_id)
+    latest_start = max(p["start_s"] for p in summary["points"])
+    assert all(p["end_s"] > latest_start for p in summary["points"])  # all four running at one moment
+    assert (tmp_path / "proposed.yaml").exists()

@@ -59,6 +59,35 @@ def run_suite(config: SweepConfig, *, cores: int, profile: str | None, history: 
     return done.returncode, log_file
 
 
+def run_suite_packed(config: SweepConfig, *, pack: str, history: Path) -> tuple[int, Path]:
+    """Run the resolved suite's points as job steps of allocations of `pack` nodes (`auto`: the whole
+    partition for per-node points; ddlbench.launch.packed), wait, and store its table in `history` as the
+    workflow's aggregate step does; (0, or 1 when a point has no record, and the log file). Points that
+    have a record are not run again."""
+    from ddlbench.history.store import store_sweep
+    from ddlbench.launch.packed import submit_packed_sweep
+    from ddlbench.launch.profile import load_default_site
+    from ddlbench.records import record_path
+
+    if config.calibrate:
+        raise DdlbenchError(
+            "--pack runs a suite's training points; a suite with `calibrate:` runs with --profile slurm"
+        )
+    config.sweep_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(config.sweep_dir / "suite.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
+    plan = expand_sweep(config)
+    points = [point for point in plan.points if not record_path(config.sweep_dir, point.point_id).exists()]
+    log_file = config.sweep_dir / "logs" / "certify-packed.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("a") as out:
+        if points:
+            submit_packed_sweep(config, points, load_default_site(), pack, say=lambda line: print(line, file=out))
+        table = build_table(plan)
+        run_id, _ = store_sweep(config, table, machine=None, db=history)
+        print(f"history: run {run_id} in {history}", file=out)
+    return (1 if (table["status"] == "missing").any() else 0), log_file
+
+
 def suite_table(config: SweepConfig) -> pd.DataFrame:
     """One row per planned point of the suite (a missing record is a `missing` row)."""
     return build_table(expand_sweep(config))

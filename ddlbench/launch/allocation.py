@@ -128,6 +128,8 @@ def run_allocation(plan_path: Path, *, environ: dict[str, str] | None = None, po
             break
         now = time.monotonic()
         for entry in list(waiting):
+            if plan.get("serial") and running:
+                break  # one point at a time: the plan's nodes share what the points measure
             if now + entry.limit_s > deadline:
                 waiting.remove(entry)  # later starts end later still
                 unrun.append(entry)

@@ -8,7 +8,7 @@ What each allocation asks of SLURM: N nodes (and the pinned points' nodes by nam
 and as much memory per node as its largest point's (ddlbench.launch.resources, as for a point on its
 own), whole nodes unless the site says otherwise (then memory for every runner that may run at once on
 the first node is added), and a time limit of the packing's worst case (every point at its timeout plus
-LAUNCH_ALLOWANCE_S) plus the site's margin. Torch-free.
+LAUNCH_ALLOWANCE_S) plus DISPATCH_SLACK_S and the site's margin, in whole minutes. Torch-free.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
-from ddlbench.launch.packing import Allocation, Packing, Task
+from ddlbench.launch.packing import Allocation, Packing, Task, pack
 from ddlbench.launch.resources import LAUNCHER_MEM_MB, Resources, Site
 from ddlbench.launch.slurm import SlurmError, query_queue, run_slurm
 from ddlbench.point import Point
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 
 # a point's runner beyond its timeout: interpreter start, the step's start, judging and writing the record
 LAUNCH_ALLOWANCE_S = 30
+# from the allocation's start to the dispatcher's first start of a point: the batch script, the interpreter,
+# reading the plan and the node list (1–2 s on the test cluster; a slow shared filesystem takes longer)
+DISPATCH_SLACK_S = 60
 PACKED_DIR = "packed"
 # squeue's states of a job that has ended (it lists them for MinJobAge)
 ENDED_STATES = frozenset(
@@ -67,9 +71,11 @@ def tasks_for(
 
 
 def pack_width(points: Sequence[Point], pack_arg: str) -> int:
-    """--pack N, or `auto`: the sweep's widest point."""
+    """--pack N, or `auto`: the sweep's widest point, or as many nodes as its points are pinned to
+    (per-node certification: the whole partition in one allocation), whichever is more."""
     if pack_arg == "auto":
-        return max((point.nodes for point in points), default=1)
+        pinned = len({point.node for point in points if point.node})
+        return max(max((point.nodes for point in points), default=1), pinned)
     try:
         width = int(pack_arg)
     except ValueError:
@@ -98,14 +104,15 @@ def request_for(allocation: Allocation, planned: Mapping[str, Resources], site: 
     if len(partitions) > 1:
         raise DdlbenchError(f"packed points must share one partition; these use {', '.join(sorted(partitions))}")
     margin = site.time_margin_s
-    time_limit_s = math.ceil(allocation.worst.makespan_s + margin)
+    # SLURM's limit is whole minutes; the dispatcher starts a point only while it fits before limit − margin
+    time_limit_s = 60 * math.ceil((allocation.worst.makespan_s + DISPATCH_SLACK_S + margin) / 60)
     options: list[tuple[str, str]] = [
         ("job-name", name),
         ("partition", first.partition),
         ("nodes", str(allocation.nodes)),
         ("ntasks-per-node", "1"),
         ("cpus-per-task", str(max(r.cpus_per_node for r in members))),
-        ("time", _minutes(time_limit_s)),
+        ("time", _minutes(time_limit_s)),  # whole minutes already
         ("signal", f"B:TERM@{first.signal_delay_s}"),
     ]
     if first.exclusive:
@@ -164,6 +171,7 @@ def write_allocation(
         "sweep_dir": str(sweep_dir.resolve()),
         "time_limit_s": request.time_limit_s,
         "margin_s": request.margin_s,
+        "serial": allocation.serial,
         "points": [
             {
                 "point_id": task.key,
@@ -276,3 +284,27 @@ def describe(packing: Packing) -> list[str]:
         "every point at its expected time; bound s: max(longest point, node-s ÷ nodes), no packing ends sooner"
     )
     return lines
+
+
+def submit_packed_sweep(
+    config: Any, points: Sequence[Point], site: Site, pack_arg: str, *, wait: bool = True, say=print
+) -> list[tuple[Allocation, str]]:
+    """Plan, check against the live cluster, write and submit the points' allocations; wait for them
+    unless `wait` is false. Each line of the plan and each job goes to `say`."""
+    from ddlbench.launch.slurm import check_cluster, query_cluster
+    from ddlbench.launch.submission import plan_resources
+
+    planned = plan_resources(points, site, sweep=config)
+    check_cluster(list(planned.items()), account_required=True if site.require_account else None)
+    partition = query_cluster().partitions[next(iter(planned.values())).partition]
+    budget_s = partition.max_time_min * 60 - site.time_margin_s - DISPATCH_SLACK_S if partition.max_time_min else None
+    serial = bool(getattr(config, "slurm_pinned_one_at_a_time", False))
+    packing = pack(tasks_for(points), pack_width(points, pack_arg), max_time_s=budget_s, pinned_serial=serial)
+    for line in describe(packing):
+        say(line)
+    submitted = submit_allocations(packing, planned, points, site, sweep_dir=config.sweep_dir, name=config.name)
+    for allocation, job_id in submitted:
+        say(f"allocation {allocation.index}\tjob {job_id}\t{len(allocation.order)} points")
+    if wait:
+        wait_for_allocations([job_id for _, job_id in submitted])
+    return submitted

@@ -78,6 +78,7 @@ class Allocation:
     nodes: int
     named: tuple[str, ...]  # nodes the allocation must include (pinned points'); the rest: any
     order: tuple[Task, ...]  # the dispatcher's order
+    serial: bool  # one point at a time (pinned points where the nodes share hardware: slurm.pinned_one_at_a_time)
     worst: Schedule  # every point at its limit: sets the time limit
     expected: Schedule  # every point at its expected time: the predicted makespan
 
@@ -137,8 +138,9 @@ def priority(task: Task) -> tuple:
     return (-task.nodes, -task.limit_s, task.key)
 
 
-def pack(tasks: Iterable[Task], nodes: int, *, max_time_s: float | None = None) -> Packing:
-    """Pack `tasks` into allocations of `nodes` nodes whose worst-case makespan stays within `max_time_s`."""
+def pack(tasks: Iterable[Task], nodes: int, *, max_time_s: float | None = None, pinned_serial: bool = False) -> Packing:
+    """Pack `tasks` into allocations of `nodes` nodes whose worst-case makespan stays within `max_time_s`;
+    `pinned_serial`: pinned points run one at a time (their nodes share something a measurement feels)."""
     tasks = sorted(tasks, key=priority)
     if nodes < 1:
         raise DdlbenchError(f"--pack {nodes}: an allocation needs at least 1 node")
@@ -152,8 +154,8 @@ def pack(tasks: Iterable[Task], nodes: int, *, max_time_s: float | None = None) 
     for start in range(0, len(names), nodes):
         chunk = set(names[start : start + nodes])
         members = [task for task in pinned if task.node in chunk]
-        _fill(allocations, members, len(chunk), tuple(sorted(chunk)), max_time_s)
-    _fill(allocations, free, nodes, (), max_time_s)
+        _fill(allocations, members, len(chunk), tuple(sorted(chunk)), max_time_s, serial=pinned_serial)
+    _fill(allocations, free, nodes, (), max_time_s, serial=False)
     return Packing(nodes=nodes, max_time_s=max_time_s, allocations=tuple(allocations))
 
 
@@ -174,28 +176,43 @@ def _check_fits(tasks: Sequence[Task], nodes: int, max_time_s: float | None) -> 
 
 
 def _fill(
-    allocations: list[Allocation], tasks: list[Task], nodes: int, named: tuple[str, ...], max_time_s: float | None
+    allocations: list[Allocation],
+    tasks: list[Task],
+    nodes: int,
+    named: tuple[str, ...],
+    max_time_s: float | None,
+    *,
+    serial: bool,
 ) -> None:
     """Append allocations until every task of `tasks` (in priority order) has one."""
     left = tasks
     while left:
         slots = named or tuple(f"#{i}" for i in range(nodes))
-        worst, deferred = simulate(left, slots, which="limit", deadline_s=max_time_s)
+        worst, deferred = simulate(left, slots, which="limit", deadline_s=max_time_s, serial=serial)
         taken = {p.key for p in worst.placements}
         order = tuple(task for task in left if task.key in taken)
-        expected, _ = simulate(order, slots, which="expected")
+        expected, _ = simulate(order, slots, which="expected", serial=serial)
         allocations.append(
-            Allocation(index=len(allocations), nodes=nodes, named=named, order=order, worst=worst, expected=expected)
+            Allocation(
+                index=len(allocations),
+                nodes=nodes,
+                named=named,
+                order=order,
+                serial=serial,
+                worst=worst,
+                expected=expected,
+            )
         )
         left = deferred
 
 
 def simulate(
-    order: Sequence[Task], slots: Sequence[str], *, which: str, deadline_s: float | None = None
+    order: Sequence[Task], slots: Sequence[str], *, which: str, deadline_s: float | None = None, serial: bool = False
 ) -> tuple[Schedule, list[Task]]:
     """The greedy list schedule of `order` on `slots` with each task's `which` duration: at time 0 and at
     every end, the first waiting tasks (in order) that fit the free slots start. A task that would end
-    after `deadline_s` is not started; those come back, in order, as the second value.
+    after `deadline_s` is not started; those come back, in order, as the second value. `serial`: a task
+    starts only when none runs.
 
     Waiting tasks are kept in one queue per width (and per pinned node), so choosing the next task costs
     the number of distinct widths, not the number of tasks."""
@@ -210,7 +227,7 @@ def simulate(
     deferred: list[Task] = []
     now = 0.0
     while True:
-        while True:
+        while not (serial and running):
             best_key, best = None, None
             for key, queue in queues.items():
                 while queue:
