@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ddlbench.launch.packing import Task, pack, simulate  # noqa: E402
+from ddlbench.launch.packing import Task, pack, simulate
 
 MODELS = {"resnet50": 0.20, "vgg16": 0.35, "bert_base": 0.60, "gpt2_medium": 1.10}  # s per step at batch 64
 STRATEGIES = {"ddp": 1.0, "zero2": 1.1, "fsdp": 1.25, "gpipe": 1.4, "1f1b": 1.3, "dp_filter": 1.5}
