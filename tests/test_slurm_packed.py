@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import BIN, REPO, run_cli
 from slurm_support import one_row_per_point, profile_env, records_of, sweep, wait_until
 
 from ddlbench.launch.resources import Site
@@ -157,3 +157,30 @@ def test_per_node_certification_runs_every_node_at_once_in_one_allocation(slurm_
     latest_start = max(p["start_s"] for p in summary["points"])
     assert all(p["end_s"] > latest_start for p in summary["points"])  # all four running at one moment
     assert (tmp_path / "proposed.yaml").exists()
+
+
+def test_snakemake_inside_an_allocation_runs_each_point_as_a_step_on_nodes_it_claims(slurm_env, write_sweep, tmp_path):
+    """The documented way (README): `DDLBENCH_PACK=1 snakemake … --resources alloc_nodes=N` as an sbatch
+    job (or inside salloc): the whole workflow runs in one allocation, each point a step on nodes of its own."""
+    sweep_file = sweep(write_sweep, "packsnake", batch_size=[8, 16])
+    sweep_dir = tmp_path / "results" / "packsnake"
+    script = tmp_path / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"#SBATCH --nodes=2 --exclusive --mem=0 --time=10 --output={tmp_path}/job-%j.out\n"
+        "export DDLBENCH_PACK=1\n"
+        f"cd {REPO}\n"
+        f"exec {BIN}/snakemake --configfile {sweep_file} --cores 4 --resources alloc_nodes=$SLURM_JOB_NUM_NODES\n"
+    )
+    env = {**os.environ, **slurm_env}
+    done = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True, env=env)
+    job_id = done.stdout.strip().split(";")[0]
+    output = "\n".join(path.read_text() for path in tmp_path.glob("job-*.out"))
+    assert done.returncode == 0, output[-3000:]
+    records = records_of(sweep_dir)
+    assert len(records) == 4 and {r.status for r in records.values()} == {"ok"}
+    steps = {r.provenance.slurm.step_id for r in records.values()}
+    assert len(steps) == 4 and all(step.startswith(f"{job_id}.") for step in steps)
+    for record in records.values():
+        assert sorted(rank.slurm_node for rank in record.ranks) == sorted(record.provenance.slurm.step_nodes.split(","))
+    assert (sweep_dir / "report.html").exists()  # the whole workflow ran inside

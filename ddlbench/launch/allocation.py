@@ -36,13 +36,13 @@ from typing import Any
 
 from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
+from ddlbench.launch.claims import allocation_hosts
 from ddlbench.launch.launchers import STEP_NODES_VAR, STEP_PORT_VAR
-from ddlbench.launch.slurm import run_slurm
+from ddlbench.launch.rendezvous import step_port
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5
-PORT_BASE = 20000
 
 
 @dataclass(kw_only=True)
@@ -70,19 +70,6 @@ def read_plan(path: Path) -> dict[str, Any]:
     return plan
 
 
-def step_port(job_id: str, sequence: int) -> int:
-    """A rendezvous port for the `sequence`-th step of the job: steps running at once on one host (the
-    test cluster's nodes share one) differ as long as fewer than 64 run at once."""
-    return PORT_BASE + (int(job_id) % 300) * 64 + sequence % 64
-
-
-def job_hosts(environ: dict[str, str]) -> list[str]:
-    node_list = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
-    if not node_list:
-        raise DdlbenchError("run-packed runs inside a SLURM allocation: SLURM_JOB_NODELIST is not set")
-    return run_slurm(["scontrol", "show", "hostnames", node_list]).split()
-
-
 def run_allocation(plan_path: Path, *, environ: dict[str, str] | None = None, poll_s: float = POLL_S) -> int:
     """Run the plan's points in this allocation; 0 when every point started, 3 when some could not."""
     environ = dict(os.environ if environ is None else environ)
@@ -91,7 +78,7 @@ def run_allocation(plan_path: Path, *, environ: dict[str, str] | None = None, po
     job_id = environ.get("SLURM_JOB_ID")
     if not job_id:
         raise DdlbenchError("run-packed runs inside a SLURM allocation: SLURM_JOB_ID is not set")
-    hosts = job_hosts(environ)
+    hosts = allocation_hosts(environ)
     entries = [Entry(**point) for point in plan["points"]]
     missing = sorted({e.node for e in entries if e.node} - set(hosts))
     if missing:

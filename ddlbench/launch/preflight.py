@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ddlbench.errors import ConfigError
+from ddlbench.launch.claims import allocation_hosts, packing_enabled
 from ddlbench.launch.cores import check_plan_cores
 from ddlbench.launch.limits import check_room, read_limits
 from ddlbench.launch.resources import Resources, load_site, snakemake_resources
@@ -46,6 +47,9 @@ class Prepared:
     adaptive: Any = None  # ddlbench.sampling.settings.AdaptiveSettings (adaptive.smk)
     points: tuple[Any, ...] = ()  # what runs, or (adaptive) what the sampled points are drawn from
     resources: dict[str, dict[str, Any]]  # point id → Snakemake resources of its allocation; empty locally
+    # inside an allocation with DDLBENCH_PACK=1: every point is a job step on nodes it claims there
+    # (ddlbench.launch.claims); its only resource is `alloc_nodes`, its nodes, and its runner takes 1 thread
+    packed: bool = False
 
     @property
     def what(self) -> str:
@@ -77,10 +81,25 @@ def prepare_workflow(
             check_cluster(list(planned.items()), account_required=True if site.require_account else None)
             if jobs and planned and not linting:
                 _check_queue_room(prepared, site, jobs=jobs)
+    elif packing_enabled(environ):
+        return replace(prepared, resources=_packed_resources(prepared.points, environ), packed=True)
     elif not linting:
         check_plan_cores(list(prepared.points), cores)
     resources = {point_id: snakemake_resources(allocation) for point_id, allocation in planned.items()}
     return replace(prepared, resources=resources)
+
+
+def _packed_resources(points: tuple[Any, ...], environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Each point's `alloc_nodes`, once every point is known to fit the allocation."""
+    hosts = allocation_hosts(environ)
+    for point in points:
+        if point.nodes > len(hosts):
+            raise ConfigError(
+                "nodes", f"point {point.point_id} needs {point.nodes} nodes; this allocation has {len(hosts)}"
+            )
+        if getattr(point, "node", "") and point.node not in hosts:
+            raise ConfigError("each_node", f"point {point.point_id} is pinned to {point.node}, not in this allocation")
+    return {point.point_id: {"alloc_nodes": point.nodes} for point in points}
 
 
 def _check_queue_room(prepared: Prepared, site: Any, *, jobs: int) -> None:

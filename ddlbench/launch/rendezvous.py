@@ -135,3 +135,9 @@ def free_port() -> int:
 def slurm_master_port(job_id: str, *, base: int = 20000, span: int = 20000) -> int:
     """A port that every rank of a job derives alike and that differs between concurrent jobs."""
     return base + int(job_id) % span
+
+
+def step_port(job_id: str, sequence: int, *, base: int = 20000) -> int:
+    """A rendezvous port for the `sequence`-th step of a packed job: steps running at once on one host (the
+    test cluster's nodes share one) differ as long as fewer than 64 run at once."""
+    return base + (int(job_id) % 300) * 64 + sequence % 64
