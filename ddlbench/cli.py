@@ -178,7 +178,7 @@ def _plan(args: argparse.Namespace) -> int:
         return 0
     plan = expand_sweep(config)
     if args.pack:
-        return _plan_packed(plan.points, args)
+        return _plan_packed(config, plan.points, args)
     if args.max_time is not None:
         raise DdlbenchError("--max-time goes with --pack")
     if args.format == "ids":
@@ -207,14 +207,15 @@ def _column(point, column: str):
     return point.point_id if column == "point_id" else getattr(point, column)
 
 
-def _plan_packed(points, args: argparse.Namespace) -> int:
+def _plan_packed(config, points, args: argparse.Namespace) -> int:
     """`plan --pack N`: the allocations, their time limits, predicted makespans and idle node-seconds."""
-    from ddlbench.launch.packed import describe, pack_width, tasks_for
+    from ddlbench.launch.packed import describe, expected_times, pack_width, tasks_for
     from ddlbench.launch.packing import pack
 
     if args.max_time is not None and not args.max_time > 0:
         raise DdlbenchError(f"--max-time {args.max_time:g} is not accepted; give minutes > 0")
-    packing = pack(tasks_for(points), pack_width(points, args.pack),
+    expected, source = expected_times(points, config.machine_path)
+    packing = pack(tasks_for(points, expected_s=expected), pack_width(points, args.pack),
                    max_time_s=args.max_time * 60 if args.max_time else None)  # fmt: skip
     if args.format == "json":
         allocations = [
@@ -233,7 +234,7 @@ def _plan_packed(points, args: argparse.Namespace) -> int:
         ]
         print(json.dumps({"allocations": allocations, "idle_share": packing.idle_share}, indent=1))
         return 0
-    print("\n".join(describe(packing)))
+    print("\n".join([*describe(packing), source]))
     return 0
 
 

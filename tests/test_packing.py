@@ -3,9 +3,11 @@ greedy, respects the allocations' time limits, and its figures are what its plac
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
+from conftest import REPO, run_cli
 
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.packing import Task, pack, priority, simulate
@@ -124,3 +126,24 @@ def test_pinned_points_run_one_at_a_time_where_their_nodes_share_hardware():
     assert {p.start_s for p in side_by_side.expected.placements} == {0}
     (serial,) = pack(tasks, 3, pinned_serial=True).allocations
     assert serial.serial and sorted(p.start_s for p in serial.expected.placements) == [0, 10, 20]
+
+
+def test_plan_pack_prints_the_packing_with_predicted_times_where_a_machine_file_exists(write_sweep):
+    common = dict(models=["resnet8"], datasets=["cifar10"], strategies=["ddp"], nodes=[1, 2], ranks_per_node=[1],
+                  batch_size=[8, 16], warmup_steps=1, steps=20, timeout_s=120)  # fmt: skip
+    bare = run_cli("plan", "--configfile", str(write_sweep("bare.yaml", **common)), "--pack", "2", "--format", "json")
+    assert bare.returncode == 0, bare.stderr
+    (allocation,) = json.loads(bare.stdout)["allocations"]
+    # no machine file: every point at its limit (120 s + the launch allowance), the 2-node ones first
+    assert [p["end_s"] - p["start_s"] for p in allocation["placements"]] == [150.0] * 4
+    assert [len(p["slots"]) for p in allocation["placements"]] == [2, 2, 1, 1]
+    machine = REPO / "workflow" / "machines" / "dgx_h100_4ndr.yaml"
+    sweep_file = write_sweep("machine.yaml", **common, machine=str(machine))
+    predicted = run_cli("plan", "--configfile", str(sweep_file), "--pack", "2", "--max-time", "5")
+    assert predicted.returncode == 0, predicted.stderr
+    assert f"expected times: predicted on {machine}" in predicted.stdout
+    rows = [line.split() for line in predicted.stdout.splitlines() if line.split()[:2] == ["0", "2"]]  # allocation 0
+    limit_s, makespan_s = float(rows[0][3]), float(rows[0][4])
+    assert makespan_s < limit_s  # a resnet8 step on an H100 node is far shorter than its timeout
+    refused = run_cli("plan", "--configfile", str(sweep_file), "--pack", "0")
+    assert refused.returncode != 0 and "--pack 0 is not accepted" in refused.stderr

@@ -70,6 +70,35 @@ def tasks_for(
     return tasks
 
 
+# a point's time outside its steps when predicted: interpreter, torch, the step's start, the process group,
+# the record. 3.3 s measured for a local launch on a 2-core host (docs/empirical.md, the sampling loop's
+# o_L); srun's step start and a shared filesystem add to it. An assumption, printed with every plan.
+EXPECTED_LAUNCH_S = 15.0
+
+
+def expected_times(points: Sequence[Point], machine_file: Path | None) -> tuple[dict[str, float], str]:
+    """Each point's expected time from a machine file (ddlbench.analysis.analytic: (warm-up + steps) ×
+    the predicted step time + EXPECTED_LAUNCH_S), and a line saying where the expected times come from."""
+    if machine_file is None or not machine_file.exists():
+        return {}, "expected times: none predicted (no machine file): every point at its limit"
+    from ddlbench.analysis.analytic.layout import Setting
+    from ddlbench.analysis.analytic.machine_model import MachineModel
+    from ddlbench.analysis.analytic.predict import predict_all
+
+    try:
+        predictions = predict_all([Setting.of_point(p) for p in points], MachineModel.from_file(machine_file))
+    except DdlbenchError as exc:
+        return {}, f"expected times: not predicted ({exc}): every point at its limit"
+    times = {
+        point.point_id: EXPECTED_LAUNCH_S + (point.warmup_steps + point.steps) * prediction.step_time_s
+        for point, prediction in zip(points, predictions, strict=True)
+    }
+    return times, (
+        f"expected times: predicted on {machine_file} as (warm-up + steps) × step time + {EXPECTED_LAUNCH_S:g} s "
+        "of launch (assumed), at most the point's limit"
+    )
+
+
 def pack_width(points: Sequence[Point], pack_arg: str) -> int:
     """--pack N, or `auto`: the sweep's widest point, or as many nodes as its points are pinned to
     (per-node certification: the whole partition in one allocation), whichever is more."""
@@ -299,8 +328,10 @@ def submit_packed_sweep(
     partition = query_cluster().partitions[next(iter(planned.values())).partition]
     budget_s = partition.max_time_min * 60 - site.time_margin_s - DISPATCH_SLACK_S if partition.max_time_min else None
     serial = bool(getattr(config, "slurm_pinned_one_at_a_time", False))
-    packing = pack(tasks_for(points), pack_width(points, pack_arg), max_time_s=budget_s, pinned_serial=serial)
-    for line in describe(packing):
+    expected, source = expected_times(points, getattr(config, "machine_path", None))
+    tasks = tasks_for(points, expected_s=expected)
+    packing = pack(tasks, pack_width(points, pack_arg), max_time_s=budget_s, pinned_serial=serial)
+    for line in [*describe(packing), source]:
         say(line)
     submitted = submit_allocations(packing, planned, points, site, sweep_dir=config.sweep_dir, name=config.name)
     for allocation, job_id in submitted:
