@@ -213,9 +213,15 @@ def test_scheduler_load_counts_the_scheduler_calls_of_a_two_point_sweep():
     output = run_benchmark("scheduler_load.py", "--points", "2", timeout=900)
     figure(output, r"scheduler calls for a 2-point sweep .*")
     for label in ("snakemake --profile slurm", "ddlbench submit (submitit arrays)"):
-        counts = figure(output, rf"{re.escape(label)}\s+{NUMBER}((?:\s+\d+ \[\s*\d+\]){{6}})").group(1)
+        counts = figure(output, rf"{re.escape(label)}\s+{NUMBER}((?:\s+\d+ \[\s*\d+\]){{7}})").group(1)
         assert int(re.findall(r"(\d+) \[", counts)[0]) >= 1, f"{label} called sbatch no time: {counts}"
         figure(output, rf"{re.escape(label)}: per point on the login node \{{.*'sbatch': {NUMBER}.*\}}")
+        rates = figure(
+            output,
+            rf"{re.escape(label)}: ({NUMBER}) status queries and ({NUMBER}) scheduler calls per point per minute "
+            rf"\(2 points in {NUMBER} min; target <= 0\.05\)",
+        )
+        assert 0 < float(rates.group(1)) <= float(rates.group(2)), rates.group(0)
 
 
 def test_every_benchmark_script_has_a_test_here():

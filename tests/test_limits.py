@@ -180,6 +180,10 @@ class FakeQueue:
         self.arrays.append(len(items))
         return ids
 
+    def start(self, count: int) -> None:
+        pending = [job for job in self.jobs if job.state == "PENDING"][:count]
+        self.jobs = [dataclasses.replace(job, state="RUNNING") if job in pending else job for job in self.jobs]
+
     def finish(self, count: int) -> None:
         active = [job for job in self.jobs if job.active][:count]
         self.jobs = [dataclasses.replace(job, state="COMPLETED") if job in active else job for job in self.jobs]
@@ -217,7 +221,7 @@ def test_a_refusal_with_none_of_the_users_jobs_queued_ends_in_an_error():
         submit_in_waves([("a", [0])], fake.sbatch, limits=lambda k: limits_of(), watch=watch)
 
 
-def test_the_poll_interval_grows_while_nothing_changes_and_falls_back_when_a_job_ends():
+def test_the_poll_interval_grows_while_nothing_ends_and_falls_back_when_a_job_ends():
     fake = FakeQueue()
     fake.sbatch("a", [0, 1, 2])
     naps: list[float] = []
@@ -225,6 +229,7 @@ def test_the_poll_interval_grows_while_nothing_changes_and_falls_back_when_a_job
 
     def sleep(seconds: float) -> None:
         naps.append(seconds)
+        fake.start(1 if len(naps) in (2, 3) else 0)  # a job that starts changes nothing waited for
         fake.finish(ends_at.get(len(naps), 0))
 
     watch = QueueWatch(poll_s=5, max_poll_s=20, growth=1.5, query=fake.squeue, sleep=sleep)
