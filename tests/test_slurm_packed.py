@@ -110,6 +110,10 @@ def test_an_allocation_that_ends_early_leaves_its_unrun_points_to_the_next_submi
         what="the hanging point to start",
     )
     first = records_of(sweep_dir)
+    status = run_cli("status", "--configfile", str(sweep_file), "--points", env=slurm_env).stdout
+    states = {line.split()[1].split("-")[4]: line.split()[0] for line in status.splitlines()[1:]}
+    assert states == {"b16": "ok", "b4": "running", "b8": "pending"}, status  # one squeue for the allocation
+    assert f"waiting for nodes in allocation {job_id}" in status
     subprocess.run(["scancel", job_id], check=True, env=env)  # the allocation ends: scancel, time limit, preemption
     wait_until(
         lambda: _summary(sweep_dir, job_id).get("state") == "stopped", timeout_s=60, what="the dispatcher to stop"

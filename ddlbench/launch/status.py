@@ -7,9 +7,10 @@ read with one squeue call.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ddlbench.launch.slurm import PENDING_STATES, RUNNING_STATES, QueuedJob
@@ -35,21 +36,24 @@ class PointStatus:
         return self.measurement_version is not None and self.measurement_version != MEASUREMENT_VERSION
 
 
-def point_of_job(job: QueuedJob, job_points: Mapping[str, str]) -> str | None:
+def points_of_job(job: QueuedJob, job_points: Mapping[str, list[str]]) -> list[str]:
+    """The points a queued job runs: one (Snakemake's comment, a submitit task), or a packed allocation's."""
     if job.comment.startswith(SNAKEMAKE_COMMENT_PREFIX):
-        return job.comment[len(SNAKEMAKE_COMMENT_PREFIX) :]
-    return job_points.get(job.job_id)
+        return [job.comment[len(SNAKEMAKE_COMMENT_PREFIX) :]]
+    return job_points.get(job.job_id, [])
 
 
 def sweep_status(
     plan: Plan, *, queue: list[QueuedJob], jobs_index: Mapping[str, list[str]], sweep_dir: Path
 ) -> list[PointStatus]:
     """One PointStatus per planned point. A job in the queue wins over an older record (a rerun)."""
-    job_points = {job_id: point_id for point_id, job_ids in jobs_index.items() for job_id in job_ids}
+    job_points: dict[str, list[str]] = {}
+    for point_id, job_ids in jobs_index.items():
+        for job_id in job_ids:
+            job_points.setdefault(job_id, []).append(point_id)
     queued: dict[str, QueuedJob] = {}
     for job in queue:
-        point_id = point_of_job(job, job_points)
-        if point_id is not None:
+        for point_id in points_of_job(job, job_points):
             queued[point_id] = job
     statuses = []
     for point in plan.points:
@@ -60,6 +64,13 @@ def sweep_status(
         if job is not None and job.job_id not in job_ids:
             job_ids.append(job.job_id)
         path = record_path(sweep_dir, point.point_id)
+        if job is not None and len(job_points.get(job.job_id, ())) > 1 and job.state in RUNNING_STATES:
+            # a packed allocation runs its points one step each: a point has ended when its record names
+            # the allocation, runs once the dispatcher has started it, else waits for nodes there
+            job = None if _recorded_in(path, job.job_id) else job
+            if job is not None and point.point_id not in _started_in(sweep_dir, job.job_id):
+                job = replace(job, state="PENDING")
+                reason = f"waiting for nodes in allocation {job.job_id}"
         if job is not None and job.state in RUNNING_STATES:
             state = "running"
         elif job is not None and job.state in PENDING_STATES:
@@ -85,6 +96,22 @@ def sweep_status(
             )
         )
     return statuses
+
+
+def _recorded_in(path: Path, job_id: str) -> bool:
+    try:
+        return path.exists() and _job_id_of(read_record(path).provenance) == job_id
+    except RecordError:
+        return False
+
+
+def _started_in(sweep_dir: Path, job_id: str) -> set[str]:
+    """The points a packed allocation's dispatcher has started (its summary, ddlbench.launch.allocation)."""
+    path = sweep_dir / "packed" / f"allocation-{job_id}.json"
+    try:
+        return {point["point_id"] for point in json.loads(path.read_text())["points"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
 
 
 def _job_id_of(provenance: Provenance) -> str | None:
