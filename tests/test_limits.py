@@ -236,3 +236,24 @@ def test_the_poll_interval_grows_while_nothing_ends_and_falls_back_when_a_job_en
     wait_for_jobs([job.job_id for job in fake.jobs], watch=watch)
     assert naps == [5, 7.5, 11.25, 16.875, 20, 20, 5, 7.5, 11.25]
     assert watch.calls == len(naps) + 1  # one squeue per poll, for all the jobs
+
+
+def test_a_result_file_cuts_a_long_pause_short_but_never_under_the_least(tmp_path):
+    import time
+    from types import SimpleNamespace
+
+    from ddlbench.launch.submission import ResultNap
+
+    result = tmp_path / "7_0_result.pkl"
+    job = SimpleNamespace(job_id="7_0", paths=SimpleNamespace(result_pickle=result))
+    nap = ResultNap(lambda: [job], least_s=0.2, check_s=0.05)
+    began = time.monotonic()
+    nap(0.5)  # no result: the whole pause
+    assert time.monotonic() - began >= 0.5
+    result.write_bytes(b"")
+    began = time.monotonic()
+    nap(30)  # a result: back after the least pause and a moment for SLURM to end the job
+    assert 0.2 <= time.monotonic() - began < 2
+    began = time.monotonic()
+    nap(0.4)  # that result is no longer news
+    assert time.monotonic() - began >= 0.4

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -207,7 +208,8 @@ def submit_points(
         )
         return [job.job_id for job in group_jobs]
 
-    submit_in_waves(list(groups.items()), submit, limits=limits_of, watch=watch or QueueWatch())
+    watch = watch or QueueWatch(sleep=ResultNap(lambda: jobs_by_point.values()))
+    submit_in_waves(list(groups.items()), submit, limits=limits_of, watch=watch)
     return [jobs_by_point[point.point_id] for point in points]
 
 
@@ -231,10 +233,38 @@ def read_jobs_index(sweep_dir: Path) -> dict[str, list[str]]:
         raise DdlbenchError(f"{path} is not valid JSON: {exc}") from None
 
 
+class ResultNap:
+    """QueueWatch's sleep: the pause, cut short once a job has written its result file (no scheduler
+    call), though never under `least_s`. squeue is then asked soon after a job ends even when the
+    interval has grown long, and never more often than every `least_s` however many jobs end."""
+
+    def __init__(self, jobs: Callable[[], Iterable[Any]], *, least_s: float = 10.0, check_s: float = 1.0):
+        self.jobs, self.least_s, self.check_s = jobs, least_s, check_s
+        self.finished: set[str] = set()
+
+    def _new_result(self) -> bool:
+        found = False
+        for job in list(self.jobs()):
+            if job.job_id not in self.finished and job.paths.result_pickle.exists():
+                self.finished.add(job.job_id)
+                found = True
+        return found
+
+    def __call__(self, seconds: float) -> None:
+        began = time.monotonic()
+        time.sleep(min(seconds, self.least_s))
+        while (left := seconds - (time.monotonic() - began)) > 0:
+            if self._new_result():
+                time.sleep(min(left, 2 * self.check_s))  # SLURM ends the job just after its result is written
+                return
+            time.sleep(min(left, self.check_s))
+
+
 def wait_for(jobs: list[Any], *, watch: QueueWatch | None = None) -> None:
     """Wait until every job has ended: one squeue call per poll for all of them, at an interval that
-    grows while none changes (QueueWatch); then each job's result, read from its file."""
-    wait_for_jobs([job.job_id for job in jobs], watch=watch or QueueWatch())
+    grows while none ends (QueueWatch), and shortened when a job writes its result; then each job's
+    result, read from its file."""
+    wait_for_jobs([job.job_id for job in jobs], watch=watch or QueueWatch(sleep=ResultNap(lambda: jobs)))
     for job in jobs:
         try:
             job.result()
