@@ -18,6 +18,7 @@ Calls from inside jobs (each point's own scontrol and srun) are per point, not p
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -72,7 +73,13 @@ def sweep_file(folder: Path, name: str, points: int) -> Path:
     return path
 
 
-def run(label: str, command: list[str], env: dict[str, str], log: Path) -> dict:
+def statuses(sweep_dir: Path) -> dict[str, int]:
+    """How many of the sweep's records say each status: every point must have run for the figures to count."""
+    found = Counter(json.loads(path.read_text())["status"] for path in sweep_dir.glob("points/*/record.json"))
+    return dict(sorted(found.items()))
+
+
+def run(label: str, command: list[str], env: dict[str, str], log: Path, sweep_dir: Path) -> dict:
     log.unlink(missing_ok=True)
     began = time.monotonic()
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
@@ -80,7 +87,7 @@ def run(label: str, command: list[str], env: dict[str, str], log: Path) -> dict:
     if result.returncode != 0:
         sys.exit(f"{label} failed ({result.returncode}):\n{result.stderr[-3000:]}")
     login, jobs = count(log)
-    return {"label": label, "wall_s": wall, "login": login, "jobs": jobs}
+    return {"label": label, "wall_s": wall, "login": login, "jobs": jobs, "records": statuses(sweep_dir)}
 
 
 def main() -> None:
@@ -108,12 +115,14 @@ def main() -> None:
                 [str(BIN / "snakemake"), "--profile", "slurm", "--configfile", str(smk_sweep)],
                 env,
                 log,
+                folder / "results" / "smk",
             ),
             run(
                 "ddlbench submit (submitit arrays)",
                 [str(BIN / "ddlbench"), "submit", "--configfile", str(sweep_file(folder, "sub", args.points))],
                 env,
                 log,
+                folder / "results" / "sub",
             ),
         ]
     print(f"scheduler calls for a {args.points}-point sweep (login node; calls from inside jobs in brackets)")
@@ -123,7 +132,7 @@ def main() -> None:
         print(f"{result['label']:<36} {result['wall_s']:>7.1f} {cells}")
     for result in runs:
         per_point = {c: round(result["login"][c] / args.points, 2) for c in ("sbatch", "squeue", "sacct")}
-        print(f"{result['label']}: per point on the login node {per_point}")
+        print(f"{result['label']}: per point on the login node {per_point}; records {result['records']}")
     for result in runs:
         minutes = result["wall_s"] / 60
         login = result["login"]

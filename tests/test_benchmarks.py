@@ -215,7 +215,8 @@ def test_scheduler_load_counts_the_scheduler_calls_of_a_two_point_sweep():
     for label in ("snakemake --profile slurm", "ddlbench submit (submitit arrays)"):
         counts = figure(output, rf"{re.escape(label)}\s+{NUMBER}((?:\s+\d+ \[\s*\d+\]){{7}})").group(1)
         assert int(re.findall(r"(\d+) \[", counts)[0]) >= 1, f"{label} called sbatch no time: {counts}"
-        figure(output, rf"{re.escape(label)}: per point on the login node \{{.*'sbatch': {NUMBER}.*\}}")
+        per_point = rf"{re.escape(label)}: per point on the login node \{{.*'sbatch': {NUMBER}.*\}}"
+        figure(output, rf"{per_point}; records \{{'ok': 2\}}")  # every point ran
         rates = figure(
             output,
             rf"{re.escape(label)}: ({NUMBER}) status queries and ({NUMBER}) scheduler calls per point per minute "
