@@ -29,7 +29,7 @@ from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.packing import Allocation, Packing, Task, pack
 from ddlbench.launch.resources import LAUNCHER_MEM_MB, Resources, Site
-from ddlbench.launch.slurm import SlurmError, query_queue, run_slurm
+from ddlbench.launch.slurm import SlurmError, run_slurm
 from ddlbench.point import Point
 from ddlbench.records import record_path
 
@@ -41,10 +41,6 @@ LAUNCH_ALLOWANCE_S = 30
 # reading the plan and the node list (1–2 s on the test cluster; a slow shared filesystem takes longer)
 DISPATCH_SLACK_S = 60
 PACKED_DIR = "packed"
-# squeue's states of a job that has ended (it lists them for MinJobAge)
-ENDED_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-)
 # what may stand in an #SBATCH line: a value with a space, quote or newline would change the script
 _SAFE_VALUE = re.compile(r"[A-Za-z0-9_.,:+=@%/\[\]|&*!-]+")
 
@@ -244,47 +240,57 @@ def submit_allocations(
     sweep_dir: Path,
     name: str,
     time_factor: float = 1.0,
+    watch: Any = None,
 ) -> list[tuple[Allocation, str]]:
-    """Write and sbatch every allocation; (allocation, job id) in order. The jobs index records each
-    point's allocation (ddlbench.launch.submission.remember_jobs)."""
+    """Write every allocation's plan and job script, then sbatch them under the user's limits
+    (ddlbench.launch.waves: as many as the room allows, the rest as earlier jobs end; a refusal for a
+    limit is tried again, never a point's failure); (allocation, job id) in order. The jobs index records
+    each point's allocation (ddlbench.launch.submission.remember_jobs)."""
+    from ddlbench.launch.limits import is_limit_refusal, read_limits
+    from ddlbench.launch.slurm import query_cluster
     from ddlbench.launch.submission import remember_jobs
+    from ddlbench.launch.waves import LimitRefusal, QueueWatch, submit_in_waves
 
     by_id = {point.point_id: point for point in points}
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    submitted = []
+    scripts = []
     for allocation in packing.allocations:
         request = request_for(allocation, planned, site, name=f"ddlbench-{name}-packed")
         script = write_allocation(allocation, request, by_id, sweep_dir=sweep_dir, stamp=stamp, time_factor=time_factor)
-        job_id = run_slurm(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
-        remember_jobs(sweep_dir, {task.key: job_id for task in allocation.order})
-        log.info(
-            "allocation %d: job %s, %d points on %d nodes",
-            allocation.index,
-            job_id,
-            len(allocation.order),
-            allocation.nodes,
-        )
-        submitted.append((allocation, job_id))
-    return submitted
+        scripts.append((allocation, script))
+    first = planned[packing.allocations[0].order[0].key] if packing.allocations else None
+    limits = (
+        read_limits(query_cluster(), account=first.account, qos=first.qos, partition=first.partition) if first else None
+    )
+
+    def submit(_key: object, items: list[tuple[Allocation, Path]]) -> list[str]:
+        job_ids = []
+        for allocation, script in items:
+            try:
+                job_id = run_slurm(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
+            except SlurmError as exc:
+                message = " ".join(str(exc).split())
+                if is_limit_refusal(message) and not job_ids:
+                    raise LimitRefusal(message) from None
+                raise
+            remember_jobs(sweep_dir, {task.key: job_id for task in allocation.order})
+            log.info("allocation %d: job %s, %d points on %d nodes", allocation.index, job_id,
+                     len(allocation.order), allocation.nodes)  # fmt: skip
+            job_ids.append(job_id)
+        return job_ids
+
+    watch = watch or QueueWatch()
+    submitted = submit_in_waves([("packed", scripts)], submit, limits=lambda _key: limits, watch=watch)
+    jobs = {allocation.index: job_id for job_id, (allocation, _) in submitted.items()}
+    return [(allocation, jobs[allocation.index]) for allocation in packing.allocations]
 
 
-def wait_for_allocations(job_ids: Sequence[str], *, first_s: float = 2.0, most_s: float = 60.0) -> None:
-    """Until none of `job_ids` is in the queue: one squeue call per poll for all of them, the interval
-    growing ×1.5 (up to `most_s`) while nothing changes, back to `first_s` when something does."""
-    wanted = set(job_ids)
-    interval = first_s
-    last: dict[str, str] | None = None
-    while True:
-        try:
-            states = {job.job_id: job.state for job in query_queue() if job.job_id in wanted}
-        except SlurmError as exc:
-            log.warning("queue not read (%s); trying again", exc)
-            states = last or {}
-        if all(state in ENDED_STATES for state in states.values()):
-            return
-        interval = first_s if states != last else min(interval * 1.5, most_s)
-        last = states
-        time.sleep(interval)
+def wait_for_allocations(job_ids: Sequence[str], *, watch: Any = None) -> None:
+    """Until none of `job_ids` is queued or running: one squeue call per poll for all of them, at the
+    interval of ddlbench.launch.waves.QueueWatch (growing while nothing ends)."""
+    from ddlbench.launch.waves import QueueWatch, wait_for_jobs
+
+    wait_for_jobs(job_ids, watch=watch or QueueWatch())
 
 
 def describe(packing: Packing) -> list[str]:
