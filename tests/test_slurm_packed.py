@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import BIN, REPO, run_cli
 from slurm_support import one_row_per_point, profile_env, records_of, sweep, wait_until
+from test_slurm_limits import LIMIT, QOS, limited_qos  # noqa: F401 (limited_qos: a fixture)
 
 from ddlbench.launch.resources import Site
 
@@ -188,3 +189,23 @@ def test_snakemake_inside_an_allocation_runs_each_point_as_a_step_on_nodes_it_cl
     for record in records.values():
         assert sorted(rank.slurm_node for rank in record.ranks) == sorted(record.provenance.slurm.step_nodes.split(","))
     assert (sweep_dir / "report.html").exists()  # the whole workflow ran inside
+
+
+@pytest.mark.usefixtures("limited_qos")
+def test_more_allocations_than_the_submit_limit_go_in_as_earlier_ones_end(slurm_env, write_sweep, tmp_path):
+    """Four single-node allocations (a point pinned to each node, packed a node at a time) under a QOS that
+    lets 3 jobs be queued: the fourth waits for room, none is refused."""
+    nodes = ["n1", "n2", "n3", "n4"]
+    sweep_file = sweep(write_sweep, "packlimit", nodes=[1], each_node=nodes, steps=1)
+    submitted = run_cli(
+        "submit", "--configfile", str(sweep_file), "--pack", "1", "--qos", QOS, env=slurm_env
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    assert len(set(_allocations(submitted.stdout))) == 4
+    # the fourth waited for room (the limits read), or was refused for the limit and tried again (limits that
+    # sacctmgr had not yet passed to the controller): either way it went in, and no point failed for it
+    waited = f"wait for room in the queue (QOS '{QOS}' MaxSubmitJobsPerUser={LIMIT}" in submitted.stderr
+    assert waited or "sbatch refused for a limit" in submitted.stderr, submitted.stderr[-3000:]
+    records = records_of(tmp_path / "results" / "packlimit")
+    assert sorted(r.point.node for r in records.values()) == nodes
+    assert {r.status for r in records.values()} == {"ok"}
