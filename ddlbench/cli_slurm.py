@@ -24,7 +24,10 @@ def add_commands(commands: argparse._SubParsersAction, add_sweep_options: Callab
     _add_site_options(profile)
     profile.add_argument("--jobs", type=int, default=100, help="most jobs in the queue at once (default 100)")
     profile.add_argument(
-        "--status-wait", type=int, default=10, help="seconds before the first status check (plugin default: 40)"
+        "--status-wait",
+        type=int,
+        default=20,
+        help="seconds between status checks after a job ends (growing +10 s while none does; plugin default: 40)",
     )
     profile.add_argument(
         "--status-command",

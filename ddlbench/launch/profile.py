@@ -47,7 +47,7 @@ def load_default_site() -> Site:
 @dataclass(frozen=True, kw_only=True)
 class ProfileOptions:
     jobs: int = 100
-    status_wait_s: int = 10
+    status_wait_s: int = 20  # the plugin polls this long after a job ended, +10 s a poll while none does
     latency_wait_s: int = 30
     # squeue, not the plugin's default sacct: plugin 2.8.0 reads sacct's "CANCELLED by <uid>" as still
     # running, so a job cancelled with scancel would keep Snakemake waiting forever (seen on the test
