@@ -38,6 +38,8 @@ TESTED = {
     "bare_ddp.py",
     "empirical_accuracy.py",
     "overhead.py",
+    "packed_wall.py",
+    "packing_plan.py",
     "plan_speed.py",
     "report_screenshot.py",
     "report_speed.py",
@@ -223,6 +225,34 @@ def test_scheduler_load_counts_the_scheduler_calls_of_a_two_point_sweep():
             rf"\(2 points in {NUMBER} min; target <= 0\.05\)",
         )
         assert 0 < float(rates.group(1)) <= float(rates.group(2)), rates.group(0)
+
+
+def test_packing_plan_plans_its_sweep_in_allocations_of_each_width():
+    output = run_benchmark("packing_plan.py", "--repetitions", "1", "--widths", "64,1000")
+    figure(output, r"sweep: 2016 points, \d+ node-hours expected; partition: 1000 nodes, MaxTime 24 h")
+    for width in (64, 1000):
+        row = figure(
+            output,
+            rf"\s*{width}\s+(\d+)\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+({NUMBER})%\s+({NUMBER})\s+{NUMBER}%\s+(?:{NUMBER}%|-)",
+        )
+        assert int(row.group(1)) >= 1 and 0 <= float(row.group(2)) < 100 and float(row.group(3)) >= 1.0, row.group(0)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_packed_wall_runs_one_sweep_both_ways():
+    problem = cluster_answers()
+    if problem:
+        if os.environ.get("DDLBENCH_REQUIRE_SLURM") == "1":
+            pytest.fail(f"DDLBENCH_REQUIRE_SLURM=1 but {problem}; run `make slurm-up`")
+        pytest.skip(f"{problem}; run `make slurm-up`")
+    output = run_benchmark("packed_wall.py", "--points", "2", "--rounds", "1", timeout=900)
+    for way, jobs in (("per_point", 2), ("packed", 1)):
+        figure(
+            output,
+            rf"round 0 {way}\s+{NUMBER} s wall, {jobs} SLURM job\(s\) holding \d+ node-s: 2 points \{{'ok': 2\}}.*",
+        )
+    figure(output, rf"median wall s over 1 round\(s\) of 2 points: per point {NUMBER}, packed {NUMBER}; .*")
 
 
 def test_every_benchmark_script_has_a_test_here():
