@@ -110,6 +110,7 @@ def run_allocation(plan_path: Path, *, environ: dict[str, str] | None = None, po
             state=state,
         )
 
+    changed = True  # the summary is written when a point starts or ends, not every poll
     while True:
         if stopping["signal"] is not None:
             break
@@ -135,8 +136,10 @@ def run_allocation(plan_path: Path, *, environ: dict[str, str] | None = None, po
             waiting.remove(entry)
             running[_start(entry, taken, job_id, sequence, environ, began)] = entry
             sequence += 1
-        if running or waiting:
+            changed = True
+        if changed and (running or waiting):
             write_summary("running")
+            changed = False
         if not running:
             break
         time.sleep(poll_s)
@@ -145,6 +148,7 @@ def run_allocation(plan_path: Path, *, environ: dict[str, str] | None = None, po
             if code is None:
                 continue
             del running[process]
+            changed = True
             entry.steps.update(end_s=round(time.monotonic() - began, 3), returncode=code)
             free.extend(entry.steps["nodes"])
             free.sort(key=hosts.index)
