@@ -29,14 +29,19 @@ def cluster_answers() -> str | None:
     return None
 
 
-def profile_env(tmp_path_factory, site: Site) -> dict[str, str]:
-    """Environment for commands that submit: a profile `slurm` with `site` in a private XDG_CONFIG_HOME.
-    Skips (fails under DDLBENCH_REQUIRE_SLURM=1) without a cluster."""
+def require_cluster() -> None:
+    """Skip without the test cluster; fail instead under DDLBENCH_REQUIRE_SLURM=1 (CI)."""
     problem = cluster_answers()
     if problem:
         if os.environ.get("DDLBENCH_REQUIRE_SLURM") == "1":
             pytest.fail(f"DDLBENCH_REQUIRE_SLURM=1 but {problem}; run `make slurm-up`")
         pytest.skip(f"{problem}; run `make slurm-up`")
+
+
+def profile_env(tmp_path_factory, site: Site) -> dict[str, str]:
+    """Environment for commands that submit: a profile `slurm` with `site` in a private XDG_CONFIG_HOME.
+    Skips (fails under DDLBENCH_REQUIRE_SLURM=1) without a cluster."""
+    require_cluster()
     config_home = tmp_path_factory.mktemp("xdg")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CONFIG_HOME", str(config_home))

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser import find_chromium
-from tests.slurm_support import cluster_answers
+from tests.slurm_support import require_cluster
 from tests.test_extrap_crosscheck import VENV as EXTRAP_VENV
 from tests.test_extrap_crosscheck import require_extrap
 
@@ -207,11 +207,7 @@ def test_overhead_runs_ddlbench_and_the_bare_loop_on_the_same_job():
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_scheduler_load_counts_the_scheduler_calls_of_a_two_point_sweep():
-    problem = cluster_answers()
-    if problem:
-        if os.environ.get("DDLBENCH_REQUIRE_SLURM") == "1":
-            pytest.fail(f"DDLBENCH_REQUIRE_SLURM=1 but {problem}; run `make slurm-up`")
-        pytest.skip(f"{problem}; run `make slurm-up`")
+    require_cluster()
     output = run_benchmark("scheduler_load.py", "--points", "2", timeout=900)
     figure(output, r"scheduler calls for a 2-point sweep .*")
     for label in ("snakemake --profile slurm", "ddlbench submit (submitit arrays)"):
@@ -241,11 +237,7 @@ def test_packing_plan_plans_its_sweep_in_allocations_of_each_width():
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_packed_wall_runs_one_sweep_both_ways():
-    problem = cluster_answers()
-    if problem:
-        if os.environ.get("DDLBENCH_REQUIRE_SLURM") == "1":
-            pytest.fail(f"DDLBENCH_REQUIRE_SLURM=1 but {problem}; run `make slurm-up`")
-        pytest.skip(f"{problem}; run `make slurm-up`")
+    require_cluster()
     output = run_benchmark("packed_wall.py", "--points", "2", "--rounds", "1", timeout=900)
     for way, jobs in (("per_point", 2), ("packed", 1)):
         figure(

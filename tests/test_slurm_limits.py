@@ -15,7 +15,7 @@ import subprocess
 import pytest
 import yaml
 from conftest import BIN, run_cli, run_snakemake
-from slurm_support import cluster_answers, records_of, sweep
+from slurm_support import records_of, require_cluster, sweep
 
 pytestmark = pytest.mark.slurm
 
@@ -40,11 +40,7 @@ def sbatch_in_qos(*args: str) -> subprocess.CompletedProcess:
 def limited_qos():
     """QOS ddlbench_limit3, open to this user, at most 3 jobs queued per user; the limit is lifted and the
     QOS removed from the user afterwards, whatever the tests did."""
-    problem = cluster_answers()
-    if problem:
-        if os.environ.get("DDLBENCH_REQUIRE_SLURM") == "1":
-            pytest.fail(f"DDLBENCH_REQUIRE_SLURM=1 but {problem}; run `make slurm-up`")
-        pytest.skip(f"{problem}; run `make slurm-up`")
+    require_cluster()
     import getpass
 
     user = getpass.getuser()

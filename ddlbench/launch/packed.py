@@ -45,15 +45,13 @@ PACKED_DIR = "packed"
 _SAFE_VALUE = re.compile(r"[A-Za-z0-9_.,:+=@%/\[\]|&*!-]+")
 
 
-def tasks_for(
-    points: Sequence[Point], *, time_factor: float = 1.0, expected_s: Mapping[str, float] | None = None
-) -> list[Task]:
-    """Each point's limit (timeout × `time_factor`, plus the runner's allowance) and expected time
+def tasks_for(points: Sequence[Point], *, expected_s: Mapping[str, float] | None = None) -> list[Task]:
+    """Each point's limit (timeout plus the runner's allowance) and expected time
     (`expected_s` where given, e.g. predicted from a machine file; else its limit)."""
     expected_s = expected_s or {}
     tasks = []
     for point in points:
-        limit = point.timeout_s * time_factor + LAUNCH_ALLOWANCE_S
+        limit = point.timeout_s + LAUNCH_ALLOWANCE_S
         tasks.append(
             Task(
                 key=point.point_id,
@@ -185,7 +183,6 @@ def write_allocation(
     *,
     sweep_dir: Path,
     stamp: str,
-    time_factor: float = 1.0,
 ) -> Path:
     """The allocation's plan and job script in <sweep>/packed/; returns the script's path."""
     folder = sweep_dir.resolve() / PACKED_DIR
@@ -239,7 +236,6 @@ def submit_allocations(
     *,
     sweep_dir: Path,
     name: str,
-    time_factor: float = 1.0,
     watch: Any = None,
 ) -> list[tuple[Allocation, str]]:
     """Write every allocation's plan and job script, then sbatch them under the user's limits
@@ -256,7 +252,7 @@ def submit_allocations(
     scripts = []
     for allocation in packing.allocations:
         request = request_for(allocation, planned, site, name=f"ddlbench-{name}-packed")
-        script = write_allocation(allocation, request, by_id, sweep_dir=sweep_dir, stamp=stamp, time_factor=time_factor)
+        script = write_allocation(allocation, request, by_id, sweep_dir=sweep_dir, stamp=stamp)
         scripts.append((allocation, script))
     first = planned[packing.allocations[0].order[0].key] if packing.allocations else None
     limits = (
