@@ -3,8 +3,8 @@ better or worse, at 1 repetition (no run-to-run interval) and at 3; a 30 % slowe
 every measured step (DDLBENCH_INJECT_FAULT=slow:<s>), is called worse at the default repetitions.
 The runs are real local launches (one process, gloo), stored in a real results database and compared by
 `ddlbench compare`, as a user would. The sides' launches alternate, so a slow spell of the host lands on
-both; still, the test needs a host that runs nothing heavy beside it: with another measurement running
-on these 2 cores, launches of one side spread 2× apart and the slowdown gets no verdict (as it should)."""
+both. The A/A pair runs 30 steps per launch (as the issue asks); the slowdown pair runs longer windows
+(SLOWDOWN_STEPS), which average over the host's spells of neighbour load."""
 
 from __future__ import annotations
 
@@ -24,17 +24,24 @@ from ddlbench.sweep import expand_sweep
 pytestmark = pytest.mark.slow
 
 STEPS = 30  # measured steps per launch, as the issue's A/A pair used
+# Measured steps per launch of the slowdown pair. On these hosts a launch's throughput moves with its
+# neighbours' load in spells of 0.1 s to several seconds (resnet8's median step 24 ms in one launch, 39 ms
+# in the next; a matmul loop pinned to one core swings 21 ↔ 27 ms in the same spells). A 30-step window
+# (about 1 s) lands inside one spell, so launches of one side spread up to ×1.6 and 3 + 3 launches cannot
+# resolve 30 % (measured here: A/A ×1.29 [0.73, 2.28]). A 150-step window (about 5 s) averages over the
+# spells; the unit of the verdict is still the launch.
+SLOWDOWN_STEPS = 150
 
 
 def default_repetitions() -> int:
     return int(yaml.safe_load(open("workflow/config/default.yaml"))["repetitions"])
 
 
-def plan_sweep(tmp_path, name: str, repetitions: int):
-    """A one-configuration sweep of `repetitions` launches: its config file and its points."""
+def plan_sweep(tmp_path, name: str, repetitions: int, steps: int):
+    """A one-configuration sweep of `repetitions` launches of `steps` measured steps: its file and points."""
     raw = {
         "name": "aa", "results_dir": str(tmp_path / name), "models": ["resnet8"], "datasets": ["cifar10"],
-        "strategies": ["ddp"], "nodes": [1], "batch_size": [16], "warmup_steps": 3, "steps": STEPS,
+        "strategies": ["ddp"], "nodes": [1], "batch_size": [16], "warmup_steps": 3, "steps": steps,
         "repetitions": repetitions, "timeout_s": 120,
     }  # fmt: skip
     path = tmp_path / f"{name}.yaml"
@@ -42,11 +49,13 @@ def plan_sweep(tmp_path, name: str, repetitions: int):
     return path, expand_sweep(load_sweep_config(path))
 
 
-def run_sweeps(tmp_path, sweeps: dict[str, int], db, monkeypatch, slow: dict[str, float] | None = None) -> dict:
+def run_sweeps(
+    tmp_path, sweeps: dict[str, int], db, monkeypatch, slow: dict[str, float] | None = None, steps: int = STEPS
+) -> dict:
     """Run the sweeps {name: repetitions} for real, their launches interleaved round by round (a_0, b_0,
     a_1, b_1, ...) so that a spell of other work on the host slows every side alike, then aggregate each
     into `db`; {name: run id}. A sweep named in `slow` sleeps that many seconds in every measured step."""
-    plans = {name: plan_sweep(tmp_path, name, reps) for name, reps in sweeps.items()}
+    plans = {name: plan_sweep(tmp_path, name, reps, steps) for name, reps in sweeps.items()}
     for round_ in range(max(sweeps.values())):
         for name, (_, plan) in plans.items():
             if round_ >= len(plan.points):
@@ -85,34 +94,33 @@ def test_an_aa_pair_is_never_called_different_and_a_thirty_percent_slowdown_is(t
     ones = run_sweeps(tmp_path, {"one_a": 1, "one_b": 1}, db, monkeypatch)
     row = compare(db, ones["one_a"], ones["one_b"], capsys)
     assert row["verdict"] == "one launch: no run-to-run interval"
-    # A/A at 3 launches, and B' at the default repetitions with every measured step 30 % longer (a sleep
-    # inside the step), all interleaved
-    sweeps = {"a": 3, "b": 3, "slow": reps} | ({} if reps == 3 else {"base": reps})
-    slow_s = 0.3 * median_step_s(tmp_path, "one_a")
-    runs = run_sweeps(tmp_path, sweeps, db, monkeypatch, slow={"slow": slow_s})
+    # A/A at 3 launches of 30 steps, interleaved
+    runs = run_sweeps(tmp_path, {"a": 3, "b": 3}, db, monkeypatch)
     row = compare(db, runs["a"], runs["b"], capsys)
     with capsys.disabled():  # shown with -s, not swallowed by the next compare
         print("A/A at 3 launches:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")})
     assert row["launches"] == [3, 3] and row["verdict"] == "same within noise", row
-    row = compare(db, runs["a" if reps == 3 else "base"], runs["slow"], capsys)
+    # a base and B' at the default repetitions, B' with every measured step 30 % longer (a sleep inside
+    # the step), interleaved, over windows long enough to average the host's spells (SLOWDOWN_STEPS)
+    slow_s = 0.3 * median_step_s(tmp_path, "a")
+    pair = run_sweeps(tmp_path, {"base": reps, "slow": reps}, db, monkeypatch, {"slow": slow_s}, SLOWDOWN_STEPS)
+    row = compare(db, pair["base"], pair["slow"], capsys)
     with capsys.disabled():  # shown with -s, not swallowed by the next compare
         print("30 % slower:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")})
     assert row["verdict"] == "worse", row
-    # about throughput ÷ 1.3: measured 0.672 [0.591, 0.763] on a quiet host, 0.582 [0.423, 0.801] with other
-    # work beside it (the sleep is 30 % of a step timed earlier; a busy spell lengthens the rest)
+    # about throughput ÷ 1.3: the sleep is 30 % of a step timed earlier, and a busy spell lengthens the rest
     assert 1 / 1.3 * 0.6 < row["ratio"] < 1 / 1.3 * 1.2
 
-    # certify: A's own references (±30 %) pass A; the slow run, judged next, is a regression against A's
-    # certificate (the comparison `compare` just called worse); B (A again) then shows no regression
-    # against whichever certificate passed last
-    refs, certs = tmp_path / "refs.yaml", tmp_path / "certs.sqlite"
-    assert certify(tmp_path, "a", certs, "--write-references", str(refs), "--min-tolerance", "0.3")[0] == 1
-    assert certify(tmp_path, "a", certs, "--references", str(refs))[1]["passed"] is True
-    if reps == 3:
-        _, slower = certify(tmp_path, "slow", certs, "--references", str(refs))
-        assert [r["name"] for r in slower["regressions"]] == [row["name"]], slower["regressions"]
-    code, again = certify(tmp_path, "b", certs, "--references", str(refs))
-    assert code == 0 and again["regressions"] == [] and again["compared_with"], again["notes"]
+    # certify, on the same two pairs: each side's own references (±30 %) pass it, and the other side is
+    # judged against its certificate (the last passing one of the suite): B (A again) shows no regression,
+    # the slow run is a regression (the comparison `compare` just called worse)
+    for first, second, regresses in (("a", "b", False), ("base", "slow", True)):
+        refs, certs = tmp_path / f"refs-{first}.yaml", tmp_path / f"certs-{first}.sqlite"
+        assert certify(tmp_path, first, certs, "--write-references", str(refs), "--min-tolerance", "0.3")[0] == 1
+        assert certify(tmp_path, first, certs, "--references", str(refs))[1]["passed"] is True
+        _, judged = certify(tmp_path, second, certs, "--references", str(refs))
+        assert judged["compared_with"], judged["notes"]
+        assert [r["name"] for r in judged["regressions"]] == ([row["name"]] if regresses else []), judged
 
 
 def certify(tmp_path, name: str, db, *args: str) -> tuple[int, dict]:
