@@ -62,17 +62,17 @@ class Stats:
     the coefficient of variation (sample stdev / mean; None for n < 2); `noisy` when the interval's
     half-width exceeds 5 % of the median or there is no interval."""
 
-    n: int
-    mean: float
-    median: float
-    p5: float
-    p95: float
-    min: float
-    max: float
-    ci_low: float | None = None  # absent from records of measurement version 1
-    ci_high: float | None = None
-    cv: float | None = None
-    noisy: bool | None = None
+    n: int  # sample size
+    mean: float  # arithmetic mean
+    median: float  # 50th percentile
+    p5: float  # 5th percentile
+    p95: float  # 95th percentile
+    min: float  # smallest value
+    max: float  # largest value
+    ci_low: float | None = None  # lower end of the median's 95 % CI; absent from records of measurement version 1
+    ci_high: float | None = None  # upper end of the median's 95 % CI
+    cv: float | None = None  # coefficient of variation: sample stdev / mean
+    noisy: bool | None = None  # the CI's half-width exceeds 5 % of the median, or there is no CI
 
     @classmethod
     def of(cls, values: list[float] | tuple[float, ...]) -> Stats:
@@ -100,8 +100,8 @@ class Stats:
 class RankResult:
     """What one rank measured; written by the rank, merged by the launcher."""
 
-    rank: int
-    hostname: str
+    rank: int  # global rank, 0 … world size − 1
+    hostname: str  # the host the rank ran on
     step_times_s: tuple[float, ...]  # measured steps only: end − start of each on this rank (seconds)
     losses: tuple[float, ...]  # every step, warm-up included; empty on ranks that compute no loss
     peak_rss_bytes: int  # getrusage ru_maxrss of the rank's process (whole process, not just tensors)
@@ -115,18 +115,18 @@ class RankResult:
     memory_probe: str = ""  # how memory was measured, or why it was not
     cuda_peak_allocated_bytes: int | None = None  # torch.cuda.max_memory_allocated (inputs included)
     cuda_peak_reserved_bytes: int | None = None  # torch.cuda.max_memory_reserved
-    device: str = "cpu"
-    device_name: str = ""
-    backend: str = ""
-    torch_version: str = ""
-    threads: int = 1
+    device: str = "cpu"  # torch device type the rank trained on: cpu or cuda
+    device_name: str = ""  # the GPU's name on CUDA; "" on the CPU
+    backend: str = ""  # torch.distributed backend: gloo or nccl
+    torch_version: str = ""  # torch.__version__ in the rank
+    threads: int = 1  # intra-op threads the rank ran with (torch.get_num_threads)
     # the strategy's facts about this rank's share (mesh, stages, micro-batches, shard sizes…)
     facts: dict[str, Any] = field(default_factory=dict)
     # Steps on one clock: start and end of every measured step in seconds on the job's common time
     # base (rank 0's clock; this rank's timer + clock_offset_s), so step i of the job spans the
     # earliest start to the latest end over ranks.
     step_starts_s: tuple[float, ...] = ()
-    step_ends_s: tuple[float, ...] = ()
+    step_ends_s: tuple[float, ...] = ()  # end of every measured step, on the same common clock
     warmup_times_s: tuple[float, ...] = ()  # each warm-up step's duration on this rank (not measured figures)
     timer: str = ""  # perf_counter (host) or cuda_events (device, synchronised once after the window)
     clock_offset_s: float = 0.0  # rank 0's clock minus this rank's, estimated before the first step
@@ -144,7 +144,7 @@ class RankResult:
     # its copy to the device (seconds; on CUDA an upper bound of the stall, as the device may still be busy)
     input_source: Literal["resident", "loader"] = "resident"
     loader_workers: int = 0  # the loader's worker processes (0: read in the rank)
-    input_wait_s: tuple[float, ...] = ()
+    input_wait_s: tuple[float, ...] = ()  # per measured step, the wait on input defined above (s)
     loader_cpus: tuple[int, ...] = ()  # the CPUs the workers were pinned to, one each; () when not split
     loader_binding: str = ""  # how the rank's CPUs were split between its threads and its workers, or why not
     # What really ran (ddlbench.train.execution, read back from torch): precision, autocast dtype, TF32
@@ -158,7 +158,7 @@ class RankResult:
     anatomy: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # each measured step's first optimizer-step start and last end, on the common clock (None: no update)
     update_starts_s: tuple[float | None, ...] = ()
-    update_ends_s: tuple[float | None, ...] = ()
+    update_ends_s: tuple[float | None, ...] = ()  # … and the last optimizer-step end
     anatomy_note: str = ""  # what was stamped and how collectives' completion was known
     # the last max(1, trace_steps) measured steps as timeline events on the common clock: dicts of cat
     # (step, phase, comm, wait), name, start, end (s), args
@@ -180,12 +180,12 @@ class RankResult:
 class RankFailure:
     """An exception that ended a rank, as the rank wrote it down before leaving."""
 
-    rank: int
-    hostname: str
-    error_type: str
+    rank: int  # the rank that failed
+    hostname: str  # its host
+    error_type: str  # the exception's class name
     message: str  # first line of the exception's text
-    traceback: str
-    out_of_memory: bool
+    traceback: str  # the formatted traceback
+    out_of_memory: bool  # the exception was an out-of-memory error (the point's status is then oom)
     time: float  # seconds since the epoch; the earliest failure is the likeliest cause
 
 
@@ -193,8 +193,8 @@ class RankFailure:
 class Straggler:
     """The rank the others wait for, over a point's kept steps (ddlbench.anatomy.figures defines each figure)."""
 
-    rank: int
-    hostname: str
+    rank: int  # the rank with the most busy time
+    hostname: str  # its host
     slowest_steps: int  # kept steps in which this rank was the slowest
     steps: int  # kept steps
     skew_s: Stats  # per step: max − min over ranks of busy time (s)
@@ -214,10 +214,10 @@ class Metrics:
     step_time_s: Stats  # per kept measured step: latest end − earliest start over ranks (seconds)
     samples_per_s: Stats  # per kept measured step: global_batch_size / step_time_s
     samples_per_s_overall: float  # samples of the kept window / the window's wall time (samples/s)
-    global_batch_size: int
+    global_batch_size: int  # samples per optimizer step of the whole job (Point.global_batch_size)
     peak_rss_bytes: int  # max over ranks of the process's peak resident set (CPU memory, coarse)
     cuda_peak_allocated_bytes: int | None  # max over ranks; None without CUDA
-    cuda_peak_reserved_bytes: int | None
+    cuda_peak_reserved_bytes: int | None  # max over ranks of torch.cuda.max_memory_reserved; None without CUDA
     loss_first: float  # mean over loss-computing ranks, first step (warm-up included)
     loss_last: float  # same, last measured step
     tensor_peak_bytes: int | None = None  # max over ranks of RankResult.tensor_peak_bytes
@@ -233,26 +233,26 @@ class Metrics:
     # of any rank (s), and that wait ÷ the job's step time (dimensionless, the share of the step stalled
     # on input)
     input_wait_s: Stats | None = None
-    input_wait_share: Stats | None = None
+    input_wait_share: Stats | None = None  # input_wait_s ÷ the job's step time (dimensionless)
     # Inside the steps (ddlbench.anatomy.figures), per kept step: each phase figure's mean over ranks (s),
     # the share of communication hidden under computation, the gap between weight updates (s), and the
     # straggler. None in records from before the recorder.
-    phases_s: dict[str, Stats] | None = None
-    comm_overlap: Stats | None = None
-    update_gap_s: Stats | None = None
-    straggler: Straggler | None = None
+    phases_s: dict[str, Stats] | None = None  # per phase figure (RankResult.anatomy's), its mean over ranks (s)
+    comm_overlap: Stats | None = None  # Σ hidden ÷ Σ communication over ranks (dimensionless)
+    update_gap_s: Stats | None = None  # one weight update's end to the next one's start (s)
+    straggler: Straggler | None = None  # the rank the others wait for
 
 
 @dataclass(frozen=True, kw_only=True)
 class SlurmJob:
     """The SLURM job a point ran in, as the controller described it."""
 
-    job_id: str
-    array_job_id: str | None
-    array_task_id: str | None
-    partition: str | None
-    node_list: str | None
-    num_nodes: int | None
+    job_id: str  # SLURM_JOB_ID
+    array_job_id: str | None  # the array's job id, for a job of an array
+    array_task_id: str | None  # the task's index in that array
+    partition: str | None  # the partition the job ran in
+    node_list: str | None  # the job's nodes, in SLURM's compressed form (n[1-4])
+    num_nodes: int | None  # nodes of the allocation
     num_cpus: int | None  # CPUs of the whole allocation
     num_gpus: int  # GPUs of the whole allocation
     restarts: int  # times SLURM requeued the job before this run
@@ -266,21 +266,21 @@ class SlurmJob:
 class Provenance:
     """Where, when and with what a point ran."""
 
-    ddlbench_version: str
-    git_commit: str | None
-    git_dirty: bool | None
-    python_version: str
-    torch_version: str | None
-    backend: str | None
-    launcher: str
+    ddlbench_version: str  # ddlbench.__version__
+    git_commit: str | None  # commit of the checkout ddlbench ran from; None outside a git checkout
+    git_dirty: bool | None  # the checkout had uncommitted changes
+    python_version: str  # of the launcher
+    torch_version: str | None  # of the ranks (rank 0's)
+    backend: str | None  # torch.distributed backend of the ranks: gloo or nccl
+    launcher: str  # how the ranks were started: local, srun or mpirun
     hostnames: tuple[str, ...]  # distinct hosts of the ranks, in rank order
-    cpu_model: str
-    gpu_model: str | None
-    slurm_job_id: str | None
+    cpu_model: str  # the CPU's model name, on the launcher's host
+    gpu_model: str | None  # the ranks' GPU names, comma-separated; None without GPUs
+    slurm_job_id: str | None  # the SLURM job the point ran in; None outside SLURM
     slurm: SlurmJob | None = None  # absent from version-1 records
     config_hash: str | None  # sha256 of the point's canonical spec (every setting that shaped the run)
     start_time: str  # ISO 8601, UTC
-    end_time: str
+    end_time: str  # ISO 8601, UTC
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -291,14 +291,14 @@ class PointRecord:
     # allocator-event memory, CPU affinity, measurement_version
     SCHEMA_VERSION: ClassVar[int] = 4
     READABLE_VERSIONS: ClassVar[tuple[int, ...]] = (1, 2, 3, 4)
-    point_id: str
-    point: Point
-    status: Status
-    reason: str | None
-    metrics: Metrics | None
-    provenance: Provenance
-    ranks: tuple[RankResult, ...] = field(default_factory=tuple)
-    failures: tuple[RankFailure, ...] = field(default_factory=tuple)
+    point_id: str  # the point's stable id: its axes, its repetition and a hash of its settings
+    point: Point  # every setting of the run
+    status: Status  # ok, failed, oom (out of memory) or timeout
+    reason: str | None  # why a point is not ok (the exception, the memory limit, the time limit); None when ok
+    metrics: Metrics | None  # the point's figures; None unless ok
+    provenance: Provenance  # where, when and with what it ran
+    ranks: tuple[RankResult, ...] = field(default_factory=tuple)  # what each rank measured, in rank order
+    failures: tuple[RankFailure, ...] = field(default_factory=tuple)  # the exceptions that ended ranks
     # what its figures mean (MEASUREMENT_VERSION when written); records before schema 4 read as 1
     measurement_version: int = MEASUREMENT_VERSION
 
