@@ -3,7 +3,7 @@
 One row per planned point. Its columns, by group:
 
 - one column per `Point` field, named after it (options as canonical JSON), derived from the dataclass
-  (ddlbench.analysis.keys), plus world_size, replicas and global_batch_size;
+  (ddlbench.analysis.keys), plus point_id, world_size, replicas and global_batch_size;
 - config_key, series_key, baseline_key, baseline_replica_key: which configuration, which line over
   nodes, and which configurations it is compared with like for like (the same global batch) or, failing
   a ddp there, at the same per-replica batch (ddlbench.analysis.keys says how each is derived);
@@ -21,13 +21,19 @@ One row per planned point. Its columns, by group:
   straggler_slowest_steps, straggler_steps; trace_file (the point's Chrome/Perfetto trace, relative to
   the sweep's folder, when traced);
 - samples_per_s_overall (samples of the kept window ÷ its wall time, Hoefler & Belli's rule 3),
-  window_s, warmup_dropped_steps, clock_uncertainty_s, oversubscribed, cores_note, memory, losses;
-- rank facts: mesh, stages, local parameters, split_flops_share, gradient_path, gradient_reduction;
-- provenance: hosts, versions, SLURM job;
+  window_s, warmup_dropped_steps, clock_uncertainty_s, oversubscribed, cores_note; memory
+  (peak_rss_bytes, tensor_peak_bytes, tensor_resident_bytes, input_pool_bytes, cuda_peak_allocated_bytes,
+  cuda_peak_reserved_bytes) and losses (loss_first, loss_last), as records.Metrics has them;
+- rank facts: mesh, stages, local_parameters_{max,min}, split_flops_share, gradient_path,
+  gradient_reduction;
+- provenance: hostnames, cpu_model, gpu_model, backend, launcher, torch_version, ddlbench_version,
+  git_commit, config_hash, start_time, end_time, and the SLURM job: slurm_job_id,
+  slurm_{array_task_id,partition,node_list,cpus,gpus,restarts,exclusive};
 - per configuration, over its repetitions, repeated on each of its rows that took part
-  (ddlbench.analysis.configurations.POINT_SUMMARY_COLUMNS): n_repetitions, rep_samples_per_s_* …,
-  speedup, scaling_efficiency, base_*, vs_baseline, baseline_* (baseline_held_equal: which batch the
-  ddp it divides by holds equal).
+  (ddlbench.analysis.configurations.POINT_SUMMARY_COLUMNS): n_repetitions, repetitions_not_ok,
+  repetitions_other_version, rep_samples_per_s_* and rep_step_time_s_* …, median_repetition,
+  any_oversubscribed, speedup, scaling_efficiency, base_*, vs_baseline, baseline_* (baseline_held_equal:
+  which batch the ddp it divides by holds equal).
 """
 
 from __future__ import annotations
@@ -93,6 +99,7 @@ def build_table(plan: Plan, *, include_other_versions: bool = False) -> pd.DataF
                 record = dataclasses.replace(record, point=point)
             row = record_row(record)
             trace = trace_path(path)
+            # the point's Chrome/Perfetto trace, relative to the sweep's folder; empty when not traced
             row["trace_file"] = str(trace.relative_to(plan.config.sweep_dir)) if trace.exists() else None
             rows.append(row)
         except RecordError as exc:
@@ -128,9 +135,9 @@ def _used_rows(table: pd.DataFrame, *, include_other_versions: bool) -> pd.Serie
 def record_row(record: PointRecord) -> dict[str, Any]:
     row = point_row(record.point) | {
         "status": record.status,
-        "reason": record.reason,
-        "measurement_version": record.measurement_version,
-        "other_measurement_version": record.measurement_version != MEASUREMENT_VERSION,
+        "reason": record.reason,  # why a point is not ok; for a missing point, why there is no record
+        "measurement_version": record.measurement_version,  # what the record's figures mean
+        "other_measurement_version": record.measurement_version != MEASUREMENT_VERSION,  # not this ddlbench's
     }
     metrics = record.metrics
     if metrics is not None:
@@ -159,28 +166,29 @@ def record_row(record: PointRecord) -> dict[str, Any]:
         row |= anatomy_columns(metrics, STATS_FIELDS)
     if record.ranks:
         row |= _facts_columns(record)
+        # loader: some rank read real data during the steps; resident: batches made before timing
         row["input_source"] = "loader" if any(rank.input_source == "loader" for rank in record.ranks) else "resident"
     prov = record.provenance
     row |= {
-        "hostnames": ",".join(prov.hostnames),
-        "cpu_model": prov.cpu_model,
-        "gpu_model": prov.gpu_model,
-        "backend": prov.backend,
-        "launcher": prov.launcher,
-        "torch_version": prov.torch_version,
+        "hostnames": ",".join(prov.hostnames),  # distinct hosts of the ranks, comma-separated, in rank order
+        "cpu_model": prov.cpu_model,  # the CPU's model name, on the launcher's host
+        "gpu_model": prov.gpu_model,  # the ranks' GPU names; empty without GPUs
+        "backend": prov.backend,  # torch.distributed backend: gloo or nccl
+        "launcher": prov.launcher,  # how the ranks were started: local, srun or mpirun
+        "torch_version": prov.torch_version,  # of the ranks
         "ddlbench_version": prov.ddlbench_version,
-        "git_commit": prov.git_commit,
-        "slurm_job_id": prov.slurm_job_id,
-        "slurm_array_task_id": prov.slurm.array_task_id if prov.slurm else None,
-        "slurm_partition": prov.slurm.partition if prov.slurm else None,
-        "slurm_node_list": prov.slurm.node_list if prov.slurm else None,
-        "slurm_cpus": prov.slurm.num_cpus if prov.slurm else None,
-        "slurm_gpus": prov.slurm.num_gpus if prov.slurm else None,
-        "slurm_restarts": prov.slurm.restarts if prov.slurm else None,
+        "git_commit": prov.git_commit,  # of the checkout ddlbench ran from
+        "slurm_job_id": prov.slurm_job_id,  # the SLURM job; empty outside SLURM
+        "slurm_array_task_id": prov.slurm.array_task_id if prov.slurm else None,  # the task in a job array
+        "slurm_partition": prov.slurm.partition if prov.slurm else None,  # the partition the job ran in
+        "slurm_node_list": prov.slurm.node_list if prov.slurm else None,  # the job's nodes, SLURM's compressed form
+        "slurm_cpus": prov.slurm.num_cpus if prov.slurm else None,  # CPUs of the whole allocation
+        "slurm_gpus": prov.slurm.num_gpus if prov.slurm else None,  # GPUs of the whole allocation
+        "slurm_restarts": prov.slurm.restarts if prov.slurm else None,  # times SLURM requeued the job before
         "slurm_exclusive": prov.slurm.exclusive if prov.slurm else None,  # nodes held alone (sbatch --exclusive)
-        "config_hash": prov.config_hash,
-        "start_time": prov.start_time,
-        "end_time": prov.end_time,
+        "config_hash": prov.config_hash,  # sha256 of the point's canonical spec
+        "start_time": prov.start_time,  # ISO 8601, UTC
+        "end_time": prov.end_time,  # ISO 8601, UTC
     }
     return row
 
@@ -192,10 +200,10 @@ def _facts_columns(record: PointRecord) -> dict[str, Any]:
     local = [count for count in local if isinstance(count, int)]
     stage_blocks = first.get("stage_blocks")  # every stage's block range, on every rank of a pipeline
     columns = {
-        "mesh": json.dumps(first.get("mesh"), sort_keys=True) if first.get("mesh") else None,
+        "mesh": json.dumps(first.get("mesh"), sort_keys=True) if first.get("mesh") else None,  # dims and sizes (JSON)
         "stages": len(stage_blocks) if isinstance(stage_blocks, list) else None,
-        "local_parameters_max": max(local) if local else None,
-        "local_parameters_min": min(local) if local else None,
+        "local_parameters_max": max(local) if local else None,  # parameters held by the fullest rank
+        "local_parameters_min": min(local) if local else None,  # … and by the emptiest
     }
     for name in FACT_COLUMNS:
         stated = next((rank.facts[name] for rank in record.ranks if rank.facts.get(name) is not None), None)
