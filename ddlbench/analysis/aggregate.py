@@ -2,28 +2,29 @@
 
 One row per planned point. Its columns, by group:
 
-- one column per `Point` field, named after it (options as canonical JSON), derived from the dataclass
-  (ddlbench.analysis.keys), plus point_id, world_size, replicas and global_batch_size;
-- config_key, series_key, baseline_key, baseline_replica_key: which configuration, which line over
+- the point: one column per `Point` field, named after it (options as canonical JSON), derived from the
+  dataclass (ddlbench.analysis.keys), plus point_id, world_size, replicas and global_batch_size;
+- keys: config_key, series_key, baseline_key, baseline_replica_key: which configuration, which line over
   nodes, and which configurations it is compared with like for like (the same global batch) or, failing
   a ddp there, at the same per-replica batch (ddlbench.analysis.keys says how each is derived);
-- status, reason, measurement_version and other_measurement_version (figures of another version mean
-  something else: they are left out of every comparison unless asked for);
-- per point, over its kept measured steps (records.Stats): samples_per_s_<s> and step_time_s_<s> for
-  every Stats field s: n, mean, median, p5, p95, min, max, ci_low, ci_high (95 % CI of the median,
-  empty for n ≤ 5), cv, noisy;
-- for points that read real data through a loader, input_wait_s_<s> and input_wait_share_<s> the same
-  way (records.Metrics: the longest wait of any rank per kept step, and its share of the step time),
-  and input_source (loader, or resident: batches made before timing);
+- outcome: status, reason, measurement_version and other_measurement_version (figures of another version
+  mean something else: they are left out of every comparison unless asked for);
+- step figures, per point over its kept measured steps (records.Stats): samples_per_s_<s> and
+  step_time_s_<s> for every Stats field s: n, mean, median, p5, p95, min, max, ci_low, ci_high (95 % CI
+  of the median, empty for n ≤ 5), cv, noisy;
+- input: for points that read real data through a loader, input_wait_s_<s> and input_wait_share_<s> the
+  same way (records.Metrics: the longest wait of any rank per kept step, and its share of the step
+  time), and input_source (loader, or resident: batches made before timing);
 - inside the steps (ddlbench.anatomy.figures): phase_<figure>_{median,ci_low,ci_high} per phase figure
   (seconds, mean over ranks per step), comm_overlap_<s>, update_gap_s_<s>, straggler_wait_s_<s>,
   straggler_wait_share_<s>, straggler_skew_s_<s>, straggler_rank, straggler_host,
   straggler_slowest_steps, straggler_steps; trace_file (the point's Chrome/Perfetto trace, relative to
   the sweep's folder, when traced);
-- samples_per_s_overall (samples of the kept window ÷ its wall time, Hoefler & Belli's rule 3),
-  window_s, warmup_dropped_steps, clock_uncertainty_s, oversubscribed, cores_note; memory
-  (peak_rss_bytes, tensor_peak_bytes, tensor_resident_bytes, input_pool_bytes, cuda_peak_allocated_bytes,
-  cuda_peak_reserved_bytes) and losses (loss_first, loss_last), as records.Metrics has them;
+- window, memory and losses: samples_per_s_overall (samples of the kept window ÷ its wall time, Hoefler
+  & Belli's rule 3), window_s, warmup_dropped_steps, clock_uncertainty_s, oversubscribed, cores_note;
+  memory (peak_rss_bytes, tensor_peak_bytes, tensor_resident_bytes, input_pool_bytes,
+  cuda_peak_allocated_bytes, cuda_peak_reserved_bytes) and losses (loss_first, loss_last), as
+  records.Metrics has them;
 - rank facts: mesh, stages, local_parameters_{max,min}, split_flops_share, gradient_path,
   gradient_reduction;
 - provenance: hostnames, cpu_model, gpu_model, backend, launcher, torch_version, ddlbench_version,
