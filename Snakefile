@@ -24,4 +24,3 @@ rule all:
 include: "workflow/rules/points.smk"
 include: "workflow/rules/predict.smk"
 include: "workflow/rules/report.smk"
-include: "workflow/rules/scaling.smk"

@@ -107,4 +107,4 @@ def test_user_configfile_replaces_the_default_rather_than_merging(write_sweep):
     path = write_sweep(**(VALID | {"nodes": [1]}))
     result = run_snakemake("-n", "--cores", "1", "--configfile", str(path))
     assert result.returncode == 0, result.stderr
-    assert job_counts(result) == {"run_point": 1, "aggregate": 1, "fit_scaling": 1, "report": 1, "all": 1, "total": 5}
+    assert job_counts(result) == {"run_point": 1, "report": 1, "all": 1, "total": 3}

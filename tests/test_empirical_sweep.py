@@ -1,4 +1,4 @@
-"""Scaling models of a real sweep: Snakemake runs the points, `fit_scaling` models them, the report draws
+"""Scaling models of a real sweep: Snakemake runs the points, the report rule models them (ddlbench.finish), the report draws
 them; `ddlbench fit` answers from the same records, and the cheapest configuration follows from them."""
 
 from __future__ import annotations
@@ -79,7 +79,9 @@ def test_the_workflow_models_every_figure_and_the_report_draws_them(swept):
 
 def test_fit_on_the_records_matches_the_workflow_and_refuses_what_it_cannot_model(swept):
     path, sweep_dir = swept
-    done = run_cli("fit", "--configfile", str(path), "--format", "json", "--figure", "samples_per_s", "--at", "nodes=4")
+    done = run_cli(
+        "fit", "--configfile", str(path), "--format", "json", "--figure", "samples_per_s", "--extrapolate-to", "nodes=4"
+    )
     assert done.returncode == 0, done.stderr
     (model,) = json.loads(done.stdout)["models"]
     workflow = next(

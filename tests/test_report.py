@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from statistics import geometric_mean
 
 import pytest
 
@@ -161,18 +162,23 @@ def test_the_winner_is_named_with_its_margin_and_a_verdict_from_launches(tmp_pat
     table, rows = _best(plan, speed, {1: 0.5, 2: 5.0})
     one, two = rows[1], rows[2]
     assert (one["winner"].strategy, one["runner_up"].strategy, one["basis"]) == ("ddp", "zero2", "launches")
-    assert one["margin"] == pytest.approx(101.25 / 81.25)
+    ddp, zero2 = [100 + 0.5 * r for r in range(6)], [80 + 0.5 * r for r in range(6)]
+    assert one["margin"] == pytest.approx(geometric_mean(ddp) / geometric_mean(zero2))  # the verdict's ratio
     assert one["separated"] and one["verdict"].startswith("faster (×1.2") and "6+6 launches" in one["verdict"]
-    assert one["winner"].text == "101.2 [100, 102.5] n=6 launches"
+    assert one["winner"].text.startswith("101.2 [") and one["winner"].text.endswith("(geometric mean of 6 launches)")
+    assert min(ddp) < one["winner"].low < geometric_mean(ddp) < one["winner"].high < max(ddp)
     assert two["winner"].strategy == "ddp" and not two["separated"] and two["verdict"].startswith("not separable")
-    assert one["cost_node_h"] == pytest.approx(1 / 101.25 * 1e6 / 3600)
+    assert one["cost_node_h"] == pytest.approx(1 / geometric_mean(ddp) * 1e6 / 3600)
 
     html, markdown = render_reports(plan.config, table)
     summary = between(html, '<section id="summary">', "</section>")
-    assert "<strong>resnet8 on cifar10</strong>: fastest <strong>ddp n2</strong>" in summary
-    assert "won with a verdict: ddp 1 (1 without one)" in summary
+    assert "<strong>resnet8 on cifar10</strong>: fastest overall <strong>ddp n2</strong>" in summary
+    # per scale, the answer in words: a winner with its verdict, or plainly that the launches cannot tell
+    assert "<li>at 1 node × 1/node, global batch 32: ddp is fastest, ahead of zero2 (×1.2" in summary
+    assert "<li>at 2 nodes × 1/node, global batch 64: the launches cannot separate ddp from zero2 (" in summary
     assert "Welch" in summary
-    assert "| resnet8 | cifar10 | 1 node × 1/node, global batch 32 | ddp | 101.2 [100, 102.5] n=6 launches" in markdown
+    assert "| resnet8 | cifar10 | 1 node × 1/node, global batch 32 | ddp | 101.2 [" in markdown
+    assert "  - at 1 node × 1/node, global batch 32: ddp is fastest, ahead of zero2 (×1.2" in markdown
     assert "| faster (×1.2" in markdown and "| not separable (" in markdown
 
 
@@ -195,7 +201,7 @@ def test_strategies_are_compared_at_equal_global_batch(tmp_path):
     groups = {row["global_batch_size"]: row for row in rows}
     assert set(groups) == {16, 32, 64}
     assert (groups[32]["winner"].label, groups[32]["runner_up"].label) == ("ddp", "gpipe mb4")
-    assert groups[32]["margin"] == pytest.approx(91.0 / 61.0)
+    assert groups[32]["margin"] == pytest.approx(geometric_mean([90, 91, 92]) / geometric_mean([60, 61, 62]))
     assert groups[64]["runner_up"] is None and groups[64]["verdict"] == "only ddp ran at this scale"
     assert "global batch 32" in groups[32]["scale"]
 

@@ -105,9 +105,11 @@ COLUMNS: dict[str, Column] = {
     "cost_node_h": Column(
         heading="Cost", unit="node-h per 10⁶ samples", description="nodes ÷ throughput, in node-hours per million"
     ),
-    "winner": Column(heading="Best strategy", description="highest median throughput at this scale"),
+    "winner": Column(heading="Best strategy", description="highest throughput at this scale (over launches)"),
     "runner_up": Column(heading="Runner-up"),
-    "margin": Column(heading="Margin", unit="×", description="best ÷ runner-up throughput"),
+    "margin": Column(
+        heading="Margin", unit="×", description="best ÷ runner-up throughput, geometric means over launches"
+    ),
     "verdict": Column(
         heading="Verdict",
         description="from launches: Welch's t on log per-launch throughput, winner against runner-up, "

@@ -95,25 +95,17 @@ def render_markdown(context: dict[str, Any]) -> str:
 
 
 def _headline(head: dict[str, Any]) -> str:
-    """The model × dataset's answer in a sentence; names escaped, figures (ours, numbers only) as they are."""
+    """The model × dataset's answer: its fastest configuration, then one line per scale (who is fastest
+    there, with the launches' verdict, or that they cannot tell); names escaped, figures as they are."""
     fastest, cheapest = head["fastest"], head["cheapest"]
-    text = f"{md_text(head['model'], line_start=True)} on {md_text(head['dataset'])}: fastest {md_text(fastest.label)} "
-    if cheapest is None:
-        text += f"at {fastest.text} samples/s"
-    else:
+    text = f"{md_text(head['model'], line_start=True)} on {md_text(head['dataset'])}: fastest overall "
+    text += f"{md_text(fastest.label)} at {fastest.sentence}"
+    if cheapest is not None:
         text += (
-            f"at {fastest.text} samples/s ({head['fastest_cost']} node-h per 10⁶ samples); cheapest "
+            f" ({head['fastest_cost']} node-h per 10⁶ samples); cheapest "
             f"{md_text(cheapest.label)} ({head['cheapest_cost']} node-h per 10⁶ samples)"
         )
-    if head["contested"]:
-        wins = ", ".join(f"{md_text(strategy)} {n}" for strategy, n in head["wins"]) or "none"
-        text += (
-            f"; of {head['contested']} comparisons with several strategies, won with a verdict: {wins}"
-            f" ({head['undecided']} without one)"
-        )
-    elif len(head["strategies"]) == 1:
-        text += f"; only {md_text(head['strategies'][0])} ran"
-    return text + "."
+    return text + "." + "".join(f"\n  - {md_text(line)}." for line in head["answers"])
 
 
 def _best_cells(row: dict[str, Any]) -> list[str]:

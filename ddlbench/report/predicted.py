@@ -17,6 +17,7 @@ import pandas as pd
 
 from ddlbench.analysis.analytic.accuracy import by_strategy, join, overall
 from ddlbench.analysis.analytic.recommendation import Cell, Score, score
+from ddlbench.analysis.stamps import file_digest, stale_reason, sweep_stamp
 from ddlbench.config import SweepConfig
 from ddlbench.report.figures import number
 from ddlbench.report.tables import Spec
@@ -109,6 +110,11 @@ def predicted_section(config: SweepConfig, table: pd.DataFrame) -> dict[str, Any
     if not path.exists():
         return {"missing": f"no predictions at {path}: run `ddlbench predict` (the workflow's predict rule)"}
     predictions = pd.read_csv(path)
+    expected = sweep_stamp(config) | {"machine_sha256": file_digest(Path(config.machine_path))}
+    found = {key: predictions[key].iloc[0] if key in predictions and len(predictions) else None for key in expected}
+    stale = stale_reason(found, expected, what=str(path), remedy="`ddlbench report` predicts again")
+    if stale:
+        return {"missing": stale}
     joined = join(table, predictions).sort_values(["model", "dataset", "point_id"], kind="stable")
     joined = joined.reset_index(drop=True)
     strategies = by_strategy(joined)

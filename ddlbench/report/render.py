@@ -116,7 +116,7 @@ def report_context(
         tables["predicted"] = encode_table(joined, specs)
         predicted_ranges = data.pair_ranges(joined) if len(joined) else {}
         predicted_keys = [spec.key for spec in specs]
-    scaling = scaling_section(config)
+    scaling = scaling_section(config, table)
     sections = _sections(frame, table, config_keys, config, predicted_ranges, predicted_keys, scaling, hosts)
     if scaling and not scaling.get("why"):
         placed = {(s["model"], s["dataset"]) for s in sections}

@@ -15,8 +15,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from markupsafe import Markup
 
+from ddlbench.analysis.stamps import stale_reason, sweep_stamp, table_digest
 from ddlbench.config import SweepConfig
 from ddlbench.report.charts import Axis, Line, Mark, colour, line_chart
 
@@ -27,12 +29,17 @@ MAX_LISTED = 40
 LOG_SPAN = 4.0
 
 
-def scaling_section(config: SweepConfig) -> dict[str, Any] | None:
-    """models.json's models, or why there are none; None without the file."""
+def scaling_section(config: SweepConfig, table: pd.DataFrame) -> dict[str, Any] | None:
+    """models.json's models, or why there are none (or why they are not shown: fitted on another table,
+    ddlbench.analysis.stamps); None without the file."""
     path = Path(config.sweep_dir) / "models.json"
     if not path.exists():
         return None
     data = json.loads(path.read_text())
+    expected = sweep_stamp(config) | {"table_sha256": table_digest(table)}
+    stale = stale_reason(data, expected, what=str(path), remedy="`ddlbench report` fits them again")
+    if stale:
+        return {"why": stale, "models": []}
     models = data.get("models", [])
     if not models:
         return {"why": data.get("why", "no series to model"), "models": []}

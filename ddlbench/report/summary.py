@@ -9,8 +9,10 @@ configuration, not each at its fastest. A configuration that no other strategy m
 compared at equal per-replica batch where another strategy ran at that one, and its row says so ("per-replica
 batch 32 (global batches differ)"). Every configuration of the group is a candidate; its figure is the
 median over its launches (repetitions) of the window throughput (samples of the kept window ÷ its wall
-time, global samples/s). The winner is the candidate with the highest median; the runner-up the best
-candidate of another strategy; the margin winner ÷ runner-up, a ratio of medians.
+time, global samples/s). The winner is the candidate with the highest geometric mean over its launches,
+the statistic its verdict tests (the median where a configuration has no per-launch values); the
+runner-up the best candidate of another strategy; the margin winner ÷ runner-up, the ratio of those
+geometric means (the verdict's ratio, so the two never disagree).
 
 The verdict rests on launches (ddlbench.analysis.verdicts): Welch's t on the log per-launch throughputs of
 the winner against the runner-up, Holm-corrected over every contested group of the report (one family);
@@ -27,6 +29,7 @@ given: the processes share one machine's cores and memory. Cost = nodes ÷ throu
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +37,9 @@ from typing import Any
 import pandas as pd
 
 from ddlbench.analysis.keys import COMPARISON_FIELDS, CONFIG_FIELDS, describe, varying_fields
-from ddlbench.analysis.verdicts import TEST, contrast, judge
+from ddlbench.analysis.verdicts import MIN_LAUNCHES, TEST, contrast, judge
 from ddlbench.report.figures import MIN_CI_N, interval_text, missing, number
+from ddlbench.statistics import student_t_quantile
 
 SCALE_FIELDS = ("model", "dataset", "nodes", "ranks_per_node", "batch_size")
 SECONDS_PER_HOUR = 3600.0
@@ -60,10 +64,29 @@ class Figure:
     n: int | None
     unit: str
     launches: tuple[float, ...] = ()  # each launch's window throughput (samples/s): what a verdict compares
+    statistic: str = "median"  # of `value` over its n samples
 
     @property
     def text(self) -> str:
+        if self.statistic != "median":
+            interval = "" if self.low is None or self.high is None else f" [{number(self.low)}, {number(self.high)}]"
+            return f"{number(self.value)}{interval} ({self.statistic} of {self.n} {self.unit})"
         return interval_text(self.value, self.low, self.high, self.n, unit=self.unit)
+
+    @property
+    def sentence(self) -> str:
+        """'990.4 samples/s (median of 3 launches)', with its 95 % interval where it has one."""
+        interval = "" if self.low is None or self.high is None else f" [{number(self.low)}, {number(self.high)}]"
+        count = f" ({self.statistic} of {self.n} {self.unit})" if self.n and self.n > 1 else ""
+        return f"{number(self.value)}{interval} samples/s{count}"
+
+    @property
+    def rank_value(self) -> float:
+        """What the ranking and the margin compare: the geometric mean over launches (the verdict's
+        statistic), else the figure itself."""
+        if self.statistic == "geometric mean" or not self.launches or not all(v > 0 for v in self.launches):
+            return self.value
+        return math.exp(math.fsum(math.log(v) for v in self.launches) / len(self.launches))
 
 
 def basis(configs: pd.DataFrame | list[dict[str, Any]]) -> str:
@@ -77,13 +100,31 @@ def basis(configs: pd.DataFrame | list[dict[str, Any]]) -> str:
 BASIS_TEXT = {
     "repetitions": "median over repetitions, 95 % CI over repetitions",
     "steps": f"median step of the median repetition, 95 % CI over steps (fewer than {MIN_CI_N} repetitions)",
-    "launches": f"median over launches of the window throughput (95 % CI from {MIN_CI_N} launches); verdict: {TEST}",
+    "launches": (
+        f"geometric mean over launches of the window throughput, 95 % CI (Student's t on the logs) from "
+        f"{MIN_LAUNCHES} launches; verdict: {TEST}"
+    ),
 }
 
 
 def throughput(row: dict[str, Any], level: str, label: str) -> Figure:
-    """The row's throughput at `level`: 'launches' or 'repetitions' (the median over repetitions of the
-    window throughput), or 'steps' (the median repetition's median step, CI over its steps)."""
+    """The row's throughput at `level`: 'launches', the geometric mean over launches of the window
+    throughput with its Student-t 95 % interval on the logs from MIN_LAUNCHES launches (the statistic the
+    verdicts test, so ranking, margin and verdict agree); 'repetitions', the median over repetitions; or
+    'steps', the median repetition's median step, CI over its steps."""
+    launches = launch_values(row)
+    if level == "launches" and launches and all(v > 0 for v in launches):
+        logs = [math.log(v) for v in launches]
+        centre = math.fsum(logs) / len(logs)
+        low = high = None
+        if len(logs) >= MIN_LAUNCHES:
+            spread = math.sqrt(math.fsum((x - centre) ** 2 for x in logs) / (len(logs) - 1) / len(logs))
+            half = student_t_quantile(0.975, len(logs) - 1) * spread
+            low, high = math.exp(centre - half), math.exp(centre + half)
+        return Figure(
+            strategy=str(row["strategy"]), label=label, value=math.exp(centre), low=low, high=high,
+            n=len(launches), unit="launches", launches=launches, statistic="geometric mean",
+        )  # fmt: skip
     if level in ("repetitions", "launches"):
         prefix, n, unit = "rep_samples_per_s", row.get("n_repetitions"), "launches" if level == "launches" else level
     else:
@@ -97,7 +138,7 @@ def throughput(row: dict[str, Any], level: str, label: str) -> Figure:
         high=None if missing(high) else float(high),
         n=None if missing(n) else int(n),
         unit=unit,
-        launches=launch_values(row),
+        launches=launches,
     )
 
 
@@ -166,7 +207,26 @@ def best_strategies(
         row["verdict"] = verdict.text.replace("higher", "faster", 1) if verdict.direction else verdict.text
         row["separated"] = verdict.direction == "higher"
         row["p_adjusted"] = verdict.p_adjusted
+    for row in rows:
+        row["answer"] = answer(row)
     return rows
+
+
+def answer(row: dict[str, Any]) -> str:
+    """The row's answer in words: who is fastest at this scale and whether the launches show it, or plainly
+    that they cannot tell the strategies apart (and why)."""
+    winner, runner_up = row["winner"], row["runner_up"]
+    at = f"at {row['scale']}"
+    if winner is None:
+        return f"{at}: no figures"
+    if runner_up is None:
+        return f"{at}: only {winner.label} ran, nothing to compare"
+    detail = row["verdict"][row["verdict"].find("(") :] if "(" in row["verdict"] else ""
+    if row["separated"]:
+        return f"{at}: {winner.label} is fastest, ahead of {runner_up.label} {detail}"
+    if row["p_adjusted"] is not None:
+        return f"{at}: the launches cannot separate {winner.label} from {runner_up.label} {detail}"
+    return f"{at}: {winner.label} ahead of {runner_up.label} by ×{row['margin']:.3g}, no verdict ({row['verdict']})"
 
 
 def _comparison_groups(
@@ -235,7 +295,8 @@ def _scale_row(
     left_out = [] if include_host_copied else [r for r in records if is_host_copied(r)]
     candidates = [r for r in records if r not in left_out and not missing(r["rep_samples_per_s_median"])]
     label_fields = ["strategy", *varying_fields(candidates, leave_out=(*COMPARISON_FIELDS, "strategy", "batch_size"))]
-    ranked = sorted((throughput(r, "launches", describe(r, label_fields)) for r in candidates), key=lambda f: -f.value)
+    figures = (throughput(r, "launches", describe(r, label_fields)) for r in candidates)
+    ranked = sorted(figures, key=lambda f: -f.rank_value)
     winner = ranked[0] if ranked else None
     runner_up = next((f for f in ranked[1:] if winner and f.strategy != winner.strategy), None)
     scale = scale_text(first["nodes"], first["ranks_per_node"], batch, held=held, one_host=one_host)
@@ -255,7 +316,9 @@ def _scale_row(
         "strategies": len(strategies),
         "winner": winner,
         "runner_up": runner_up,
-        "margin": winner.value / runner_up.value if winner and runner_up and runner_up.value > 0 else None,
+        "margin": winner.rank_value / runner_up.rank_value
+        if winner and runner_up and runner_up.rank_value > 0
+        else None,
         "verdict": "",
         "separated": False,
         "p_adjusted": None,
@@ -270,8 +333,9 @@ def _scale_row(
 def headlines(
     configs: pd.DataFrame, rows: list[dict[str, Any]], *, one_host: bool = False, include_host_copied: bool = False
 ) -> list[dict[str, Any]]:
-    """Per model × dataset: its fastest configuration at any scale (median over launches), its cheapest
-    (none on one host), and the groups each strategy won with a verdict, of those where several ran."""
+    """Per model × dataset: its fastest configuration at any scale (geometric mean over launches), its
+    cheapest (none on one host), the groups each strategy won with a verdict, of those where several ran,
+    and each group's answer in words (`answer`)."""
     out = []
     for (model, dataset), pair in _pairs(configs).items():
         records = [
@@ -282,8 +346,9 @@ def headlines(
         if not records:
             continue
         label_fields = ["strategy", *varying_fields(records, leave_out=("model", "dataset", "strategy"))]
-        fastest = max(records, key=lambda r: float(r["rep_samples_per_s_median"]))
-        cheapest = min(records, key=lambda r: cost_node_h(r["nodes"], float(r["rep_samples_per_s_median"])) or 1e300)
+        figures = [(throughput(r, "launches", describe(r, label_fields)), r) for r in records]
+        fastest, fastest_row = max(figures, key=lambda item: item[0].value)
+        cheapest, cheapest_row = min(figures, key=lambda item: cost_node_h(item[1]["nodes"], item[0].value) or 1e300)
         wins: dict[str, int] = {}
         contested = [r for r in rows if r["model"] == model and r["dataset"] == dataset and r["runner_up"]]
         for row in contested:
@@ -294,15 +359,12 @@ def headlines(
                 "model": str(model),
                 "dataset": str(dataset),
                 "basis": "launches",
-                "fastest": throughput(fastest, "launches", describe(fastest, label_fields)),
-                "fastest_cost": None
-                if one_host
-                else number(cost_node_h(fastest["nodes"], float(fastest["rep_samples_per_s_median"]))),
-                "cheapest": None if one_host else throughput(cheapest, "launches", describe(cheapest, label_fields)),
-                "cheapest_cost": None
-                if one_host
-                else number(cost_node_h(cheapest["nodes"], float(cheapest["rep_samples_per_s_median"]))),
+                "fastest": fastest,
+                "fastest_cost": None if one_host else number(cost_node_h(fastest_row["nodes"], fastest.value)),
+                "cheapest": None if one_host else cheapest,
+                "cheapest_cost": None if one_host else number(cost_node_h(cheapest_row["nodes"], cheapest.value)),
                 "wins": sorted(wins.items(), key=lambda item: (-item[1], item[0])),
+                "answers": [r["answer"] for r in rows if r["model"] == model and r["dataset"] == dataset],
                 "undecided": sum(not row["separated"] for row in contested),
                 "contested": len(contested),
                 "strategies": sorted({str(r["strategy"]) for r in pair}),

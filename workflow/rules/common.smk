@@ -24,14 +24,21 @@ RECORDS_TO_NAME = (
     else []
 )
 CONFIG_JSON = json.dumps(PLAN.config.to_dict(), sort_keys=True)
-# predictions (workflow/rules/predict.smk): a given machine file, or one calibrated first from a suite
+# the machine the report predicts on: a given machine file, or one calibrated first from a suite
+# (workflow/rules/predict.smk)
 CALIBRATE_SUITE = PLAN.config.calibrate
 MACHINE_FILE = str(PLAN.config.machine_path or "")
-PREDICTIONS = f"{SWEEP_DIR}/predictions.csv" if MACHINE_FILE else ""
 CALIBRATE_CORES = calibration_cores(CALIBRATE_SUITE) if CALIBRATE_SUITE else 1
-# empirical scaling models of the measured figures (workflow/rules/scaling.smk), which the report draws
-SCALING_MODELS = f"{SWEEP_DIR}/models.json"
-
+# what the report rule makes (ddlbench.finish): the table, its CSV, the scaling models, the report and its
+# Markdown summary, and the predictions where the sweep knows its machine
+FINISHED = [
+    TABLE,
+    f"{SWEEP_DIR}/table.csv",
+    f"{SWEEP_DIR}/models.json",
+    REPORT,
+    f"{SWEEP_DIR}/report.md",
+    *([f"{SWEEP_DIR}/predictions.csv"] if MACHINE_FILE else []),
+]
 
 wildcard_constraints:
     point=POINT_ID_PATTERN,

@@ -1,34 +1,21 @@
-rule aggregate:
-    input:
-        RECORDS,
-    output:
-        parquet=TABLE,
-        csv=f"{SWEEP_DIR}/table.csv",
-    log:
-        f"{SWEEP_DIR}/logs/aggregate.log",
-    params:
-        sweep=CONFIG_JSON,
-    localrule: True
-    conda:
-        "../../envs/report.yaml"
-    shell:
-        "ddlbench aggregate --config-json {params.sweep:q} --parquet {output.parquet:q} --csv {output.csv:q} > {log:q} 2>&1"
+# The sweep's results from its records, in one step: the table, the predictions (where the sweep knows
+# its machine), the scaling models, the sweep in the results database, and the report. The same function
+# finishes a sweep for `ddlbench submit`, `rerun` and `certify` (ddlbench.finish), so every road makes the
+# same files from the same records.
 
 
 rule report:
     input:
-        table=rules.aggregate.output.parquet,
-        predictions=PREDICTIONS or [],
-        models=SCALING_MODELS,
+        RECORDS,
+        MACHINE_FILE or [],
     output:
-        html=REPORT,
-        md=f"{SWEEP_DIR}/report.md",
+        FINISHED,
     log:
         f"{SWEEP_DIR}/logs/report.log",
     params:
         sweep=CONFIG_JSON,
     localrule: True
     conda:
-        "../../envs/report.yaml"
+        "../../envs/compute.yaml" if MACHINE_FILE else "../../envs/report.yaml"
     shell:
-        "ddlbench report --config-json {params.sweep:q} --table {input.table:q} --out {output.html:q} --markdown {output.md:q} > {log:q} 2>&1"
+        "ddlbench report --config-json {params.sweep:q} > {log:q} 2>&1"
