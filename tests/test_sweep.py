@@ -76,10 +76,14 @@ def test_plan_command_prints_points_and_count(write_sweep):
 
 def test_default_sweep_ids_survive_the_new_axes():
     """micro_batches, split, strategy options at their defaults and synthetic data stay out of the
-    canonical spec, so records measured before those axes existed keep their ids."""
-    from ddlbench.config import DEFAULT_SWEEP, load_sweep_config
+    canonical spec, so records measured before those axes existed keep their ids (the id of the first
+    point of the default sweep of those days: these settings)."""
+    from ddlbench.config import sweep_config_from_mapping
 
-    ids = [point.point_id for point in expand_sweep(load_sweep_config(DEFAULT_SWEEP)).points]
+    before = {"name": "default", "models": ["resnet8"], "datasets": ["cifar10"], "strategies": ["ddp"],
+              "nodes": [1], "batch_size": [32], "threads": [1], "warmup_steps": 3, "steps": 12, "seed": 0,
+              "timeout_s": 300}  # fmt: skip
+    ids = [point.point_id for point in expand_sweep(sweep_config_from_mapping(before)).points]
     assert ids[0] == "resnet8-cifar10-ddp-n1x1-b32-t1-r0-c0bee9b8"
 
 

@@ -201,10 +201,15 @@ def best_strategies(
         extra = [f for f in others if f not in ("nodes", "ranks_per_node") and len({str(r.get(f)) for r in pair}) > 1]
         for held, group in _comparison_groups(pair, others, include_host_copied):
             rows.append(_scale_row(model, dataset, group, held, extra, one_host, include_host_copied))
-    contested = [row for row in rows if row["runner_up"] is not None]
-    verdicts = judge([contrast(row["runner_up"].launches, row["winner"].launches) for row in contested])
-    for row, verdict in zip(contested, verdicts, strict=True):
-        row["verdict"] = verdict.text.replace("higher", "faster", 1) if verdict.direction else verdict.text
+    # one family: each contested row's winner against its runner-up, and against every other strategy
+    pairs = [(row, other) for row in rows if row["runner_up"] is not None for other in (row["runner_up"], *row["rest"])]
+    verdicts = judge([contrast(other.launches, row["winner"].launches) for row, other in pairs])
+    for (row, other), verdict in zip(pairs, verdicts, strict=True):
+        text = verdict.text.replace("higher", "faster", 1) if verdict.direction else verdict.text
+        if other is not row["runner_up"]:
+            row["behind"].append((other.label, text))
+            continue
+        row["verdict"] = text
         row["separated"] = verdict.direction == "higher"
         row["p_adjusted"] = verdict.p_adjusted
     for row in rows:
@@ -223,10 +228,15 @@ def answer(row: dict[str, Any]) -> str:
         return f"{at}: only {winner.label} ran, nothing to compare"
     detail = row["verdict"][row["verdict"].find("(") :] if "(" in row["verdict"] else ""
     if row["separated"]:
-        return f"{at}: {winner.label} is fastest, ahead of {runner_up.label} {detail}"
-    if row["p_adjusted"] is not None:
-        return f"{at}: the launches cannot separate {winner.label} from {runner_up.label} {detail}"
-    return f"{at}: {winner.label} ahead of {runner_up.label} by ×{row['margin']:.3g}, no verdict ({row['verdict']})"
+        text = f"{at}: {winner.label} is fastest, ahead of {runner_up.label} {detail}"
+    elif row["p_adjusted"] is not None:
+        text = f"{at}: the launches cannot separate {winner.label} from {runner_up.label} {detail}"
+    else:
+        text = f"{at}: {winner.label} ahead of {runner_up.label} by ×{row['margin']:.3g}, no verdict ({row['verdict']})"
+    for label, verdict in row["behind"]:
+        word = "also ahead of" if verdict.startswith("faster") else "against"
+        text += f"; {word} {label} {verdict.removeprefix('faster ')}"
+    return text
 
 
 def _comparison_groups(
@@ -299,6 +309,13 @@ def _scale_row(
     ranked = sorted(figures, key=lambda f: -f.rank_value)
     winner = ranked[0] if ranked else None
     runner_up = next((f for f in ranked[1:] if winner and f.strategy != winner.strategy), None)
+    # the best configuration of each further strategy, compared with the winner too
+    seen = {f.strategy for f in (winner, runner_up) if f is not None}
+    rest = []
+    for figure in ranked:
+        if figure.strategy not in seen:
+            seen.add(figure.strategy)
+            rest.append(figure)
     scale = scale_text(first["nodes"], first["ranks_per_node"], batch, held=held, one_host=one_host)
     if extra:
         scale += ", " + describe(first, extra)
@@ -316,6 +333,8 @@ def _scale_row(
         "strategies": len(strategies),
         "winner": winner,
         "runner_up": runner_up,
+        "rest": rest if runner_up is not None else [],
+        "behind": [],  # (label, verdict) of each of `rest` against the winner
         "margin": winner.rank_value / runner_up.rank_value
         if winner and runner_up and runner_up.rank_value > 0
         else None,
