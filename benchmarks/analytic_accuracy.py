@@ -6,7 +6,7 @@
     python benchmarks/analytic_accuracy.py --quick --results-dir /tmp/a   # CI's size: a minute, no verdict
 
 1. `ddlbench calibrate` with benchmarks/analytic/calibration.yaml (compute rates, collectives after a
-   barrier and in busy mode, generic operators over drawn shapes, and one layer profile, resnet8's)
+   barrier and in busy mode, generic operators over drawn shapes, and the layer timings of one model, resnet8)
    → <results>/machine.yaml;
 2. Snakemake runs benchmarks/analytic/sweep.yaml (issue 22's held-out sweep: resnet20 and vgg11 at batch
    16, ddp and zero2 on 1 and 2 nodes × 1 rank, gpipe with 4 micro-batches, filter and spatial on 2; and
@@ -15,7 +15,7 @@
 3. prints, per strategy, the mean time and memory accuracy (1 − |predicted − measured| / measured; time:
    the configuration's median step, the median over its repetitions; memory: the busiest rank's peak
    tensor memory), their worst configuration and n, separately for configurations *never seen* by the
-   calibration (no layer profile of the model: compute from the operator fits; the headline, against
+   calibration (no layer timings of the model: compute from the operator fits; the headline, against
    issue 22's targets: ≥ 90 % time averaged over strategies, ≥ 95 % for data parallelism, memory ≥ 95 %,
    with the gap) and *profiled* ones (the calibration ran the model, at that batch: partly circular);
    then every point alone against issue 12's targets, as before;

@@ -1,5 +1,5 @@
 """Predictions against measurements, through the real workflow: a sweep with `calibrate:` measures this
-machine first (collectives and layer profiles), predicts every point in the DAG, runs the points, and its
+machine first (collectives and layer timings), predicts every point in the DAG, runs the points, and its
 report sets predicted beside measured.
 
 Step times are judged only by what a machine-wide slowdown cannot fake: ratios between configurations
@@ -76,7 +76,7 @@ def measured(tmp_path_factory):
                 "message_bytes": [4096, 65536, 1048576],
                 "warmup": 2,
                 "iterations": 5,
-                "profiles": [{"model": "resnet8", "dataset": "cifar10", "batch_sizes": [4, 8, 16]}],
+                "layer_timings": [{"model": "resnet8", "dataset": "cifar10", "batch_sizes": [4, 8, 16]}],
             }
         )
     )
@@ -188,8 +188,8 @@ def test_every_point_is_predicted_from_the_machine_calibrated_first(measured):
     assert (folder / "machine.yaml").exists()
     assert set(predictions["point_id"]) == set(table["point_id"])
     assert len(table) == len(CONFIGURATIONS) * MIN_LAUNCHES
-    # the calibration profiled resnet8, so compute comes from the profile, not from FLOP rates
-    assert set(predictions["compute_source"]) == {"profile"}
+    # the calibration timed resnet8's layers, so compute comes from those timings, not from FLOP rates
+    assert set(predictions["compute_source"]) == {"layer_timings"}
     html = (folder / "report.html").read_text()
     assert "Predicted beside measured" in html
     for strategy in STRATEGIES:

@@ -19,7 +19,7 @@ CALIBRATION = {
     "name": "tiny_machine", "nodes": [1], "ranks_per_node": 2, "threads": 1, "precisions": ["fp32"],
     "matmul_sizes": [128], "conv_shapes": [[8, 16, 16, 3]], "memory_bytes": 8388608,
     "collectives": ["all_reduce", "broadcast"], "message_bytes": [4096, 65536, 4194304], "backends": ["torch"],
-    "warmup": 1, "iterations": 6, "profiles": [],
+    "warmup": 1, "iterations": 6, "layer_timings": [],
 }  # fmt: skip
 
 

@@ -186,12 +186,12 @@ def test_a_hostfile_is_refused_for_other_launchers():
 
 
 def test_the_cli_accepts_every_launcher_and_names_them_for_a_wrong_one(capsys):
-    from ddlbench.cli import _parser
+    from ddlbench.cli import build_parser
 
     assert CLI_LAUNCHERS == LAUNCHERS
-    assert _parser().parse_args(["run-point", "--launcher", "mpirun", "--hostfile", "h"]).hostfile == Path("h")
+    assert build_parser().parse_args(["run-point", "--launcher", "mpirun", "--hostfile", "h"]).hostfile == Path("h")
     with pytest.raises(SystemExit):
-        _parser().parse_args(["run-point", "--launcher", "torchrun"])
+        build_parser().parse_args(["run-point", "--launcher", "torchrun"])
     err = capsys.readouterr().err  # argparse quotes the choices in some Python releases, not in others
     assert "invalid choice: 'torchrun'" in err and all(name in err.split("choose from")[1] for name in LAUNCHERS)
 

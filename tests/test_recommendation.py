@@ -134,7 +134,7 @@ def test_the_disagreements_are_one_holm_family_and_seen_splits_the_score():
     is one verdict of the score's family, and Holm over two asks p < 0.025 of the smaller: neither holds."""
     slower = [({"strategy": "ddp"}, 200.0, [100, 103, 97]), ({"strategy": "zero2"}, 300.0, [93, 95, 91])]
     alone = score(measured(slower))
-    elsewhere = measured([({**options, "nodes": 2}, p, m) for options, p, m in slower], source="profile")
+    elsewhere = measured([({**options, "nodes": 2}, p, m) for options, p, m in slower], source="layer_timings")
     twice = score(pd.concat([measured(slower), elsewhere], ignore_index=True))
     assert alone.cells[0].verdict.startswith("lower")  # p = 0.032 alone; 2 × 0.032 > 0.05 in a family of two
     assert all(c.verdict.startswith("not separable") for c in twice.cells) and twice.hits == 2

@@ -14,8 +14,8 @@ and unit in its key's name, measured ones with their statistics and sample size.
                    rel_error_median, rel_error_max, curve: [{bytes, time_s: {value, ci_low, ci_high, n}}],
                    busy: {alpha_s, beta_s_per_byte, wait_per_compute_s, rel_error_median, rel_error_max,
                           curve: [{bytes, burst_s, mean_s, n}]}}]   # busy: optional (torch on CPUs)
-    layer_profiles:                  # optional ([] or absent: none); ddlbench.calibrate.layer_profiles
-      - {model, dataset, options (resolved), precision, threads, ranks_per_node (ranks that profiled at
+    layer_timings:                   # optional ([] or absent: none); ddlbench.calibrate.layer_timings
+      - {model, dataset, options (resolved), precision, threads, ranks_per_node (ranks that timed it at
          once on one node), batch_sizes: [b, ...], point_id,
          blocks: [{name, forward_s: [figure per batch size], backward_s: [...],
                    forward_fit: {alpha_s, beta_s_per_sample, rel_error_max}, backward_fit: {...}}],
@@ -26,8 +26,9 @@ and unit in its key's name, measured ones with their statistics and sample size.
                     forward_s, backward_s, n}]}
     failed_points: [{point_id, status, reason}]   # status "refused": a precision the device cannot run
 
-machine_version stays 1: layer_profiles and operator_timings are optional, so files written before it still read, and a
-reader that does not know it ignores it.
+machine_version stays 1: layer_timings and operator_timings are optional, so files written before it still read, and a
+reader that does not know it ignores it. Files written before the key was renamed call layer_timings
+`layer_profiles`: read_machine reads that key as layer_timings.
 
 Figures from measurements (one calibration's records; formulas here and in ddlbench.calibrate.kernels):
 - FLOP/s of a size = its operations ÷ each iteration's time; the figure is the median over iterations
@@ -41,8 +42,8 @@ Figures from measurements (one calibration's records; formulas here and in ddlbe
   (ddlbench.calibrate.fit.fit_busy): what a call costs inside a step, its peers' lateness included;
 - links: the α–β of send_recv through the first library measured on that link. A link is `intra_node`
   when every rank of the point ran on one host, else `inter_node`: named by where ranks really ran;
-- layer profiles: per block and batch size the median seconds per step over every rank's timed steps
-  pooled, lines α + β·batch fitted to them (ddlbench.calibrate.layer_profiles).
+- layer timings: per block and batch size the median seconds per step over every rank's timed steps
+  pooled, lines α + β·batch fitted to them (ddlbench.calibrate.layer_timings).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ import yaml
 
 from ddlbench.atomic import write_text_atomic
 from ddlbench.calibrate.fit import bus_factor, fit_alpha_beta, fit_busy
-from ddlbench.calibrate.layer_profiles import check_layer_profiles, profile_figures
+from ddlbench.calibrate.layer_timings import check_layer_timings, layer_timing_figures
 from ddlbench.calibrate.operator_timings import operator_timings
 from ddlbench.calibrate.records import CalibrationRecord, stats_figure
 from ddlbench.errors import DdlbenchError
@@ -95,7 +96,7 @@ def measured_machine(records: list[CalibrationRecord], *, name: str | None, suit
         "compute": {},
         "links": {},
         "collectives": [],
-        "layer_profiles": [],
+        "layer_timings": [],
         "operator_timings": [],
         "failed_points": [
             {"point_id": record.point_id, "status": record.status, "reason": record.reason}
@@ -106,12 +107,12 @@ def measured_machine(records: list[CalibrationRecord], *, name: str | None, suit
     for record in ok:
         if record.point.benchmark == "compute":
             machine["compute"] = compute_figures(record)
-        elif record.point.benchmark == "profile":
-            profile = profile_figures(record)
-            if isinstance(profile, str):  # the device refused the precision
-                machine["failed_points"].append({"point_id": record.point_id, "status": "refused", "reason": profile})
+        elif record.point.benchmark == "layer_timings":
+            timings = layer_timing_figures(record)
+            if isinstance(timings, str):  # the device refused the precision
+                machine["failed_points"].append({"point_id": record.point_id, "status": "refused", "reason": timings})
             else:
-                machine["layer_profiles"].append(profile)
+                machine["layer_timings"].append(timings)
         elif record.point.benchmark == "operators":
             machine["operator_timings"] += operator_timings(record)
         else:
@@ -259,7 +260,9 @@ def read_machine(path: Path) -> dict[str, Any]:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             # YAML 1.1 reads 6.7e13 (no sign in the exponent) as a string: write 6.7e+13
             raise DdlbenchError(f"machine file {path}: {where} is {value!r}, not a number (write exponents as 1.5e+13)")
-    check_layer_profiles(data.get("layer_profiles"), f"machine file {path}")
+    if "layer_profiles" in data:  # the key's earlier name: machine files written with it still read
+        data.setdefault("layer_timings", data.pop("layer_profiles"))
+    check_layer_timings(data.get("layer_timings"), f"machine file {path}")
     return data
 
 

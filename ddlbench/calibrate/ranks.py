@@ -19,10 +19,10 @@ def measure(point: CalibrationPoint, ctx: RankContext) -> CalibrationRankResult:
     library = ctx.backend
     if point.benchmark == "compute":
         measurements = run_compute(point, ctx.device)
-    elif point.benchmark == "profile":
-        from ddlbench.calibrate.profile_kernel import run_profile  # builds models: imported only when needed
+    elif point.benchmark == "layer_timings":
+        from ddlbench.calibrate.layer_timing_kernel import run_layer_timings  # builds models: only when needed
 
-        measurements = run_profile(point, ctx.device)
+        measurements = run_layer_timings(point, ctx.device)
     elif point.benchmark == "operators":
         from ddlbench.calibrate.operator_kernel import run_operators
 

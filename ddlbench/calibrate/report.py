@@ -1,5 +1,5 @@
 """The report of a calibration: measured curves against their α–β fits, the compute figures and the
-layer profiles."""
+layer timings."""
 
 from __future__ import annotations
 
@@ -62,16 +62,16 @@ def render_calibration(machine: dict[str, Any], references: list[dict[str, Any]]
             compute=machine.get("compute", {}),
             compared=[m["name"] for m in compared],
             comparison=comparison(compared),
-            profiles=[profile_table(profile) for profile in machine.get("layer_profiles") or []],
+            layer_timings=[layer_timing_table(entry) for entry in machine.get("layer_timings") or []],
         )
     )
 
 
-def profile_table(profile: dict[str, Any]) -> dict[str, Any]:
-    """One profile as rows of milliseconds per batch size: each block's forward and backward and its share
+def layer_timing_table(timings: dict[str, Any]) -> dict[str, Any]:
+    """One model's layer timings as rows of milliseconds per batch size: each block's forward and backward and its share
     of the step ((forward + backward) ÷ step, medians), then the loss, the update, the rest and the step."""
-    sizes = profile["batch_sizes"]
-    steps = [figure["value"] for figure in profile["step_s"]]
+    sizes = timings["batch_sizes"]
+    steps = [figure["value"] for figure in timings["step_s"]]
 
     def ms(figures: list[dict[str, Any]]) -> list[str]:
         return [f"{figure['value'] * 1e3:.3g}" for figure in figures]
@@ -86,25 +86,25 @@ def profile_table(profile: dict[str, Any]) -> dict[str, Any]:
             "backward": ms(block["backward_s"]),
             "share": share(block["forward_s"], block["backward_s"]),
         }
-        for index, block in enumerate(profile["blocks"])
+        for index, block in enumerate(timings["blocks"])
     ]
-    rows.append({"label": "loss (forward + backward)", "forward": ms(profile["loss_s"]), "backward": [""] * len(sizes)})
-    rows[-1]["share"] = share(profile["loss_s"])
-    update = [profile["update_s"]] * len(sizes)
+    rows.append({"label": "loss (forward + backward)", "forward": ms(timings["loss_s"]), "backward": [""] * len(sizes)})
+    rows[-1]["share"] = share(timings["loss_s"])
+    update = [timings["update_s"]] * len(sizes)
     rows.append({"label": "update (zero_grad + step)", "forward": ms(update), "backward": [""] * len(sizes)})
     rows[-1]["share"] = share(update)
-    if profile.get("other_s"):
+    if timings.get("other_s"):
         rows.append(
-            {"label": "other (not attributed)", "forward": ms(profile["other_s"]), "backward": [""] * len(sizes)}
+            {"label": "other (not attributed)", "forward": ms(timings["other_s"]), "backward": [""] * len(sizes)}
         )
-        rows[-1]["share"] = share(profile["other_s"])
+        rows[-1]["share"] = share(timings["other_s"])
     rows.append(
-        {"label": "step", "forward": ms(profile["step_s"]), "backward": [""] * len(sizes), "share": [""] * len(sizes)}
+        {"label": "step", "forward": ms(timings["step_s"]), "backward": [""] * len(sizes), "share": [""] * len(sizes)}
     )
-    options = ", ".join(f"{key}={value}" for key, value in profile["options"].items())
+    options = ", ".join(f"{key}={value}" for key, value in timings["options"].items())
     title = (
-        f"{profile['model']} on {profile['dataset']}{f' ({options})' if options else ''}, {profile['precision']}, "
-        f"{profile['ranks_per_node']} rank(s) at once × {profile['threads']} thread(s)"
+        f"{timings['model']} on {timings['dataset']}{f' ({options})' if options else ''}, {timings['precision']}, "
+        f"{timings['ranks_per_node']} rank(s) at once × {timings['threads']} thread(s)"
     )
     return {"title": title, "sizes": sizes, "rows": rows}
 

@@ -7,12 +7,12 @@ the spec's `kind`):
   memory bandwidth;
 - one `collectives` point per backend and node count: every collective over every message size, within
   a node (1 node × ranks_per_node ranks) or across nodes (n nodes × 1 rank);
-- one `profile` point per profile and precision: ranks_per_node ranks on one node, each training the
-  model alone on synthetic batches and timing every block's forward and backward
-  (ddlbench.calibrate.profile_kernel), all at once, as the ranks of a training point share a node;
+- one `layer_timings` point per entry of `layer_timings` and precision: ranks_per_node ranks on one node,
+  each training the model alone on synthetic batches and timing every block's forward and backward
+  (ddlbench.calibrate.layer_timing_kernel), all at once, as the ranks of a training point share a node;
 - one `operators` point per entry of the suite's `operators.ranks`: that many ranks on one node timing
   generic operators (convolutions, norms, activations, pools, linear layers) over drawn shapes, all at
-  once (ddlbench.calibrate.operator_kernel), for compute predictions of models nobody profiled.
+  once (ddlbench.calibrate.operator_kernel), for compute predictions of models whose layers nobody timed.
 A suite without matmul sizes, convolutions and memory bytes has no compute point; one without
 collectives no collective points.
 """
@@ -36,8 +36,8 @@ SCHEMA_PATH = Path(__file__).with_name("suite.schema.yaml")
 DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "workflow" / "calibration" / "default.yaml"
 KIND = "calibration"  # the spec's `kind`: what tells the worker this is not a training point
 
-Benchmark = Literal["compute", "collectives", "profile", "operators"]
-PROFILE_FIELDS = ("model", "dataset", "model_options", "batch_sizes")
+Benchmark = Literal["compute", "collectives", "layer_timings", "operators"]
+LAYER_TIMING_FIELDS = ("model", "dataset", "model_options", "batch_sizes")
 OPERATOR_FIELDS = ("operator_samples", "operator_seed", "operator_max_flop", "operator_max_elements")
 OPERATOR_DEFAULTS = {"samples": 24, "seed": 0, "max_flop": 1.5e9, "max_elements": 8388608}
 
@@ -49,7 +49,7 @@ class CalibrationPoint:
 
     suite: str
     benchmark: Benchmark
-    backend: str  # torch | mpi for collectives; "" for compute and profile
+    backend: str  # torch | mpi for collectives; "" for the others
     nodes: int
     ranks_per_node: int
     threads: int
@@ -62,7 +62,7 @@ class CalibrationPoint:
     memory_bytes: int = 0
     collectives: tuple[str, ...] = ()
     message_bytes: tuple[int, ...] = ()
-    # profile: the model trained, on synthetic samples of the dataset, at each per-rank batch size
+    # layer_timings: the model trained, on synthetic samples of the dataset, at each per-rank batch size
     model: str = ""
     dataset: str = ""
     model_options: tuple[tuple[str, str], ...] = ()  # resolved: the model's defaults filled in
@@ -86,8 +86,8 @@ class CalibrationPoint:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        if self.benchmark != "profile":  # left out, so that other points keep the ids they had before profiles
-            data = {key: value for key, value in data.items() if key not in PROFILE_FIELDS}
+        if self.benchmark != "layer_timings":  # left out: other points keep the ids they had before these
+            data = {key: value for key, value in data.items() if key not in LAYER_TIMING_FIELDS}
         if self.benchmark != "operators":  # likewise, for the ids they had before operator points
             data = {key: value for key, value in data.items() if key not in OPERATOR_FIELDS}
         return {"kind": KIND, **data}
@@ -106,7 +106,7 @@ class CalibrationPoint:
     @functools.cached_property
     def point_id(self) -> str:
         backend = f"-{self.backend}" if self.backend else ""
-        if self.benchmark == "profile":
+        if self.benchmark == "layer_timings":
             backend = f"-{self.model}-{self.dataset}-{self.precisions[0]}"
         return f"{self.benchmark}{backend}-n{self.nodes}x{self.ranks_per_node}-t{self.threads}-{self.spec_hash[:8]}"
 
@@ -141,11 +141,11 @@ class Suite:
 
 @functools.cache
 def suite_schema() -> dict[str, Any]:
-    """The suite schema with the catalog's model and dataset names filled into the profiles' enums."""
+    """The suite schema with the catalog's model and dataset names filled into the layer timings' enums."""
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    profile = schema["properties"]["profiles"]["items"]["properties"]
-    profile["model"]["enum"] = MODELS.names()
-    profile["dataset"]["enum"] = DATASETS.names()
+    entry = schema["properties"]["layer_timings"]["items"]["properties"]
+    entry["model"]["enum"] = MODELS.names()
+    entry["dataset"]["enum"] = DATASETS.names()
     return schema
 
 
@@ -154,6 +154,8 @@ def load_suite(path: Path | None = None, raw: dict[str, Any] | None = None) -> S
     if raw is None:
         path = path or DEFAULT_SUITE
         raw = yaml.safe_load(path.read_text()) or {}
+    if isinstance(raw, dict) and "profiles" in raw:
+        raise ConfigError("profiles", "this key is now layer_timings (the same entries); rename it")
     data = validate_with(raw, suite_schema(), what="a calibration suite")
     return Suite(
         name=data["name"],
@@ -201,20 +203,20 @@ def expand_suite(data: dict[str, Any]) -> tuple[CalibrationPoint, ...]:
                     **common,
                 )
             )
-    for index, profile in enumerate(data.get("profiles", [])):
-        options = resolve_profile(profile, f"profiles[{index}]")
+    for index, entry in enumerate(data.get("layer_timings", [])):
+        options = resolve_model(entry, f"layer_timings[{index}]")
         for precision in data["precisions"]:
             points.append(
                 CalibrationPoint(
-                    benchmark="profile",
+                    benchmark="layer_timings",
                     backend="",
                     nodes=1,
                     ranks_per_node=data["ranks_per_node"],
                     precisions=(precision,),
-                    model=profile["model"],
-                    dataset=profile["dataset"],
+                    model=entry["model"],
+                    dataset=entry["dataset"],
                     model_options=options,
-                    batch_sizes=tuple(sorted(profile["batch_sizes"])),
+                    batch_sizes=tuple(sorted(entry["batch_sizes"])),
                     **common,
                 )
             )
@@ -238,15 +240,15 @@ def expand_suite(data: dict[str, Any]) -> tuple[CalibrationPoint, ...]:
             )
     if not points:
         raise ConfigError(
-            "", "the suite measures nothing: give matmul_sizes, conv_shapes, memory_bytes, collectives or profiles"
+            "", "the suite measures nothing: give matmul_sizes, conv_shapes, memory_bytes, collectives or layer_timings"
         )
     return tuple(points)
 
 
-def resolve_profile(profile: dict[str, Any], key: str) -> tuple[tuple[str, str], ...]:
-    """The profile's complete model options (the model's defaults, overridden by its own), after checking
+def resolve_model(entry: dict[str, Any], key: str) -> tuple[tuple[str, str], ...]:
+    """A layer_timings entry's complete model options (the model's defaults, overridden by its own), after checking
     that the model takes the dataset's input and accepts each option and value."""
-    model, dataset = MODELS.get(profile["model"]), DATASETS.get(profile["dataset"])  # names: checked by the schema
+    model, dataset = MODELS.get(entry["model"]), DATASETS.get(entry["dataset"])  # names: checked by the schema
     if model.input_kind != dataset.input_kind:
         takes = [name for name in DATASETS.names() if DATASETS.get(name).input_kind == model.input_kind]
         raise ConfigError(
@@ -255,7 +257,7 @@ def resolve_profile(profile: dict[str, Any], key: str) -> tuple[tuple[str, str],
             f"choose from: {', '.join(takes)}",
         )
     options = model.default_options()
-    for option, raw_value in profile.get("options", {}).items():
+    for option, raw_value in entry.get("options", {}).items():
         if option not in model.options:
             accepted = ", ".join(model.options) or "none"
             raise ConfigError(

@@ -9,8 +9,8 @@ it is, so averages are not flattered. Averages are plain means over the points o
 over strategies (each strategy weighs the same, as the issue's target "average over strategies" reads),
 with the number of points each rests on. Only points that ran to the end (status ok) count.
 
-Seen or not (`per_configuration`): a configuration is *profiled* when the machine file holds a layer
-profile of its model (the prediction's compute came from the profile: the calibration ran that model,
+Seen or not (`per_configuration`): a configuration is *profiled* when the machine file holds layer
+timings of its model (the prediction's compute came from them: the calibration ran that model,
 perhaps at that very batch), and *never seen* otherwise (compute from the operator fits or the rates:
 nothing of the model was measured). A predictor is judged on the never-seen ones; the profiled ones are
 partly circular. Per configuration (a point's repetitions together) the measured time is the median
@@ -72,8 +72,8 @@ PROFILED, NEVER_SEEN = "profiled", "never seen"
 
 
 def seen(compute_source: object) -> str:
-    """PROFILED when a prediction's compute came from a layer profile of the model, else NEVER_SEEN."""
-    return PROFILED if str(compute_source) == "profile" else NEVER_SEEN
+    """PROFILED when a prediction's compute came from layer timings of the model, else NEVER_SEEN."""
+    return PROFILED if str(compute_source) in ("layer_timings", "profile") else NEVER_SEEN  # "profile": earlier name
 
 
 def per_configuration(joined: pd.DataFrame) -> pd.DataFrame:

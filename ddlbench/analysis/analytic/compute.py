@@ -1,8 +1,8 @@
-"""Compute time of each block of a model on one rank: from profiled layer times, from per-operator fits
+"""Compute time of each block of a model on one rank: from measured layer timings, from per-operator fits
 over shapes, or from the model table and the machine's calibrated rates.
 
-**Profiled** (the machine file's `layer_profiles`, measured by `ddlbench calibrate` with this model,
-precision and threads, every rank of a node profiling at once): a block's forward or backward time at a
+**Layer timings** (the machine file's `layer_timings`, measured by `ddlbench calibrate` with this model,
+precision and threads, every rank of a node timing it at once): a block's forward or backward time at a
 micro-batch b is its fitted line α + β·b. ParaDL's "profall" mode did the same with per-sample times.
 
 **From operator fits** (the machine file's `operator_timings`: generic convolutions, norms, activations,
@@ -53,7 +53,7 @@ class BlockTimes:
     backward_s: tuple[float, ...]
     loss_s: float  # forward + backward of the loss on the last block's output
     update_per_param_s: float  # optimizer step, per parameter element
-    source: str  # "profile" or "rates (…)"
+    source: str  # "layer_timings", "operators" or "rates (…)"
     notes: tuple[str, ...] = ()
 
     def forward_of(self, blocks: range | Sequence[int]) -> float:
@@ -77,21 +77,21 @@ def block_times(
     """Seconds per block at micro-batch `batch` on one rank. `scale[i]` multiplies block i's work: the
     share a rank computes when a strategy splits the block (1 − s + s/p for a block whose FLOP share s
     is cut into p parts); default all 1. `sharing`: ranks running at once on one node, to pick the
-    profile (or operator fits) measured under the same contention for cores and memory bandwidth.
+    layer timings (or operator fits) measured under the same contention for cores and memory bandwidth.
     `layers`: the layers as this rank runs them (shapes cut by the strategy); with operator fits they are
-    costed at those shapes and `scale` is not applied; without, `scale` is (profile or roofline)."""
+    costed at those shapes and `scale` is not applied; without, `scale` is (layer timings or roofline)."""
     factors = list(scale) if scale is not None else [1.0] * len(table.blocks)
-    profile = machine.profile_for(table.model, table.dataset, table.options, precision, threads, sharing=sharing)
+    timed = machine.layer_timings_for(table.model, table.dataset, table.options, precision, threads, sharing=sharing)
     operators = machine.operator_model_for(precision, threads, sharing=sharing)
-    if profile is not None and len(profile.forward) == len(table.blocks):
+    if timed is not None and len(timed.forward) == len(table.blocks):
         params = max(1, table.params)
         return BlockTimes(
-            forward_s=tuple(fit.at(batch) * f for fit, f in zip(profile.forward, factors, strict=True)),
-            backward_s=tuple(fit.at(batch) * f for fit, f in zip(profile.backward, factors, strict=True)),
-            loss_s=profile.loss.at(batch),
-            update_per_param_s=profile.update_s / params,
-            source="profile",
-            notes=(f"layer profile: {profile.ranks_per_node} rank(s) × {profile.threads} thread(s) at once",),
+            forward_s=tuple(fit.at(batch) * f for fit, f in zip(timed.forward, factors, strict=True)),
+            backward_s=tuple(fit.at(batch) * f for fit, f in zip(timed.backward, factors, strict=True)),
+            loss_s=timed.loss.at(batch),
+            update_per_param_s=timed.update_s / params,
+            source="layer_timings",
+            notes=(f"layer timings: {timed.ranks_per_node} rank(s) × {timed.threads} thread(s) at once",),
         )
     if operators is not None:
         times = _from_operators(table, machine, operators, layers, batch=batch, precision=precision, threads=threads)
@@ -282,7 +282,7 @@ def layer_costs(
 ) -> list[tuple[float, float]]:
     """Per row of `layers` (a rank's layers, shapes as it runs them), its (forward, backward) seconds at
     `batch`: from the operator fits where the machine has them (a residual sum counted on the last row of
-    its shortcut); else a profiled block's time shared among its rows as their rooflines are; else the
+    its shortcut); else a timed block's time shared among its rows as their rooflines are; else the
     roofline. What a strategy that interleaves per-layer communication with compute costs each layer at."""
     rows = list(layers)
     operators = machine.operator_model_for(precision, threads, sharing=sharing)
@@ -306,15 +306,15 @@ def layer_costs(
                 index = last_of[owner]
                 costs[index] = (costs[index][0] + add[0], costs[index][1] + add[1])
         return costs
-    profile = machine.profile_for(table.model, table.dataset, table.options, precision, threads, sharing=sharing)
-    if profile is not None and len(profile.forward) == len(table.blocks):
+    timed = machine.layer_timings_for(table.model, table.dataset, table.options, precision, threads, sharing=sharing)
+    if timed is not None and len(timed.forward) == len(table.blocks):
         blocks = block_times(table, machine, batch=batch, precision=precision, threads=threads, sharing=sharing)
         forward_total = [0.0] * len(table.blocks)
         backward_total = [0.0] * len(table.blocks)
         for layer, (f, b) in zip(rows, roofline, strict=True):
             forward_total[layer.block] += f
             backward_total[layer.block] += b
-        # each row's share of its block's roofline, of the block's profiled time at the whole shapes
+        # each row's share of its block's roofline, of the block's timed time at the whole shapes
         whole, _, _ = layer_times(table, machine, batch=batch, precision=precision, threads=threads)
         whole_f = [0.0] * len(table.blocks)
         whole_b = [0.0] * len(table.blocks)

@@ -1,4 +1,4 @@
-"""What the analytical model knows of a machine: compute rates, collective costs, layer profiles, memory.
+"""What the analytical model knows of a machine: compute rates, collective costs, layer timings, memory.
 
 Read from a machine file (ddlbench.calibrate.machine: measured by `ddlbench calibrate`, or written by
 hand from datasheets for hardware the user does not own yet). Every figure the model takes from it is
@@ -91,8 +91,8 @@ class CollectiveCost:
 
 @dataclass(frozen=True, kw_only=True)
 class BlockFit:
-    """A profiled block's time against the batch: between profiled batch sizes, the straight line through
-    the two nearest medians (exact at a profiled size: the CPU's efficiency changes with the batch, and a
+    """A timed block's time against the batch: between timed batch sizes, the straight line through
+    the two nearest medians (exact at a timed size: the CPU's efficiency changes with the batch, and a
     single line missed by up to 16 %); outside them, the fitted line t(b) = alpha_s + beta_s_per_sample·b."""
 
     alpha_s: float
@@ -109,8 +109,8 @@ class BlockFit:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LayerProfile:
-    """Profiled forward/backward time of each block of one model, at the threads and ranks it ran with."""
+class LayerTimings:
+    """Measured forward/backward time of each block of one model, at the threads and ranks it ran with."""
 
     model: str
     dataset: str
@@ -135,11 +135,11 @@ def _fit(node: Mapping[str, Any] | None, batch_sizes: list[float] = (), figures:
     )
 
 
-def _profile(entry: Mapping[str, Any]) -> LayerProfile:
+def _layer_timings(entry: Mapping[str, Any]) -> LayerTimings:
     blocks = entry.get("blocks") or []
     update = entry.get("update_s") or {}
     sizes = [float(b) for b in entry.get("batch_sizes") or ()]
-    return LayerProfile(
+    return LayerTimings(
         model=str(entry["model"]),
         dataset=str(entry["dataset"]),
         options=tuple(sorted((str(k), str(v)) for k, v in (entry.get("options") or {}).items())),
@@ -218,7 +218,7 @@ class MachineModel:
     memory_bandwidth_bytes_per_s: float | None
     links: Mapping[str, Mapping[str, Any]]
     collectives: tuple[Mapping[str, Any], ...]
-    profiles: tuple[LayerProfile, ...] = ()
+    layer_timings: tuple[LayerTimings, ...] = ()
     operator_timings: tuple[Mapping[str, Any], ...] = ()  # ddlbench.calibrate.operator_timings, fitted on use
     hosts: int = 1  # hosts the calibration ran on (1: every "node" of a local run is this host)
     notes: tuple[str, ...] = field(default=())
@@ -248,7 +248,7 @@ class MachineModel:
             memory_bandwidth_bytes_per_s=float(bandwidth) if bandwidth else None,
             links=dict(data.get("links") or {}),
             collectives=tuple(data.get("collectives") or ()),
-            profiles=tuple(_profile(entry) for entry in data.get("layer_profiles") or ()),
+            layer_timings=tuple(_layer_timings(entry) for entry in data.get("layer_timings") or ()),
             operator_timings=tuple(data.get("operator_timings") or ()),
             hosts=max(1, len(data.get("hosts") or ())),
         )
@@ -269,7 +269,7 @@ class MachineModel:
                 return value, f"{kind} {wanted}"
         raise DdlbenchError(f"machine {self.name!r} has no matmul_flop_per_s figure: cannot predict compute")
 
-    def profile_for(
+    def layer_timings_for(
         self,
         model: str,
         dataset: str,
@@ -278,20 +278,20 @@ class MachineModel:
         threads: int,
         *,
         sharing: int | None = None,
-    ) -> LayerProfile | None:
-        """The layer profile of exactly this model build, precision and threads, if the machine has one;
-        of several, the one profiled with `sharing` ranks at once on a node (else the nearest)."""
+    ) -> LayerTimings | None:
+        """The layer timings of exactly this model build, precision and threads, if the machine has them;
+        of several, those timed with `sharing` ranks at once on a node (else the nearest)."""
         wanted = tuple(sorted(options))
         found = [
-            profile
-            for profile in self.profiles
-            if (profile.model, profile.dataset, profile.precision, profile.threads)
+            timings
+            for timings in self.layer_timings
+            if (timings.model, timings.dataset, timings.precision, timings.threads)
             == (model, dataset, precision, threads)
-            and (not profile.options or profile.options == wanted)
+            and (not timings.options or timings.options == wanted)
         ]
         if not found:
             return None
-        return min(found, key=lambda profile: abs(profile.ranks_per_node - (sharing or profile.ranks_per_node)))
+        return min(found, key=lambda timings: abs(timings.ranks_per_node - (sharing or timings.ranks_per_node)))
 
     def operator_model_for(self, precision: str, threads: int, *, sharing: int | None = None) -> OperatorModel | None:
         """The operator fits (ddlbench.analysis.analytic.operators) of this precision and threads, timed by

@@ -70,7 +70,7 @@ class Prediction:
     fits: bool | None
     max_batch_size: int | None  # the largest batch_size (per replica) whose peak fits; None: not known
     bottleneck: str  # compute | communication | bubble | memory
-    compute_source: str  # profile | rates (…)
+    compute_source: str  # layer_timings | operators | rates (…)
     comm: str  # what the step communicates, in words
     memory_detail: str
     notes: tuple[str, ...]

@@ -1,13 +1,17 @@
-"""`ddlbench fit`: empirical scaling models (Extra-P's normal form) of a sweep's figures, or of any CSV.
+"""Scaling models (empirical): `ddlbench fit`, Extra-P's normal form fitted to a sweep's measured figures
+or to any CSV, with prediction bands, extrapolated to unmeasured scales.
 
 Three uses:
-- a sweep's records: `ddlbench fit [--configfile F | --table T] [--over nodes[,batch_size]] [--at nodes=8,16]`
-  models every series of every figure and prints (or writes, --out) the models with their bands;
+- a sweep's records: `ddlbench fit [--configfile F | --table T] [--over nodes[,batch_size]]
+  [--extrapolate-to nodes=8,16]` models every series of every figure and prints (or writes, --out) the
+  models with their bands;
 - any measurements: `ddlbench fit --x COL [--x COL2] --y COL [X ...] < data.csv` fits y over x from a CSV
   on standard input (rows with the same x are repetitions) and prints one prediction per line for each X
   (comma-separated for several x columns); the model and its band go to standard error;
 - the cheapest configuration: `--cheapest --target samples_per_s>=5000` (or step_time_s<=0.5,
-  epoch_time_s<=600) over the candidates of --at and the measured scales, by node-hours per epoch.
+  epoch_time_s<=600) over the candidates of --extrapolate-to and the measured scales, by node-hours per epoch.
+
+These models are fitted to measurements; `ddlbench predict` is the analytic model (ddlbench.cli.predict).
 """
 
 from __future__ import annotations
@@ -17,18 +21,31 @@ import csv
 import json
 import math
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ddlbench.cli_predict import emit_text
+from ddlbench.cli.common import Renamed, add_sweep_options, emit_text, read_sweep
 from ddlbench.errors import DdlbenchError
 
+SECTION = "Scaling models (empirical)"
 
-def add_commands(commands: Any, add_sweep_options: Callable, read_sweep: Callable) -> None:
+
+def add_commands(commands: Any) -> None:
     fit = commands.add_parser(
         "fit",
-        help="empirical scaling models (PMNF) of a sweep's figures or of a CSV, with bands and extrapolation",
+        section=SECTION,
+        summary="fit scaling models to measured figures (a sweep's or a CSV's), with bands, extrapolated",
+        description="Fit empirical scaling models (Extra-P's performance-model normal form) to measured figures: "
+        "every series of a sweep's aggregated table (step time, samples/s, speedup, efficiency, cost per "
+        "epoch over nodes or batch size), or a column of any CSV on standard input. Each model comes with its "
+        "leave-one-out error and a 95 % prediction band, evaluated at the measured scales and extrapolated to "
+        "unmeasured ones (--extrapolate-to); --cheapest picks the cheapest configuration that meets a target. "
+        "These models are fitted to measurements: `ddlbench predict` is the analytic model, which needs none.",
+        example=[
+            "ddlbench fit --configfile sweep.yaml --over nodes --extrapolate-to nodes=64,128",
+            "ddlbench fit --configfile sweep.yaml --cheapest --target samples_per_s>=5000",
+            "ddlbench fit --x nodes --y samples_per_s 64 128 < measured.csv",
+        ],
     )
     add_sweep_options(fit)
     fit.add_argument("--table", type=Path, help="the sweep's aggregated table (default: the sweep's table.parquet)")
@@ -42,8 +59,14 @@ def add_commands(commands: Any, add_sweep_options: Callable, read_sweep: Callabl
         "cost_node_h_per_epoch, and cost_per_epoch when priced)",
     )
     fit.add_argument(
-        "--at", action="append", default=[], help="predict at these scales: nodes=8,16 (repeatable, one per parameter)"
+        "--extrapolate-to",
+        action="append",
+        default=[],
+        metavar="NAME=V,...",
+        help="evaluate the models at these (unmeasured) scales: nodes=8,16 (repeatable, one per parameter; "
+        "default: the sweep's scaling.at, else 2x and 4x the largest measured value of one parameter)",
     )
+    fit.add_argument("--at", action=Renamed, new="--extrapolate-to")
     fit.add_argument("--epoch-samples", type=int, help="samples in an epoch (default: the dataset's training set)")
     fit.add_argument("--price-per-node-hour", type=float, help="price of a node-hour (default: the site file's)")
     fit.add_argument("--site", type=Path, help="a site file (`ddlbench profile slurm`) to take the price from")
@@ -68,14 +91,16 @@ def add_commands(commands: Any, add_sweep_options: Callable, read_sweep: Callabl
     fit.add_argument("values", nargs="*", help="CSV mode: where to predict (e.g. 64 128, or 8,256 for two x)")
     fit.add_argument("--cheapest", action="store_true", help="the cheapest configuration meeting --target")
     fit.add_argument("--target", help="samples_per_s>=N, step_time_s<=S or epoch_time_s<=S")
-    fit.set_defaults(handler=lambda args: _fit(args, read_sweep))
+    fit.set_defaults(handler=_fit)
 
 
-def _fit(args: argparse.Namespace, read_sweep: Callable) -> int:
+def _fit(args: argparse.Namespace) -> int:
     if args.x_columns or args.y_column:
         return _fit_csv(args)
     if args.values:
-        raise DdlbenchError(f"positional values {args.values} are for CSV mode (--x COL --y COL); use --at here")
+        raise DdlbenchError(
+            f"positional values {args.values} are for CSV mode (--x COL --y COL); use --extrapolate-to here"
+        )
     import pandas as pd
 
     from ddlbench.analysis.empirical.modelling import model_series
@@ -113,7 +138,7 @@ def _fit(args: argparse.Namespace, read_sweep: Callable) -> int:
             raise DdlbenchError(why)
         emit_text(json.dumps({"over": list(over), "models": [], "why": why}, indent=2) + "\n", args.out)
         return 0
-    at_specs = args.at or [
+    at_specs = args.extrapolate_to or [
         f"{name}={','.join(str(v) for v in values)}" for name, values in scaling.get("at", {}).items()
     ]
     at = _scales(at_specs, over)
@@ -133,7 +158,7 @@ def _fit(args: argparse.Namespace, read_sweep: Callable) -> int:
 
 
 def _beyond(series) -> list[tuple[float, ...]]:
-    """Without --at: one parameter is predicted at 2× and 4× its largest measured value."""
+    """Without --extrapolate-to: one parameter is predicted at 2× and 4× its largest measured value."""
     if len(series.parameters) != 1:
         return []
     largest = max(x[0] for x in series.x)
@@ -153,7 +178,7 @@ def _price(args: argparse.Namespace) -> float | None:
 
 
 def _scales(specs: list[str], over: tuple[str, ...]) -> list[tuple[float, ...]]:
-    """--at nodes=8,16 [--at batch_size=64,128] → every combination, in `over`'s order."""
+    """--extrapolate-to nodes=8,16 [--extrapolate-to batch_size=64,128] → every combination, in `over`'s order."""
     import itertools
 
     if not specs:
@@ -163,16 +188,16 @@ def _scales(specs: list[str], over: tuple[str, ...]) -> list[tuple[float, ...]]:
         name, _, text = spec.partition("=")
         name = name.strip()
         if name not in over:
-            raise DdlbenchError(f"--at {spec!r}: {name!r} is not modelled; --over is {', '.join(over)}")
+            raise DdlbenchError(f"--extrapolate-to {spec!r}: {name!r} is not modelled; --over is {', '.join(over)}")
         try:
             given[name] = [float(v) for v in text.split(",") if v.strip()]
         except ValueError:
-            raise DdlbenchError(f"--at {spec!r}: give numbers, e.g. {name}=8,16") from None
+            raise DdlbenchError(f"--extrapolate-to {spec!r}: give numbers, e.g. {name}=8,16") from None
         if not given[name] or min(given[name]) <= 0:
-            raise DdlbenchError(f"--at {spec!r}: give positive numbers, e.g. {name}=8,16")
+            raise DdlbenchError(f"--extrapolate-to {spec!r}: give positive numbers, e.g. {name}=8,16")
     missing = [name for name in over if name not in given]
     if missing:
-        raise DdlbenchError(f"--at gives no value of {', '.join(missing)}; give each of {', '.join(over)}")
+        raise DdlbenchError(f"--extrapolate-to gives no value of {', '.join(missing)}; give each of {', '.join(over)}")
     return list(itertools.product(*(given[name] for name in over)))
 
 

@@ -1,25 +1,35 @@
-"""The SLURM side of the `ddlbench` command: profile, submit, rerun, status.
+"""On SLURM: `ddlbench profile slurm` (the Snakemake profile and the site's settings), `ddlbench submit`
+(a sweep's points as SLURM jobs through submitit, without Snakemake) and `ddlbench rerun` (the points
+whose records say they failed).
 
-Imports are deferred, as in cli.py: none of these commands imports torch on the login node.
+None of these commands imports torch on the login node.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import shutil
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from ddlbench.cli.common import add_sweep_options, read_sweep
 from ddlbench.errors import DdlbenchError
 
-log = logging.getLogger("ddlbench")
-
+SECTION = "On SLURM"
 RERUN_STATUSES = ("failed", "oom", "timeout", "missing")
 
 
-def add_commands(commands: argparse._SubParsersAction, add_sweep_options: Callable, sweep_of: Callable) -> None:
-    profile = commands.add_parser("profile", help="write the Snakemake profile `slurm` and the site's settings")
+def add_commands(commands: Any) -> None:
+    profile = commands.add_parser(
+        "profile",
+        section=SECTION,
+        summary="write the Snakemake profile `slurm` and the site's settings",
+        description="Write the Snakemake profile named slurm (what `snakemake --profile slurm` and "
+        "`ddlbench certify --profile slurm` run with) and the site file beside it: partition, account, "
+        "memory and time margins that every SLURM job of a sweep gets. The queue limit of the profile stays "
+        "under the user's submit limits, as SLURM reports them now.",
+        example="ddlbench profile slurm --partition gpu --account myproject --gpus-per-rank 1",
+    )
     profile.add_argument("kind", choices=("slurm",), help="the scheduler (only slurm)")
     _add_site_options(profile)
     profile.add_argument("--jobs", type=int, default=100, help="most jobs in the queue at once (default 100)")
@@ -39,7 +49,18 @@ def add_commands(commands: argparse._SubParsersAction, add_sweep_options: Callab
     profile.add_argument("--force", action="store_true", help="replace a profile ddlbench did not write")
     profile.set_defaults(handler=_profile)
 
-    submit = commands.add_parser("submit", help="submit a sweep's points to SLURM with submitit, wait, report")
+    submit = commands.add_parser(
+        "submit",
+        section=SECTION,
+        summary="submit a sweep's points to SLURM with submitit, wait, report",
+        description="Submit the points of a sweep that have no record yet as SLURM jobs (job arrays through "
+        "submitit, within the user's limits), wait for them, then aggregate and render the report: a sweep on "
+        "SLURM without Snakemake. With --pack, the points run as job steps inside a few allocations instead.",
+        example=[
+            "ddlbench submit --configfile sweep.yaml",
+            "ddlbench submit --configfile sweep.yaml --pack auto --no-wait",
+        ],
+    )
     add_sweep_options(submit)
     _add_submission_options(submit)
     submit.add_argument("--all", action="store_true", help="also points that already have a record")
@@ -49,15 +70,17 @@ def add_commands(commands: argparse._SubParsersAction, add_sweep_options: Callab
         help="run the points as job steps inside allocations of N nodes (auto: the widest point's), not as a job "
         "each; `ddlbench plan --pack N` shows the packing first",
     )
-    submit.set_defaults(handler=lambda args: _submit(args, sweep_of(args)))
+    submit.set_defaults(handler=lambda args: _submit(args, read_sweep(args)))
 
-    packed = commands.add_parser(
-        "run-packed", help="inside a packed allocation: run its plan's points as job steps (its job script calls it)"
+    rerun = commands.add_parser(
+        "rerun",
+        section=SECTION,
+        summary="run again the points whose records have the given statuses",
+        description="Run again the points of a sweep whose records say failed, oom or timeout (or that have no "
+        "record: missing), on SLURM or here with --local, with more memory or time if asked; each earlier "
+        "record is kept aside (points/<id>/previous/). The table and report are then made again.",
+        example="ddlbench rerun --configfile sweep.yaml --status oom,timeout --mem-factor 2",
     )
-    packed.add_argument("--plan", required=True, type=Path, help="the allocation's plan (written by submit --pack)")
-    packed.set_defaults(handler=_run_packed)
-
-    rerun = commands.add_parser("rerun", help="run again the points whose records have the given statuses")
     add_sweep_options(rerun)
     rerun.add_argument(
         "--status",
@@ -68,13 +91,7 @@ def add_commands(commands: argparse._SubParsersAction, add_sweep_options: Callab
     rerun.add_argument("--mem-factor", type=float, default=1.0, help="multiply each point's memory request")
     rerun.add_argument("--time-factor", type=float, default=1.0, help="multiply each point's timeout and time limit")
     rerun.add_argument("--local", action="store_true", help="run the points here, one after the other, not on SLURM")
-    rerun.set_defaults(handler=lambda args: _rerun(args, sweep_of(args)))
-
-    status = commands.add_parser("status", help="done, failed (by cause), running and pending points of a sweep")
-    add_sweep_options(status)
-    status.add_argument("--no-queue", action="store_true", help="read the records only, do not ask squeue")
-    status.add_argument("--points", action="store_true", help="list every point with its state and job ids")
-    status.set_defaults(handler=lambda args: _status(args, sweep_of(args)))
+    rerun.set_defaults(handler=lambda args: _rerun(args, read_sweep(args)))
 
 
 def _add_site_options(parser: argparse.ArgumentParser) -> None:
@@ -219,13 +236,6 @@ def _submit_packed(args: argparse.Namespace, config, points) -> int:
     return 0 if args.no_wait else _refresh_outputs(config)
 
 
-def _run_packed(args: argparse.Namespace) -> int:
-    from ddlbench.launch.allocation import run_allocation
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
-    return run_allocation(args.plan)
-
-
 def _rerun(args: argparse.Namespace, config) -> int:
     from ddlbench.records import RecordError, read_record, record_path
     from ddlbench.sweep import expand_sweep
@@ -290,29 +300,4 @@ def _refresh_outputs(config) -> int:
     write_text_atomic(config.report_path, html)
     write_text_atomic(config.report_path.with_suffix(".md"), summary)
     print(f"{len(table)} points {table['status'].value_counts().to_dict()}; report: {config.report_path.resolve()}")
-    return 0
-
-
-def _status(args: argparse.Namespace, config) -> int:
-    from ddlbench.launch.slurm import SlurmError, query_queue
-    from ddlbench.launch.status import summarize, sweep_status
-    from ddlbench.launch.submission import read_jobs_index
-    from ddlbench.sweep import expand_sweep
-
-    queue = []
-    if not args.no_queue and shutil.which("squeue"):
-        try:
-            queue = query_queue()
-        except SlurmError as exc:
-            print(f"(queue not read: {exc})")
-    statuses = sweep_status(
-        expand_sweep(config), queue=queue, jobs_index=read_jobs_index(config.sweep_dir), sweep_dir=config.sweep_dir
-    )
-    print(f"sweep {config.name!r}: {summarize(statuses)}")
-    for status in statuses:
-        if args.points or status.state not in ("ok", "not started") or status.other_version:
-            jobs = ",".join(status.job_ids) or "-"
-            reason = f"  {status.reason}" if status.reason else ""
-            version = f"  [measurement version {status.measurement_version}]" if status.other_version else ""
-            print(f"{status.state:<12} {status.point_id}  jobs {jobs}{reason}{version}")
     return 0

@@ -1,5 +1,6 @@
-"""`ddlbench certify`, `ddlbench history` and `ddlbench compare`: certify a partition against reference
-figures, and keep and compare every run in the results database.
+"""Certify: `ddlbench certify` runs a certification suite on a partition (or judges the records of one
+that ran) against reference figures, checks it against the last passing certificate, stores it in the
+results database and writes the certificate (JSON and HTML).
 
     ddlbench certify --system NAME --partition P --references refs.yaml [--suite suite.yaml]
                      [--from-records DIR] [--json out.json] [--html out.html] [--write-references new.yaml]
@@ -17,14 +18,29 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ddlbench.analysis.verdicts import TEST
 from ddlbench.errors import DdlbenchError
 
 log = logging.getLogger("ddlbench")
 
+SECTION = "Certify"
+
 
 def add_commands(commands: Any) -> None:
-    certify = commands.add_parser("certify", help="run a certification suite and judge it against reference figures")
+    certify = commands.add_parser(
+        "certify",
+        section=SECTION,
+        summary="run a certification suite and judge it against reference figures",
+        description="Run a certification suite (a small sweep with a calibration) on a partition, here or "
+        "through a Snakemake profile or packed SLURM allocations, or judge the records of one that ran "
+        "(--from-records); compare every figure with its reference band for this system:partition and with "
+        "the last passing certificate, store the run in the results database and write the certificate. Exit "
+        "status 0 when every referenced figure passes, 1 when any fails, 2 for bad input. --write-references "
+        "proposes a reference file from this run.",
+        example=[
+            "ddlbench certify --system mycluster --partition gpu --references refs.yaml --profile slurm",
+            "ddlbench certify --system laptop --partition local --write-references refs.yaml",
+        ],
+    )
     certify.add_argument("--system", required=True, help="the system's name, as the reference file names it")
     certify.add_argument("--partition", required=True, help="the partition certified (SLURM's name; any name locally)")
     certify.add_argument("--references", type=Path, help="reference file (YAML, per system:partition)")
@@ -58,43 +74,6 @@ def add_commands(commands: Any) -> None:
         "--db", type=Path, help="results database (default: $DDLBENCH_HISTORY, else <results folder>/history.sqlite)"
     )
     certify.set_defaults(handler=_certify)
-
-    history = commands.add_parser("history", help="list the runs in the results database")
-    _add_database_options(history)
-    history.add_argument("--system")
-    history.add_argument("--partition")
-    history.add_argument("--kind", choices=("sweep", "certificate"))
-    history.add_argument("--json", action="store_true", help="print the runs as JSON")
-    history.set_defaults(handler=_history)
-
-    compare = commands.add_parser("compare", help="two runs of the results database side by side")
-    compare.add_argument("run_a", metavar="RUN_A")
-    compare.add_argument("run_b", metavar="RUN_B")
-    _add_database_options(compare)
-    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    compare.set_defaults(handler=_compare)
-
-
-def _add_database_options(command: Any) -> None:
-    """`history` and `compare` find the database by the rule a sweep stores by (ddlbench/history/db.py)."""
-    command.add_argument(
-        "--db",
-        type=Path,
-        help="results database (default: $DDLBENCH_HISTORY, else history.sqlite in the --configfile's "
-        "results_dir, else results/history.sqlite: where the sweep stored its figures)",
-    )
-    command.add_argument(
-        "--configfile",
-        type=Path,
-        metavar="SWEEP",
-        help="the sweep (or certification suite) file whose results_dir holds the database",
-    )
-
-
-def _database(args: argparse.Namespace) -> Path:
-    from ddlbench.history.db import history_path, results_dir_of
-
-    return history_path(args.db, results_dir=results_dir_of(args.configfile))
 
 
 def _certify(args: argparse.Namespace) -> int:
@@ -249,99 +228,6 @@ def _print_summary(certificate: dict[str, Any], html: Path) -> None:
     for note in certificate["notes"]:
         print(f"  note: {note}")
     print(f"certificate: {html} (history run {certificate['history_run']})")
-
-
-def _history(args: argparse.Namespace) -> int:
-    from ddlbench.cli_predict import print_table
-    from ddlbench.history.db import list_runs
-
-    db = _database(args)
-    runs = list_runs(db=db, system=args.system, partition=args.partition, kind=args.kind)
-    if args.json:
-        print(json.dumps([run.__dict__ | {"figures": None} for run in runs], indent=1))
-        return 0
-    if not runs:
-        print(f"no runs in {db} (another database: --configfile SWEEP, --db or $DDLBENCH_HISTORY)")
-        return 0
-    print(f"runs in {db}:")
-    header = ["id", "kind", "date", "system:partition", "name", "config", "ddlbench", "measurement", "passed"]
-    rows = [
-        [
-            str(run.id),
-            run.kind,
-            run.date,
-            f"{run.system}:{run.partition}",
-            run.name,
-            run.config_hash[:12],
-            run.ddlbench_version,
-            str(run.measurement_version),
-            "" if run.passed is None else ("yes" if run.passed else "no"),
-        ]
-        for run in runs
-    ]
-    print_table(header, rows)
-    return 0
-
-
-def _compare(args: argparse.Namespace) -> int:
-    from ddlbench.cli_predict import print_table
-    from ddlbench.history.compare import compare_runs
-    from ddlbench.history.db import load_run
-
-    db = _database(args)
-    a, b = load_run(args.run_a, db=db), load_run(args.run_b, db=db)
-    rows = compare_runs(a, b)
-    if args.json:
-        print(json.dumps({"a": a.id, "b": b.id, "figures": rows}, indent=1))
-        return 0
-    print(f"A: {_describe(a)}")
-    print(f"B: {_describe(b)}")
-    if a.measurement_version != b.measurement_version:
-        print("note: the runs measured with different measurement versions; their figures mean different things")
-    if a.config_hash != b.config_hash:
-        print("note: the runs' configurations differ (config hash); a change may come from the configuration")
-    header = ["figure", "node", "unit", "A [95 % CI]", "B [95 % CI]", "change", "B ÷ A over launches", "verdict"]
-    body = [
-        [
-            row["name"],
-            row["node"] or "",
-            row.get("unit", ""),
-            _with_ci(row["a"]),
-            _with_ci(row["b"]),
-            _percent(row["change"]),
-            _ratio(row),
-            row["verdict"],
-        ]
-        for row in rows
-    ]
-    print_table(header, body)
-    print(f"verdicts from launches: {TEST} over the {len(rows)} figures (p < 0.05); one launch draws none")
-    return 0
-
-
-def _ratio(row: dict[str, Any]) -> str:
-    """'×0.77 [0.71, 0.83] p=0.002 (3+3)': the ratio of geometric means over launches, its 95 % CI, Holm's p."""
-    if row.get("p") is None:
-        return ""
-    low, high = row["ratio_ci"]
-    return f"×{row['ratio']:.3g} [{low:.3g}, {high:.3g}] p={row['p']:.2g} ({row['launches'][0]}+{row['launches'][1]})"
-
-
-def _describe(run: Any) -> str:
-    return (
-        f"run {run.id} {run.kind} {run.name} {run.system}:{run.partition} {run.date} "
-        f"(ddlbench {run.ddlbench_version}, measurement v{run.measurement_version})"
-    )
-
-
-def _with_ci(figure: dict[str, Any] | None) -> str:
-    if figure is None:
-        return ""
-    if figure["value"] is None:
-        return "not measured"
-    if figure["ci_low"] is None or figure["ci_high"] is None:
-        return f"{_number(figure['value'])} (n={figure['n']}, no CI)"
-    return f"{_number(figure['value'])} [{_number(figure['ci_low'])}, {_number(figure['ci_high'])}]"
 
 
 def _number(value: Any) -> str:

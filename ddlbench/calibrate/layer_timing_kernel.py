@@ -51,7 +51,7 @@ from ddlbench.train.losses import loss_for
 from ddlbench.train.models.init import materialise
 
 SEED = 0
-LEARNING_RATE = 0.01  # any small rate: the profile times steps, it does not train to an end
+LEARNING_RATE = 0.01  # any small rate: the steps are timed, not trained to an end
 
 
 class Stamps:
@@ -81,7 +81,7 @@ class Stamps:
         return {name: value - first for name, value in marks.items()}
 
 
-def build_profiled_model(point: CalibrationPoint, device: torch.device) -> nn.Sequential:
+def build_timed_model(point: CalibrationPoint, device: torch.device) -> nn.Sequential:
     """The point's model, as ddlbench.train.kernel.build_model builds a training point's."""
     model_spec, dataset_spec = MODELS.get(point.model), DATASETS.get(point.dataset)
     torch.manual_seed(SEED)
@@ -93,7 +93,7 @@ def build_profiled_model(point: CalibrationPoint, device: torch.device) -> nn.Se
             **dict(model_spec.shape),
         )
     if not isinstance(model, nn.Sequential):
-        raise TypeError(f"{point.model} is built as {type(model).__name__}; profiles need a flat nn.Sequential")
+        raise TypeError(f"{point.model} is built as {type(model).__name__}; layer timings need a flat nn.Sequential")
     return materialise(model, device)
 
 
@@ -129,15 +129,15 @@ def _first_block_hook(stamps: Stamps) -> Callable[..., None]:
     return hook
 
 
-def run_profile(point: CalibrationPoint, device: torch.device) -> list[dict[str, Any]]:
+def run_layer_timings(point: CalibrationPoint, device: torch.device) -> list[dict[str, Any]]:
     """One entry per batch size: every timed step's parts (see the module docstring), in seconds."""
     precision = point.precisions[0]
     try:
         execution = configure_execution(precision, False, False, device)
     except DdlbenchError as exc:
-        return [{"kind": "profile", "precision": precision, "error": str(exc)}]
+        return [{"kind": "layer_timings", "precision": precision, "error": str(exc)}]
     dataset = DATASETS.get(point.dataset)
-    model = build_profiled_model(point, device)
+    model = build_timed_model(point, device)
     blocks = [type(block).__name__ for block in model.children()]
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
     loss_fn = loss_for(dataset.task)
@@ -192,7 +192,9 @@ def run_profile(point: CalibrationPoint, device: torch.device) -> list[dict[str,
             {"name": name, "forward_s": f, "backward_s": b}
             for name, f, b in zip(blocks, forward, backward, strict=True)
         ]
-        out.append({"kind": "profile", "precision": precision, "batch_size": batch, "blocks": blocks_out, **parts})
+        out.append(
+            {"kind": "layer_timings", "precision": precision, "batch_size": batch, "blocks": blocks_out, **parts}
+        )
     for handle in handles:
         handle.remove()
     return out

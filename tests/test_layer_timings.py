@@ -1,4 +1,4 @@
-"""Layer profiles: per-block forward and backward times of real models, into the machine file."""
+"""Layer timings: per-block forward and backward times of real models, into the machine file."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import warnings
 import pytest
 import yaml
 
-from ddlbench.calibrate.layer_profiles import profile_figures
+from ddlbench.analysis.analytic.machine_model import MachineModel
+from ddlbench.calibrate.layer_timings import layer_timing_figures
 from ddlbench.calibrate.machine import read_machine
 from ddlbench.calibrate.records import CalibrationRankResult, CalibrationRecord, read_calibration_record
 from ddlbench.calibrate.report import render_calibration
@@ -20,59 +21,65 @@ from ddlbench.catalog import MODELS
 from ddlbench.errors import ConfigError, DdlbenchError
 from tests.conftest import run_cli
 
-# a suite of profiles alone: no compute point, no collectives
-ONLY_PROFILES = {"collectives": [], "matmul_sizes": [], "conv_shapes": [], "memory_bytes": 0}
+# a suite of layer timings alone: no compute point, no collectives
+ONLY_TIMINGS = {"collectives": [], "matmul_sizes": [], "conv_shapes": [], "memory_bytes": 0}
 RESNET8 = {"model": "resnet8", "dataset": "cifar10", "batch_sizes": [8, 2]}
 GPT_TINY = {"model": "gpt_tiny", "dataset": "tokens_small", "batch_sizes": [2, 16]}
 
 
-def test_profiles_expand_to_one_point_per_precision_on_one_node():
-    suite = load_suite(raw=ONLY_PROFILES | {"profiles": [RESNET8], "precisions": ["fp32", "bf16"], "ranks_per_node": 3})
+def test_layer_timings_expand_to_one_point_per_precision_on_one_node():
+    suite = load_suite(
+        raw=ONLY_TIMINGS | {"layer_timings": [RESNET8], "precisions": ["fp32", "bf16"], "ranks_per_node": 3}
+    )
     assert [(p.benchmark, p.precisions, p.nodes, p.ranks_per_node) for p in suite.points] == [
-        ("profile", ("fp32",), 1, 3),
-        ("profile", ("bf16",), 1, 3),
+        ("layer_timings", ("fp32",), 1, 3),
+        ("layer_timings", ("bf16",), 1, 3),
     ]
     point = suite.points[0]
     assert point.model_options == (("norm", "batch"),)  # the model's default filled in
     assert point.batch_sizes == (2, 8)
-    assert point.point_id.startswith("profile-resnet8-cifar10-fp32-n1x3-t1-")
+    assert point.point_id.startswith("layer_timings-resnet8-cifar10-fp32-n1x3-t1-")
     assert CalibrationPoint.from_dict(json.loads(point.to_json())) == point
-    # other points' specs do not carry the profile's fields, so they keep the ids they had before
+    # other points' specs do not carry the layer timings' fields, so they keep the ids they had before
     compute = load_suite(raw={"collectives": []}).points[0]
     assert compute.benchmark == "compute" and "model" not in json.loads(compute.to_json())
 
 
-def test_example_suite_of_profiles_alone(repo):
-    suite = load_suite(repo / "workflow" / "calibration" / "profiles.yaml")
-    assert {p.benchmark for p in suite.points} == {"profile"}
+def test_example_suite_of_layer_timings_alone(repo):
+    suite = load_suite(repo / "workflow" / "calibration" / "layer_timings.yaml")
+    assert {p.benchmark for p in suite.points} == {"layer_timings"}
     assert [p.model for p in suite.points] == ["resnet8", "resnet18", "gpt_tiny"]
 
 
-def test_machine_files_profiles_are_read_without_torch():
-    code = "import sys, ddlbench.calibrate.layer_profiles; sys.exit('torch' in sys.modules)"
+def test_machine_files_layer_timings_are_read_without_torch():
+    code = "import sys, ddlbench.calibrate.layer_timings; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
-def test_bad_profiles_name_the_value_and_the_choices():
-    with pytest.raises(ConfigError, match=r"profiles\[0\].model: \"resnet9\" is not one of .*resnet8"):
-        load_suite(raw={"profiles": [RESNET8 | {"model": "resnet9"}]})
-    with pytest.raises(ConfigError, match=r"profiles\[0\].dataset: 'tokens' gives tokens input; resnet8 takes image2d"):
-        load_suite(raw={"profiles": [RESNET8 | {"dataset": "tokens"}]})
-    with pytest.raises(ConfigError, match=r"profiles\[0\].options.norm: 'layer' is not accepted: choose from: batch"):
-        load_suite(raw={"profiles": [RESNET8 | {"options": {"norm": "layer"}}]})
-    with pytest.raises(ConfigError, match=r"profiles\[0\].options.stem: 'stem' is not an option of resnet8"):
-        load_suite(raw={"profiles": [RESNET8 | {"options": {"stem": "cifar"}}]})
-    with pytest.raises(ConfigError, match=r"profiles\[0\].batch_sizes: .* too few entries; give at least 2"):
-        load_suite(raw={"profiles": [RESNET8 | {"batch_sizes": [8]}]})
+def test_bad_layer_timings_name_the_value_and_the_choices():
+    with pytest.raises(ConfigError, match=r"layer_timings\[0\].model: \"resnet9\" is not one of .*resnet8"):
+        load_suite(raw={"layer_timings": [RESNET8 | {"model": "resnet9"}]})
+    with pytest.raises(
+        ConfigError, match=r"layer_timings\[0\].dataset: 'tokens' gives tokens input; resnet8 takes image2d"
+    ):
+        load_suite(raw={"layer_timings": [RESNET8 | {"dataset": "tokens"}]})
+    with pytest.raises(
+        ConfigError, match=r"layer_timings\[0\].options.norm: 'layer' is not accepted: choose from: batch"
+    ):
+        load_suite(raw={"layer_timings": [RESNET8 | {"options": {"norm": "layer"}}]})
+    with pytest.raises(ConfigError, match=r"layer_timings\[0\].options.stem: 'stem' is not an option of resnet8"):
+        load_suite(raw={"layer_timings": [RESNET8 | {"options": {"stem": "cifar"}}]})
+    with pytest.raises(ConfigError, match=r"layer_timings\[0\].batch_sizes: .* too few entries; give at least 2"):
+        load_suite(raw={"layer_timings": [RESNET8 | {"batch_sizes": [8]}]})
     with pytest.raises(ConfigError, match="the suite measures nothing"):
-        load_suite(raw=ONLY_PROFILES)
+        load_suite(raw=ONLY_TIMINGS)
 
 
 def _rank(rank: int, steps: dict[int, float]) -> CalibrationRankResult:
     """A rank whose every part takes a fixed share of a step of `steps[batch]` seconds, plus `rank` µs."""
     measurements = [
         {
-            "kind": "profile",
+            "kind": "layer_timings",
             "precision": "fp32",
             "batch_size": batch,
             "blocks": [
@@ -100,30 +107,30 @@ def _rank(rank: int, steps: dict[int, float]) -> CalibrationRankResult:
     )
 
 
-def test_profile_figures_pool_the_ranks_steps_and_fit_a_line_per_block():
-    point = load_suite(raw=ONLY_PROFILES | {"profiles": [RESNET8], "precisions": ["fp32"]}).points[0]
+def test_layer_timing_figures_pool_the_ranks_steps_and_fit_a_line_per_block():
+    point = load_suite(raw=ONLY_TIMINGS | {"layer_timings": [RESNET8], "precisions": ["fp32"]}).points[0]
     steps = {2: 0.1, 8: 0.4}  # 0.05 s per sample through the origin
     ranks = (_rank(0, steps), _rank(1, steps))
     record = CalibrationRecord(
         point_id=point.point_id, point=point, status="ok", reason=None, launcher="local", start_time="", end_time="",
         ranks=ranks,
     )  # fmt: skip
-    profile = profile_figures(record)
-    assert profile["batch_sizes"] == [2, 8] and profile["ranks_per_node"] == 2 and profile["threads"] == 1
-    conv = profile["blocks"][0]
+    timings = layer_timing_figures(record)
+    assert timings["batch_sizes"] == [2, 8] and timings["ranks_per_node"] == 2 and timings["threads"] == 1
+    conv = timings["blocks"][0]
     assert [figure["n"] for figure in conv["forward_s"]] == [6, 6]  # 2 ranks × 3 steps, pooled
     assert conv["forward_s"][1]["value"] == pytest.approx(0.2 * 0.4 + 0.5e-6)  # the median of the pooled steps
     assert conv["backward_fit"]["alpha_s"] == pytest.approx(0, abs=1e-12)
     assert conv["backward_fit"]["beta_s_per_sample"] == pytest.approx(0.4 * 0.05)
-    assert profile["update_s"]["value"] == pytest.approx(0.015) and profile["update_s"]["n"] == 12  # all sizes
-    assert profile["loss_fit"]["beta_s_per_sample"] == pytest.approx(0.05 * 0.05)
+    assert timings["update_s"]["value"] == pytest.approx(0.015) and timings["update_s"]["n"] == 12  # all sizes
+    assert timings["loss_fit"]["beta_s_per_sample"] == pytest.approx(0.05 * 0.05)
 
 
 def _valid_machine() -> dict:
     figure = {"value": 0.01, "ci_low": None, "ci_high": None, "n": 3}
     fit = {"alpha_s": 0.001, "beta_s_per_sample": 1e-4}
     block = {"name": "Conv", "forward_s": [figure, figure], "backward_s": [figure, figure]}
-    profile = {
+    timings = {
         "model": "resnet8",
         "dataset": "cifar10",
         "options": {"norm": "batch"},
@@ -138,32 +145,32 @@ def _valid_machine() -> dict:
         "step_s": [figure, figure],
     }
     machine = {"machine_version": 1, "name": "x", "source": "measured", "device": {}, "compute": {}, "links": {}}
-    return json.loads(json.dumps(machine | {"collectives": [], "layer_profiles": [profile]}))  # nothing shared
+    return json.loads(json.dumps(machine | {"collectives": [], "layer_timings": [timings]}))  # nothing shared
 
 
 @pytest.mark.parametrize(
     ("break_it", "message"),
     [
-        (lambda p: p["blocks"][1]["forward_s"].pop(), r"layer_profiles\[0\].blocks\[1\].forward_s has 1 figure"),
-        (lambda p: p.pop("update_s"), r"layer_profiles\[0\] lacks update_s"),
-        (lambda p: p.update(batch_sizes=[8]), r"layer_profiles\[0\].batch_sizes is \[8\]: give at least 2"),
+        (lambda p: p["blocks"][1]["forward_s"].pop(), r"layer_timings\[0\].blocks\[1\].forward_s has 1 figure"),
+        (lambda p: p.pop("update_s"), r"layer_timings\[0\] lacks update_s"),
+        (lambda p: p.update(batch_sizes=[8]), r"layer_timings\[0\].batch_sizes is \[8\]: give at least 2"),
         (lambda p: p["blocks"][0]["backward_fit"].pop("alpha_s"), r"blocks\[0\].backward_fit is .*numeric alpha_s"),
-        (lambda p: p["step_s"][1].update(value="0.5"), r"layer_profiles\[0\].step_s\[1\].value is '0.5', not a number"),
-        (lambda p: p.update(blocks=[]), r"layer_profiles\[0\].blocks is \[\]: give one mapping per block"),
+        (lambda p: p["step_s"][1].update(value="0.5"), r"layer_timings\[0\].step_s\[1\].value is '0.5', not a number"),
+        (lambda p: p.update(blocks=[]), r"layer_timings\[0\].blocks is \[\]: give one mapping per block"),
     ],
 )
-def test_read_machine_rejects_a_malformed_layer_profile(tmp_path, break_it, message):
+def test_read_machine_rejects_malformed_layer_timings(tmp_path, break_it, message):
     path = tmp_path / "m.yaml"
     machine = _valid_machine()
     path.write_text(yaml.safe_dump(machine))
-    assert read_machine(path)["layer_profiles"][0]["model"] == "resnet8"
-    break_it(machine["layer_profiles"][0])
+    assert read_machine(path)["layer_timings"][0]["model"] == "resnet8"
+    break_it(machine["layer_timings"][0])
     path.write_text(yaml.safe_dump(machine))
     with pytest.raises(DdlbenchError, match=message):
         read_machine(path)
 
 
-def test_report_has_a_table_per_profile():
+def test_report_has_a_table_per_timed_model():
     machine = _valid_machine() | {"hosts": ["h"], "device": {"kind": "cpu", "name": "c", "threads_per_rank": 1}}
     machine |= {"measured_at": "now", "ddlbench_version": "0", "git_commit": None, "suite": "s", "cpu_model": "c"}
     machine |= {"torch_version": "2.13", "failed_points": []}
@@ -177,26 +184,26 @@ def test_the_first_blocks_backward_is_timed_without_torchs_full_hook_warning():
     # start, with a warning; the kernel times it from its output's gradient to backward()'s return
     import torch
 
-    from ddlbench.calibrate.profile_kernel import run_profile
+    from ddlbench.calibrate.layer_timing_kernel import run_layer_timings
 
-    point = load_suite(raw=ONLY_PROFILES | {"profiles": [GPT_TINY | {"batch_sizes": [1, 2]}]}).points[0]
+    point = load_suite(raw=ONLY_TIMINGS | {"layer_timings": [GPT_TINY | {"batch_sizes": [1, 2]}]}).points[0]
     point = CalibrationPoint.from_dict(json.loads(point.to_json()) | {"warmup": 1, "iterations": 2})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        (small, _) = run_profile(point, torch.device("cpu"))
+        (small, _) = run_layer_timings(point, torch.device("cpu"))
     embedding = small["blocks"][0]
     assert embedding["name"] == "Embedding" and min(embedding["backward_s"]) > 0
     assert min(small["other_s"]) >= 0  # the parts are disjoint intervals of the step
 
 
 @pytest.mark.slow
-def test_calibrate_writes_layer_profiles_from_real_runs(tmp_path):
-    suite = ONLY_PROFILES | {
-        "name": "profiled",
+def test_calibrate_writes_layer_timings_from_real_runs(tmp_path):
+    suite = ONLY_TIMINGS | {
+        "name": "timed",
         "results_dir": str(tmp_path / "results"),
         "precisions": ["fp32"],
         "ranks_per_node": 2,
-        "profiles": [RESNET8, GPT_TINY],
+        "layer_timings": [RESNET8, GPT_TINY],
         "warmup": 1,
         "iterations": 4,
         "oversubscribe": True,
@@ -206,14 +213,14 @@ def test_calibrate_writes_layer_profiles_from_real_runs(tmp_path):
     assert ran.returncode == 0, ran.stderr[-3000:]
     machine = read_machine(out)
     assert machine["failed_points"] == [] and machine["collectives"] == [] and machine["compute"] == {}
-    resnet, gpt = machine["layer_profiles"]
+    resnet, gpt = machine["layer_timings"]
     assert resnet["options"] == {"norm": "batch"} and gpt["options"] == {}
-    for profile in (resnet, gpt):
-        assert profile["batch_sizes"] == sorted(profile["batch_sizes"]) and len(profile["batch_sizes"]) == 2
-        assert profile["ranks_per_node"] == 2 and profile["threads"] == 1
-        assert len(profile["blocks"]) == MODELS.get(profile["model"]).blocks  # one per top-level child
+    for timings in (resnet, gpt):
+        assert timings["batch_sizes"] == sorted(timings["batch_sizes"]) and len(timings["batch_sizes"]) == 2
+        assert timings["ranks_per_node"] == 2 and timings["threads"] == 1
+        assert len(timings["blocks"]) == MODELS.get(timings["model"]).blocks  # one per top-level child
         record = read_calibration_record(
-            tmp_path / "results" / "profiled" / "calibration" / "points" / profile["point_id"] / "record.json"
+            tmp_path / "results" / "timed" / "calibration" / "points" / timings["point_id"] / "record.json"
         )
         for rank in record.ranks:
             for entry in rank.measurements:
@@ -222,9 +229,9 @@ def test_calibrate_writes_layer_profiles_from_real_runs(tmp_path):
                 # 15-50 ms steps here (1-5 %; up to 20 % in a step preempted in a gap), hence 0.7
                 assert min(entry["other_s"]) >= 0
                 covered = [1 - other / step for other, step in zip(entry["other_s"], entry["step_s"], strict=True)]
-                assert 0.7 <= statistics.median(covered) <= 1, (profile["model"], rank.rank, covered)
+                assert 0.7 <= statistics.median(covered) <= 1, (timings["model"], rank.rank, covered)
         for size in range(2):
-            step = profile["step_s"][size]
+            step = timings["step_s"][size]
             assert step["n"] == 2 * 4  # both ranks' timed steps, pooled
             pooled = [t for rank in record.ranks for t in rank.measurements[size]["step_s"]]
             assert step["value"] == pytest.approx(statistics.median(pooled), rel=1e-12)
@@ -232,12 +239,31 @@ def test_calibrate_writes_layer_profiles_from_real_runs(tmp_path):
             # parts do (checked above): each median is taken alone over both ranks' steps pooled, and on a
             # shared 2-core machine one rank's steps can take twice the other's (seen: 0.65 under load 5),
             # so the bound is a loose one; on a quiet machine the ratio is 0.93-1.05.
-            parts = sum(b["forward_s"][size]["value"] + b["backward_s"][size]["value"] for b in profile["blocks"])
-            parts += profile["loss_s"][size]["value"] + profile["update_s"]["value"]
-            assert 0.5 <= parts / step["value"] <= 1.25, (profile["model"], size, parts, step)
-        heaviest = max(profile["blocks"], key=lambda block: block["forward_s"][1]["value"])
+            parts = sum(b["forward_s"][size]["value"] + b["backward_s"][size]["value"] for b in timings["blocks"])
+            parts += timings["loss_s"][size]["value"] + timings["update_s"]["value"]
+            assert 0.5 <= parts / step["value"] <= 1.25, (timings["model"], size, parts, step)
+        heaviest = max(timings["blocks"], key=lambda block: block["forward_s"][1]["value"])
         # 4× (8×) the samples: ~3× (~2.5×) the time on this machine, a gap load noise does not close
         assert heaviest["forward_s"][1]["value"] > heaviest["forward_s"][0]["value"], heaviest
         assert heaviest["forward_fit"]["beta_s_per_sample"] > 0
-    report = (tmp_path / "results" / "profiled" / "calibration" / "report.html").read_text()
+    report = (tmp_path / "results" / "timed" / "calibration" / "report.html").read_text()
     assert "resnet8 on cifar10" in report and "gpt_tiny on tokens_small" in report
+
+
+def test_a_suite_with_the_old_key_is_refused_naming_the_new_one(tmp_path):
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(ONLY_TIMINGS | {"profiles": [RESNET8]}))
+    refused = run_cli("calibrate", "--configfile", str(path), "--out", str(tmp_path / "machine.yaml"))
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "ddlbench: error: profiles: this key is now layer_timings (the same entries); rename it"
+    ]
+
+
+def test_a_machine_file_written_with_the_old_key_still_reads(tmp_path):
+    machine = _valid_machine()
+    machine["layer_profiles"] = machine.pop("layer_timings")
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(machine))
+    assert read_machine(path)["layer_timings"][0]["model"] == "resnet8"
+    assert MachineModel.from_file(path).layer_timings[0].model == "resnet8"

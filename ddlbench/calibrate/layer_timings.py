@@ -1,8 +1,8 @@
-"""The machine file's `layer_profiles`: per-block forward and backward times of models, from profile points.
+"""The machine file's `layer_timings`: per-block forward and backward times of models, from layer-timing points.
 
 ParaDL (Kahira et al., HPDC'21) predicts a step from profiled per-layer times rather than FLOPs ÷ a
-peak rate, since a layer's efficiency depends on its shape; a profile point gives those times on this
-machine (ddlbench.calibrate.profile_kernel says what each time spans). Figures, in seconds per step:
+peak rate, since a layer's efficiency depends on its shape; a layer-timing point gives those times on this
+machine (ddlbench.calibrate.layer_timing_kernel says what each time spans). Figures, in seconds per step:
 - per batch size, a part's figure is the median over the timed steps of every rank pooled (the ranks
   ran at once on one node, each its own copy of the model), with its 95 % CI and n = ranks × steps;
 - a fit per block (forward, backward) and of the loss: time = α + β·batch over the batch sizes' medians,
@@ -35,8 +35,8 @@ def fit_line(batch_sizes: list[int], figures: list[dict[str, Any]]) -> dict[str,
     return {"alpha_s": fit.alpha_s, "beta_s_per_sample": fit.beta_s_per_byte, "rel_error_max": fit.rel_error_max}
 
 
-def profile_figures(record: CalibrationRecord) -> dict[str, Any] | str:
-    """The layer_profiles entry of an ok profile point; or why the rank did not profile (a refused precision)."""
+def layer_timing_figures(record: CalibrationRecord) -> dict[str, Any] | str:
+    """The layer_timings entry of an ok layer-timing point; or why the rank timed nothing (a refused precision)."""
     ranks = sorted(record.ranks, key=lambda rank: rank.rank)
     refused = next((entry["error"] for entry in ranks[0].measurements if "error" in entry), None)
     if refused:
@@ -83,14 +83,14 @@ def profile_figures(record: CalibrationRecord) -> dict[str, Any] | str:
     }
 
 
-def check_layer_profiles(profiles: Any, where: str) -> None:
-    """Raise DdlbenchError naming the first malformed entry of a machine file's layer_profiles (absent: None)."""
-    if profiles is None:
+def check_layer_timings(timings: Any, where: str) -> None:
+    """Raise DdlbenchError naming the first malformed entry of a machine file's layer_timings (absent: None)."""
+    if timings is None:
         return
-    if not isinstance(profiles, list):
-        raise DdlbenchError(f"{where}: layer_profiles is {type(profiles).__name__}, not a list")
-    for index, entry in enumerate(profiles):
-        at = f"{where}: layer_profiles[{index}]"
+    if not isinstance(timings, list):
+        raise DdlbenchError(f"{where}: layer_timings is {type(timings).__name__}, not a list")
+    for index, entry in enumerate(timings):
+        at = f"{where}: layer_timings[{index}]"
         if not isinstance(entry, dict):
             raise DdlbenchError(f"{at} is {type(entry).__name__}, not a mapping")
         missing = [key for key in (*REQUIRED, *REQUIRED_PER_BATCH, "update_s", "loss_fit") if key not in entry]

@@ -1,0 +1,203 @@
+"""Run a sweep: `ddlbench plan` (its points), `ddlbench status` (how far it got) and `ddlbench report`
+(its HTML report and summary, from the aggregated table)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from ddlbench.cli.common import add_sweep_options, print_table, read_sweep
+from ddlbench.config import AXES
+from ddlbench.errors import DdlbenchError
+
+SECTION = "Run a sweep"
+
+
+def add_commands(commands: Any) -> None:
+    plan = commands.add_parser(
+        "plan",
+        section=SECTION,
+        summary="print the points of a sweep and their count",
+        description="Expand a sweep into its points: one per combination of its axes and repetition, with the "
+        "combinations that cannot run (and why) listed apart. Nothing runs; torch is not imported. With --pack, "
+        "print instead how the points would be packed into SLURM allocations (what `ddlbench submit --pack` "
+        "submits).",
+        example=[
+            "ddlbench plan --configfile workflow/config/default.yaml",
+            "ddlbench plan --pack auto --max-time 60",
+        ],
+    )
+    add_sweep_options(plan)
+    plan.add_argument("--format", choices=("table", "ids", "json"), default="table")
+    plan.add_argument("--report-path", action="store_true", help="print only the path of the sweep's report")
+    plan.add_argument("--no-skipped", action="store_true", help="do not list the combinations that cannot run")
+    plan.add_argument(
+        "--pack", metavar="N", help="print the packing of the points into allocations of N nodes (or auto) instead"
+    )
+    plan.add_argument(
+        "--max-time", type=float, metavar="MIN", help="with --pack: the longest an allocation may run, in minutes"
+    )
+    plan.set_defaults(handler=_plan)
+
+    status = commands.add_parser(
+        "status",
+        section=SECTION,
+        summary="done, failed (by cause), running and pending points of a sweep",
+        description="Count a sweep's points by state from their records (ok, failed, oom, timeout) and, where "
+        "squeue answers, from the SLURM queue (running, pending); list the points that are not ok.",
+        example="ddlbench status --configfile workflow/config/default.yaml --points",
+    )
+    add_sweep_options(status)
+    status.add_argument("--no-queue", action="store_true", help="read the records only, do not ask squeue")
+    status.add_argument("--points", action="store_true", help="list every point with its state and job ids")
+    status.set_defaults(handler=lambda args: _status(args, read_sweep(args)))
+
+    report = commands.add_parser(
+        "report",
+        section=SECTION,
+        summary="render the HTML report of an aggregated sweep, and its summary",
+        description="Render the sweep's HTML report (tables, scaling charts, what happened inside the steps) "
+        "and its summary as Markdown, from the table `ddlbench aggregate` wrote. The Snakefile's last rule "
+        "runs it; run it again to redraw a report.",
+        example="ddlbench report --configfile workflow/config/default.yaml --out report.html",
+    )
+    add_sweep_options(report)
+    report.add_argument("--table", type=Path, help="Parquet table (default: <sweep dir>/table.parquet)")
+    report.add_argument("--out", type=Path, help="default: <sweep dir>/report.html")
+    report.add_argument("--markdown", type=Path, help="the summary as Markdown (default: report.md beside --out)")
+    report.add_argument(
+        "--include-other-versions",
+        action="store_true",
+        help="compare records of another measurement version too (they are left out by default)",
+    )
+    report.add_argument(
+        "--include-host-copied",
+        action="store_true",
+        help="let Horovod whose CUDA gradients went through the host (no NCCL) compete for best strategy",
+    )
+    report.set_defaults(handler=_report)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from ddlbench.launch.status import other_versions_note, sweep_status
+    from ddlbench.sweep import expand_sweep
+
+    config = read_sweep(args)
+    if args.report_path:
+        print(config.report_path)
+        return 0
+    plan = expand_sweep(config)
+    if args.pack:
+        return _plan_packed(config, plan.points, args)
+    if args.max_time is not None:
+        raise DdlbenchError("--max-time goes with --pack")
+    if args.format == "ids":
+        print("\n".join(point.point_id for point in plan.points))
+    elif args.format == "json":
+        points = [point.to_dict() | {"point_id": point.point_id} for point in plan.points]
+        skipped = [point.to_dict() | {"point_id": point.point_id, "reason": why} for point, why in plan.skipped]
+        print(json.dumps({"points": points, "skipped": skipped}, indent=1))
+    else:
+        columns = ["point_id", *AXES.values(), "repetition"]
+        print_table(columns, [[str(_column(point, c)) for c in columns] for point in plan.points])
+        if plan.skipped and not args.no_skipped:
+            print(f"\nskipped: {len(plan.skipped)} combinations cannot run")
+            print_table(["point_id", "reason"], [[point.point_id, why] for point, why in plan.skipped])
+    excluded = f", {len(plan.excluded)} excluded" if plan.excluded else ""
+    skipped = f", {len(plan.skipped)} skipped" if plan.skipped else ""
+    versions = other_versions_note(sweep_status(plan, queue=[], jobs_index={}, sweep_dir=config.sweep_dir))
+    print(
+        f"{len(plan.points)} points{excluded}{skipped} in sweep {config.name!r}{versions}",
+        file=sys.stderr if args.format != "table" else sys.stdout,
+    )
+    return 0
+
+
+def _column(point, column: str):
+    return point.point_id if column == "point_id" else getattr(point, column)
+
+
+def _plan_packed(config, points, args: argparse.Namespace) -> int:
+    """`plan --pack N`: the allocations, their time limits, predicted makespans and idle node-seconds."""
+    from ddlbench.launch.packed import describe, expected_times, pack_width, tasks_for
+    from ddlbench.launch.packing import pack
+
+    if args.max_time is not None and not args.max_time > 0:
+        raise DdlbenchError(f"--max-time {args.max_time:g} is not accepted; give minutes > 0")
+    expected, source = expected_times(points, config.machine_path)
+    packing = pack(tasks_for(points, expected_s=expected), pack_width(points, args.pack),
+                   max_time_s=args.max_time * 60 if args.max_time else None)  # fmt: skip
+    if args.format == "json":
+        allocations = [
+            {
+                "nodes": a.nodes,
+                "named": list(a.named),
+                "time_limit_s": a.worst.makespan_s,
+                "makespan_s": a.expected.makespan_s,
+                "idle_share": a.idle_share,
+                "placements": [
+                    {"point_id": p.key, "start_s": p.start_s, "end_s": p.end_s, "slots": list(p.slots)}
+                    for p in a.expected.placements
+                ],
+            }
+            for a in packing.allocations
+        ]
+        print(json.dumps({"allocations": allocations, "idle_share": packing.idle_share}, indent=1))
+        return 0
+    print("\n".join([*describe(packing), source]))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from ddlbench.atomic import write_text_atomic
+    from ddlbench.report.render import render_reports
+
+    config = read_sweep(args)
+    table_path = args.table or config.sweep_dir / "table.parquet"
+    if not table_path.exists():
+        raise DdlbenchError(f"no table at {table_path}; run `ddlbench aggregate` first")
+    out = args.out or config.report_path
+    markdown = args.markdown or out.with_suffix(".md")
+    table = pd.read_parquet(table_path)
+    html, summary = render_reports(
+        config,
+        table,
+        include_other_versions=args.include_other_versions,
+        include_host_copied=args.include_host_copied,
+        report_dir=out.parent,
+    )
+    write_text_atomic(out, html)
+    write_text_atomic(markdown, summary)
+    print(f"report: {out.resolve()}  summary: {markdown.resolve()}")
+    return 0
+
+
+def _status(args: argparse.Namespace, config) -> int:
+    from ddlbench.launch.slurm import SlurmError, query_queue
+    from ddlbench.launch.status import summarize, sweep_status
+    from ddlbench.launch.submission import read_jobs_index
+    from ddlbench.sweep import expand_sweep
+
+    queue = []
+    if not args.no_queue and shutil.which("squeue"):
+        try:
+            queue = query_queue()
+        except SlurmError as exc:
+            print(f"(queue not read: {exc})")
+    statuses = sweep_status(
+        expand_sweep(config), queue=queue, jobs_index=read_jobs_index(config.sweep_dir), sweep_dir=config.sweep_dir
+    )
+    print(f"sweep {config.name!r}: {summarize(statuses)}")
+    for status in statuses:
+        if args.points or status.state not in ("ok", "not started") or status.other_version:
+            jobs = ",".join(status.job_ids) or "-"
+            reason = f"  {status.reason}" if status.reason else ""
+            version = f"  [measurement version {status.measurement_version}]" if status.other_version else ""
+            print(f"{status.state:<12} {status.point_id}  jobs {jobs}{reason}{version}")
+    return 0
