@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: run test test-equivalence-sse test-floor venv horovod lint bench bench-slurm slurm-up slurm-down clean
+.PHONY: run test test-equivalence-sse test-floor venv horovod lint bench bench-slurm slurm-up slurm-down clean docs
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ run: venv
 
 test: venv
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The docs site (mkdocs.yml, docs/) into site/, strict: a broken link or anchor, a page left out of the nav, or a
+# reference page out of date with the code fails it (`python docs/gen_reference.py` rewrites those pages).
+# `make test` builds it too (tests/test_docs.py).
+DOCS_SITE ?= site
+docs: venv
+	$(BIN)/mkdocs build --strict --site-dir $(DOCS_SITE)
 
 # The equivalence tests (a strategy against its single-process reference) a second time, on the lowest CPU
 # capability: ATen's scalar kernels and oneDNN's SSE4.1 ones, where `make test` ran the machine's best
