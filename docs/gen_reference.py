@@ -199,7 +199,8 @@ def _type_name(hint: Any) -> str:
 
 
 def record_docs(cls: type) -> dict[str, FieldDoc]:
-    """The field docs of a record class; Point's undocumented fields take their sweep key's description."""
+    """The field docs of a record class. A Point field that a sweep key sets is described as the sweep
+    schema describes that key (what a user wrote, validated); the others by their comment in point.py."""
     docs = field_docs(cls)
     if cls.__name__ == "Point":
         from ddlbench.config.schema import sweep_schema
@@ -207,8 +208,8 @@ def record_docs(cls: type) -> dict[str, FieldDoc]:
         props = sweep_schema()["properties"]
         for name, doc in docs.items():
             key = POINT_SWEEP_KEYS.get(name, name)
-            if not doc.doc and key in props:
-                docs[name] = FieldDoc(doc=f"{props[key]['description']} (sweep key `{key}`)", note=doc.note)
+            if key in props:
+                docs[name] = FieldDoc(doc=f"sweep key `{key}`: {props[key]['description']}", note=doc.note)
     return docs
 
 
