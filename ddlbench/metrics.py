@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ddlbench.anatomy.figures import anatomy_figures
+from ddlbench.analysis.inside.figures import anatomy_figures
 from ddlbench.point import Point
 from ddlbench.records import Metrics, RankResult, Stats
 from ddlbench.statistics import percentile

@@ -30,7 +30,7 @@ MEASUREMENT_VERSION = 4
 
 
 # The per-step figures a rank records inside its measured steps (RankResult.anatomy), in this order; each
-# is defined where it is computed, ddlbench.train.anatomy.recorder
+# is defined where it is computed, ddlbench.train.recording.recorder
 ANATOMY_FIGURES = (
     "step_s",
     "data_s",
@@ -151,7 +151,7 @@ class RankResult:
     # switches on CUDA, the first conv weight's memory format, what was compiled, the fp16 grad scaler's
     # final scale and skipped steps. Empty in records from before execution options.
     execution: dict[str, Any] = field(default_factory=dict)
-    # Inside each measured step (ddlbench.train.anatomy.recorder, where every figure is defined): per
+    # Inside each measured step (ddlbench.train.recording.recorder, where every figure is defined): per
     # figure name (step_s, data_s, forward_s, backward_s, update_s, other_s, comm_s, comm_exposed_s,
     # comm_hidden_s, exposed_<phase>_s, exposed_p2p_s, busy_s in seconds; comm_ops; comm_bytes), one
     # value per measured step. Empty in records from before it.
@@ -191,7 +191,7 @@ class RankFailure:
 
 @dataclass(frozen=True, kw_only=True)
 class Straggler:
-    """The rank the others wait for, over a point's kept steps (ddlbench.anatomy.figures defines each figure)."""
+    """The rank the others wait for, over a point's kept steps (defined in ddlbench.analysis.inside.figures)."""
 
     rank: int  # the rank with the most busy time
     hostname: str  # its host
@@ -234,7 +234,7 @@ class Metrics:
     # on input)
     input_wait_s: Stats | None = None
     input_wait_share: Stats | None = None  # input_wait_s ÷ the job's step time (dimensionless)
-    # Inside the steps (ddlbench.anatomy.figures), per kept step: each phase figure's mean over ranks (s),
+    # Inside the steps (ddlbench.analysis.inside.figures), per kept step: each phase figure's mean over ranks (s),
     # the share of communication hidden under computation, the gap between weight updates (s), and the
     # straggler. None in records from before the recorder.
     phases_s: dict[str, Stats] | None = None  # per phase figure (RankResult.anatomy's), its mean over ranks (s)

@@ -13,13 +13,13 @@ import pytest
 import yaml
 
 from ddlbench.config import sweep_config_from_mapping
+from ddlbench.config.adaptive import AdaptiveSettings
 from ddlbench.errors import ConfigError
 from ddlbench.launches import read_launch
 from ddlbench.point import Point
 from ddlbench.records import read_record
 from ddlbench.sampling.costs import group_launches, round0_share_bound
 from ddlbench.sampling.plan import plan_round, sampled
-from ddlbench.sampling.settings import AdaptiveSettings
 from ddlbench.sweep import expand_sweep
 from tests.conftest import run_snakemake
 
@@ -143,6 +143,14 @@ def test_bad_adaptive_settings_are_refused_by_key(settings, key):
     raw = {"name": "x", "results_dir": "/tmp/x"} | {k: v for k, v in SWEEP.items() if k != "adaptive"}
     with pytest.raises(ConfigError, match=key):
         sweep_config_from_mapping(raw | {"adaptive": settings})
+
+
+def test_the_adaptive_key_names_the_figures_the_empirical_models_compute():
+    # the config validates the key without importing the analysis; both lists must stay one
+    from ddlbench.analysis.empirical.series import FIGURES
+    from ddlbench.config.adaptive import MODELLED_FIGURES
+
+    assert tuple(FIGURES) == MODELLED_FIGURES
 
 
 def full_sweep(**changes):

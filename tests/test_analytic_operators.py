@@ -13,8 +13,8 @@ import pytest
 from ddlbench.analysis.analytic.layer_splits import window_rows
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.operators import OpCall, call_of_sample, fit_kind, fit_operator_model
-from ddlbench.calibrate.fit import fit_busy, nnls
-from ddlbench.calibrate.operator_shapes import sample_shapes
+from ddlbench.analysis.machine.fit import fit_busy, nnls
+from ddlbench.train.calibration.operator_shapes import sample_shapes
 
 
 def test_nnls_solves_and_keeps_coefficients_non_negative():

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddlbench.anatomy.figures import anatomy_figures
+from ddlbench.analysis.inside.figures import anatomy_figures
 from ddlbench.records import RankResult
-from ddlbench.train.anatomy import comms, recorder
-from ddlbench.train.anatomy.recorder import IterationRecorder, intersect, union
+from ddlbench.train.recording import comms, recorder
+from ddlbench.train.recording.recorder import IterationRecorder, intersect, union
 
 
 class FakeClock:

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddlbench.calibrate.fit import bus_factor, fit_alpha_beta
-from ddlbench.calibrate.machine import REFERENCE_MACHINES, read_machine
-from ddlbench.calibrate.records import read_calibration_record
-from ddlbench.calibrate.suite import DEFAULT_SUITE, CalibrationPoint, load_suite
+from ddlbench.analysis.machine.fit import bus_factor, fit_alpha_beta
+from ddlbench.analysis.machine.machine_file import REFERENCE_MACHINES, read_machine
+from ddlbench.calibrate.suite import DEFAULT_SUITE, load_suite
 from ddlbench.errors import ConfigError, DdlbenchError
+from ddlbench.train.calibration.point import CalibrationPoint
+from ddlbench.train.calibration.records import read_calibration_record
 from tests.conftest import run_cli, run_snakemake
 
 

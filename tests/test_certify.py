@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from ddlbench.certify.certificate import judge
-from ddlbench.certify.figures import Figure
 from ddlbench.certify.references import load_references, parse_references
 from ddlbench.cli import main
 from ddlbench.cli.certify import render_certificate
 from ddlbench.errors import ConfigError
 from ddlbench.history.db import list_runs, load_run
+from ddlbench.history.figures import Figure
 from ddlbench.history.store import store_certificate
 from ddlbench.records import MEASUREMENT_VERSION
 from tests.test_aggregate import plan_of, record_for, write

@@ -12,13 +12,14 @@ import pytest
 import yaml
 
 from ddlbench.analysis.analytic.machine_model import MachineModel
-from ddlbench.calibrate.layer_timings import layer_timing_figures
-from ddlbench.calibrate.machine import read_machine
-from ddlbench.calibrate.records import CalibrationRankResult, CalibrationRecord, read_calibration_record
+from ddlbench.analysis.machine.layer_timings import layer_timing_figures
+from ddlbench.analysis.machine.machine_file import read_machine
 from ddlbench.calibrate.report import render_calibration
-from ddlbench.calibrate.suite import CalibrationPoint, load_suite
+from ddlbench.calibrate.suite import load_suite
 from ddlbench.catalog import MODELS
 from ddlbench.errors import ConfigError, DdlbenchError
+from ddlbench.train.calibration.point import CalibrationPoint
+from ddlbench.train.calibration.records import CalibrationRankResult, CalibrationRecord, read_calibration_record
 from tests.conftest import run_cli
 
 # a suite of layer timings alone: no compute point, no collectives
@@ -52,7 +53,7 @@ def test_example_suite_of_layer_timings_alone(repo):
 
 
 def test_machine_files_layer_timings_are_read_without_torch():
-    code = "import sys, ddlbench.calibrate.layer_timings; sys.exit('torch' in sys.modules)"
+    code = "import sys, ddlbench.analysis.machine.layer_timings; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -184,7 +185,7 @@ def test_the_first_blocks_backward_is_timed_without_torchs_full_hook_warning():
     # start, with a warning; the kernel times it from its output's gradient to backward()'s return
     import torch
 
-    from ddlbench.calibrate.layer_timing_kernel import run_layer_timings
+    from ddlbench.train.calibration.layer_timing_kernel import run_layer_timings
 
     point = load_suite(raw=ONLY_TIMINGS | {"layer_timings": [GPT_TINY | {"batch_sizes": [1, 2]}]}).points[0]
     point = CalibrationPoint.from_dict(json.loads(point.to_json()) | {"warmup": 1, "iterations": 2})

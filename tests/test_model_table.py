@@ -16,8 +16,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ddlbench.analysis.analytic.layers import ModelTable, parse_net, parse_net_header, render_net
+from ddlbench.analysis.analytic.layers import parse_net, parse_net_header, render_net
 from ddlbench.catalog import DATASETS, MODELS, resolve_builder
+from ddlbench.catalog.model_table import ModelTable
 from ddlbench.cli import main
 from ddlbench.train.introspect import build_model_table
 

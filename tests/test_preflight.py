@@ -1,5 +1,5 @@
 """Every workflow checks before it runs. The Snakefile, workflow/adaptive.smk and workflow/calibrate.smk
-share one preamble (workflow/rules/preamble.smk, which calls ddlbench.launch.preflight) and refuse the
+share one preamble (workflow/rules/preamble.smk, which calls ddlbench.preflight) and refuse the
 same things with the same line: a point needing more cores than `--cores` gives, and, with a site file
 on the login node, a point the cluster would reject. The cluster is a fake `scontrol` on PATH, at the
 subprocess boundary: partition `cpu` of 4 nodes with 2 CPUs each."""
@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from ddlbench.errors import DdlbenchError
-from ddlbench.launch.preflight import prepare_workflow
 from ddlbench.launch.slurm import query_cluster
+from ddlbench.preflight import prepare_workflow
 from tests.conftest import BIN, run_snakemake
 
 PARTITIONS = "PartitionName=cpu Default=YES MaxTime=02:00:00 Nodes=n[1-4] State=UP TotalCPUs=8 TotalNodes=4"
@@ -117,7 +117,7 @@ def test_an_unknown_workflow_kind_is_refused_naming_the_kinds(tmp_path):
 
 
 def test_the_preamble_does_not_import_torch():
-    code = "import sys, ddlbench.launch.preflight; sys.exit('torch' in sys.modules)"
+    code = "import sys, ddlbench.preflight; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -56,8 +56,8 @@ def test_calibrate_submits_its_points_as_slurm_jobs(slurm_env, tmp_path):
 
     import yaml
 
-    from ddlbench.calibrate.machine import read_machine
-    from ddlbench.calibrate.records import read_calibration_record
+    from ddlbench.analysis.machine.machine_file import read_machine
+    from ddlbench.train.calibration.records import read_calibration_record
 
     suite = {
         "name": "slurmcal", "results_dir": str(tmp_path / "results"), "nodes": [1, 2], "ranks_per_node": 2,

@@ -15,7 +15,7 @@ One row per planned point. Its columns, by group:
 - input: for points that read real data through a loader, input_wait_s_<s> and input_wait_share_<s> the
   same way (records.Metrics: the longest wait of any rank per kept step, and its share of the step
   time), and input_source (loader, or resident: batches made before timing);
-- inside the steps (ddlbench.anatomy.figures): phase_<figure>_{median,ci_low,ci_high} per phase figure
+- inside the steps (ddlbench.analysis.inside.figures): phase_<figure>_{median,ci_low,ci_high} per phase figure
   (seconds, mean over ranks per step), comm_overlap_<s>, update_gap_s_<s>, straggler_wait_s_<s>,
   straggler_wait_share_<s>, straggler_skew_s_<s>, straggler_rank, straggler_host,
   straggler_slowest_steps, straggler_steps; trace_file (the point's Chrome/Perfetto trace, relative to
@@ -47,9 +47,9 @@ from typing import Any
 import pandas as pd
 
 from ddlbench.analysis.configurations import POINT_SUMMARY_COLUMNS, summarize_configurations
+from ddlbench.analysis.inside.figures import TABLE_STATS, anatomy_columns
+from ddlbench.analysis.inside.timeline import trace_path
 from ddlbench.analysis.keys import keys, point_columns
-from ddlbench.anatomy.figures import TABLE_STATS, anatomy_columns
-from ddlbench.anatomy.timeline import trace_path
 from ddlbench.atomic import write_atomic
 from ddlbench.point import Point
 from ddlbench.records import MEASUREMENT_VERSION, PointRecord, RecordError, Stats, read_record, record_path

@@ -1,7 +1,10 @@
-"""Calibrating a machine: a suite of microbenchmark points (`suite`), launched like training points
-(`runner`, through ddlbench.launch), timed on each rank (`kernels`, `ranks`), fitted (`fit`) into a
-versioned machine file (`machine`) that later analyses read, with a report of curves against fits
-(`report`). `calibrate()` runs a whole suite; `ddlbench calibrate` is its command.
+"""Calibrating a machine, the orchestration: a suite of microbenchmark points (`suite`), each launched
+like a training point (ddlbench.launch.calibration) and timed on its ranks (ddlbench.train.calibration),
+fitted into a versioned machine file that later analyses read (ddlbench.analysis.machine), with a report
+of curves against fits (`report`). `calibrate()` runs a whole suite; `ddlbench calibrate` is its command.
+
+The layers below know nothing of this package: the worker reads a CalibrationPoint
+(ddlbench.train.calibration.point), the analytical model a machine file.
 """
 
 from __future__ import annotations
@@ -27,13 +30,13 @@ def calibrate(
     at `out` and the report beside the records (or at `report`); return the machine. `from_records`: run
     nothing, fit the records the points already wrote (workflow/calibrate.smk ran them); a point without
     one counts as failed."""
+    from ddlbench.analysis.machine.machine_file import REFERENCE_MACHINES, measured_machine, read_machine, write_machine
     from ddlbench.atomic import write_text_atomic
-    from ddlbench.calibrate.machine import REFERENCE_MACHINES, measured_machine, read_machine, write_machine
-    from ddlbench.calibrate.records import missing_record, read_calibration_record
     from ddlbench.calibrate.report import render_calibration
-    from ddlbench.calibrate.runner import run_calibration_point
     from ddlbench.calibrate.suite import load_suite
+    from ddlbench.launch.calibration import run_calibration_point
     from ddlbench.records import RecordError
+    from ddlbench.train.calibration.records import missing_record, read_calibration_record
 
     suite = load_suite(suite_path, raw=raw)
     records = []

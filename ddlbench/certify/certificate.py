@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import ddlbench
-from ddlbench.certify.figures import Figure
 from ddlbench.certify.references import Reference
 from ddlbench.errors import ConfigError
+from ddlbench.history.figures import Figure
 from ddlbench.provenance import utc_now
 from ddlbench.records import MEASUREMENT_VERSION
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from ddlbench.certify.figures import Figure
 from ddlbench.certify.references import REFERENCES_VERSION
+from ddlbench.history.figures import Figure
 
 MIN_TOLERANCE = 0.10
 NO_INTERVAL_TOLERANCE = 0.20

@@ -1,6 +1,6 @@
 """Reference figures per `system:partition`, with tolerance bands: what a certificate is judged against.
 
-A reference file (YAML) holds, per `system:partition`, per figure name (ddlbench.certify.figures), one
+A reference file (YAML) holds, per `system:partition`, per figure name (ddlbench.history.figures), one
 reference in one of three forms:
 
     references_version: 1

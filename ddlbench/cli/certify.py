@@ -79,7 +79,6 @@ def add_commands(commands: Any) -> None:
 def _certify(args: argparse.Namespace) -> int:
     from ddlbench.atomic import write_text_atomic
     from ddlbench.certify.certificate import build_certificate, check_reference_names
-    from ddlbench.certify.figures import machine_figures, training_figures
     from ddlbench.certify.propose import propose_references, references_text
     from ddlbench.certify.references import load_references
     from ddlbench.certify.run import (
@@ -93,6 +92,7 @@ def _certify(args: argparse.Namespace) -> int:
     from ddlbench.certify.suite import load_suite, local_partition, resolve_suite, slurm_partition
     from ddlbench.history.compare import regressions
     from ddlbench.history.db import history_path, last_passing_certificate
+    from ddlbench.history.figures import machine_figures, training_figures
     from ddlbench.history.store import store_certificate
 
     if args.references is None and args.write_references is None:

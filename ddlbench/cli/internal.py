@@ -212,8 +212,8 @@ def _run_group(args: argparse.Namespace) -> int:
 
 
 def _run_calibration_point(spec: dict, args: argparse.Namespace) -> int:
-    from ddlbench.calibrate.runner import run_calibration_point
-    from ddlbench.calibrate.suite import CalibrationPoint
+    from ddlbench.launch.calibration import run_calibration_point
+    from ddlbench.train.calibration.point import CalibrationPoint
 
     if args.out is None:
         raise DdlbenchError("--out is required with --spec")
@@ -306,8 +306,8 @@ def read_sampled(folder: Path, rounds: list[dict[str, Any]]):
 
 def _sample(args: argparse.Namespace) -> int:
     from ddlbench.atomic import write_text_atomic
+    from ddlbench.config.adaptive import adaptive_settings
     from ddlbench.sampling.plan import plan_round
-    from ddlbench.sampling.settings import adaptive_settings
     from ddlbench.sampling.summary import summarize
     from ddlbench.sweep import expand_sweep
 

@@ -163,7 +163,7 @@ def _add_model_table(commands: Any) -> None:
         choices=TABLE_FORMATS,
         default="table",
         help="table: fixed-width text; csv: one row per layer; net: ParaDL's .net layer file; json: the whole "
-        "table (what `ddlbench.analysis.analytic.layers.ModelTable.from_json` reads)",
+        "table (what `ddlbench.catalog.model_table.ModelTable.from_json` reads)",
     )
     parser.add_argument("--out", type=Path, help="write here (atomically) instead of to standard output")
     parser.set_defaults(handler=_model_table)
@@ -316,7 +316,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _model_table(args: argparse.Namespace) -> int:
-    from ddlbench.analysis.analytic.layers import render_csv, render_net, render_table, resolve_request
+    from ddlbench.analysis.analytic.layers import render_csv, render_net, render_table
+    from ddlbench.catalog.model_table import resolve_request
 
     options = parse_options(args.option)
     resolve_request(args.model, args.dataset, options)  # a bad name or option fails before torch is imported

@@ -77,7 +77,7 @@ class SweepConfig:
     machine: str = ""  # machine file the points are predicted on ("" none)
     calibrate: str = ""  # calibration suite run first into machine_path ("" none)
     scaling_json: str = "{}"  # the `scaling` mapping (empirical models) as canonical JSON
-    adaptive_json: str = "{}"  # the `adaptive` mapping (ddlbench.sampling.settings) as canonical JSON
+    adaptive_json: str = "{}"  # the `adaptive` mapping (ddlbench.config.adaptive) as canonical JSON
 
     @property
     def machine_path(self) -> Path | None:
@@ -146,7 +146,7 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
     _check_data(data["datasets"], data["data"])
     _check_exclude(data)
     if data["adaptive"]:
-        from ddlbench.sampling.settings import adaptive_settings
+        from ddlbench.config.adaptive import adaptive_settings
 
         adaptive_settings(data["adaptive"])  # refused here, with the key, before anything runs
     if data["machine"] and data["calibrate"]:

@@ -3,7 +3,7 @@
 One row per run (a sweep's aggregated table, or a certificate) in `runs`: what it was (kind, name),
 where (system, partition), which configuration (config_hash: the sweep's resolved config), when (date,
 UTC ISO 8601), with what (ddlbench version, measurement version, git commit) and, for a certificate,
-whether it passed. Its figures in `figures`, named as certificates name them (ddlbench.certify.figures),
+whether it passed. Its figures in `figures`, named as certificates name them (ddlbench.history.figures),
 each with its unit, value, 95 % interval, n and basis, its node when per node, and for a certificate its
 reference band and verdict. A run whose content was stored before (same kind, config hash and figures:
 an aggregate run again over the same records) is not stored twice.

@@ -1,6 +1,6 @@
 """What goes into the results database: a sweep's figures, or a certificate's verdicts.
 
-A sweep's figures are named and computed as a certificate's (ddlbench.certify.figures), so a sweep and a
+A sweep's figures are named and computed as a certificate's (ddlbench.history.figures), so a sweep and a
 certificate of the same configurations compare figure by figure. Where a sweep ran: the system is
 $DDLBENCH_SYSTEM (default `local`), the partition the one SLURM partition its records ran in (`local`
 outside SLURM, `mixed` over several).
@@ -15,9 +15,9 @@ from typing import Any
 import pandas as pd
 
 import ddlbench
-from ddlbench.certify.figures import machine_figures, training_figures
 from ddlbench.config import SweepConfig
 from ddlbench.history.db import store_run
+from ddlbench.history.figures import machine_figures, training_figures
 from ddlbench.provenance import utc_now
 from ddlbench.records import MEASUREMENT_VERSION
 

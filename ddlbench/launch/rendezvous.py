@@ -33,7 +33,7 @@ class RankEnv:
 def rank_env(environ: Mapping[str, str], *, keep_mpi: bool = False) -> RankEnv:
     """Read a rank's identity from MPI when mpirun started it, else from torchrun-style variables,
     else from srun's SLURM_* variables. `keep_mpi`: leave MPI initialised (for a point that measures
-    through MPI, ddlbench.calibrate); it is finalised at exit."""
+    through MPI, ddlbench.train.calibration); it is finalised at exit."""
     if environ.get(MPI_VAR) == "1":
         if not any(name in environ for name in MPI_RANK_VARS):
             # mpi4py would start a one-rank MPI of its own here: every rank would be rank 0 of 1

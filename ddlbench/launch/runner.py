@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ddlbench.anatomy.timeline import last_step, trace_path, write_trace
+from ddlbench.analysis.inside.timeline import last_step, trace_path, write_trace
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.cores import CoreGrant
 from ddlbench.launch.launchers import LocalLauncher, select_launcher

@@ -92,7 +92,7 @@ class PointJob:
         """The job's point: a training Point, or a calibration point (`ddlbench calibrate --submit`)."""
         spec = json.loads(self.spec)
         if spec.get("kind") == "calibration":
-            from ddlbench.calibrate.suite import CalibrationPoint
+            from ddlbench.train.calibration.point import CalibrationPoint
 
             return CalibrationPoint.from_dict(spec)
         return Point.from_dict(spec)
@@ -104,7 +104,7 @@ class PointJob:
         point = self.point
         log.info("point %s, attempt %d", point.point_id, self.attempt)
         if not isinstance(point, Point):
-            from ddlbench.calibrate.runner import run_calibration_point
+            from ddlbench.launch.calibration import run_calibration_point
 
             return run_calibration_point(point, out=Path(self.out), launcher="srun").status
         return run_point(point, out=Path(self.out), launcher="srun", timeout_s=self.timeout_s).status
@@ -122,7 +122,7 @@ class PointJob:
             if isinstance(self.point, Point):
                 write_unfinished_record(self.point, out=Path(self.out), status="timeout", reason=reason)
             else:
-                from ddlbench.calibrate.records import missing_record, write_calibration_record
+                from ddlbench.train.calibration.records import missing_record, write_calibration_record
 
                 stopped = replace(missing_record(self.point, reason), status="timeout", launcher="srun")
                 write_calibration_record(Path(self.out), stopped)

@@ -1,5 +1,5 @@
 """Entry point of one rank: join the process group, train the point (or run a calibration point's
-microbenchmarks, ddlbench.calibrate), write what it measured, exit cleanly.
+microbenchmarks, ddlbench.train.calibration), write what it measured, exit cleanly.
 
 Run as `python -m ddlbench.launch.worker --spec JSON --rank-dir DIR` by a launcher, never by hand. With
 `--group FILE` the ranks run several points of one layout one after another in this launch, each writing
@@ -21,12 +21,12 @@ from dataclasses import asdict, replace
 from datetime import timedelta
 from pathlib import Path
 
-from ddlbench.calibrate.suite import KIND as CALIBRATION
-from ddlbench.calibrate.suite import CalibrationPoint
 from ddlbench.launch.cores import pin_from_environment
 from ddlbench.launch.rendezvous import RankEnv, rank_env
 from ddlbench.point import Point
 from ddlbench.records import RankFailure, write_json_atomic
+from ddlbench.train.calibration.point import KIND as CALIBRATION
+from ddlbench.train.calibration.point import CalibrationPoint
 
 log = logging.getLogger("ddlbench.worker")
 
@@ -189,7 +189,7 @@ def _run_group(entries: list[dict], env: RankEnv, binding: str, current: dict) -
 def _calibrate(point: CalibrationPoint, env: RankEnv, rank_dir: Path, binding: str) -> None:
     import torch.distributed as dist
 
-    from ddlbench.calibrate.ranks import measure
+    from ddlbench.train.calibration.ranks import measure
 
     ctx = _join(point, env)
     result = measure(point, ctx)

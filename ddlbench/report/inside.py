@@ -2,8 +2,8 @@
 communication over them, collectives in flight below, and per rank its medians over the kept steps.
 
 The drawings come from the records, which keep each rank's last measured step
-(ddlbench.anatomy.timeline); the phase and straggler figures of every configuration are in the
-report's tables (ddlbench.report.data, ddlbench.anatomy.figures defines them).
+(ddlbench.analysis.inside.timeline); the phase and straggler figures of every configuration are in the
+report's tables (ddlbench.report.data, ddlbench.analysis.inside.figures defines them).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from ddlbench.anatomy.figures import rank_medians
+from ddlbench.analysis.inside.figures import rank_medians
 from ddlbench.records import RecordError, read_record, record_path
 from ddlbench.report.figures import number
 from ddlbench.statistics import percentile

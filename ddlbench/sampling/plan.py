@@ -42,6 +42,7 @@ from ddlbench.analysis.aggregate import record_row
 from ddlbench.analysis.empirical.modelling import figure_kind, search
 from ddlbench.analysis.empirical.series import series_from_table
 from ddlbench.analysis.keys import point_columns
+from ddlbench.config.adaptive import AdaptiveSettings
 from ddlbench.errors import ConfigError
 from ddlbench.launches import LaunchRecord
 from ddlbench.point import Point
@@ -54,7 +55,6 @@ from ddlbench.sampling.costs import (
     round0_share_bound,
     spent_node_s,
 )
-from ddlbench.sampling.settings import AdaptiveSettings
 
 
 def series_of(points: tuple[Point, ...], over: str) -> dict[Point, list[Point]]:

@@ -22,12 +22,12 @@ import pandas as pd
 from ddlbench.analysis.aggregate import record_row
 from ddlbench.analysis.empirical.modelling import model_series
 from ddlbench.analysis.empirical.series import series_from_table
+from ddlbench.config.adaptive import AdaptiveSettings
 from ddlbench.launches import LaunchRecord
 from ddlbench.point import Point
 from ddlbench.records import PointRecord
 from ddlbench.sampling.costs import measure_overheads, spent_node_s
 from ddlbench.sampling.plan import estimated_full_cost, series_of, stands_for
-from ddlbench.sampling.settings import AdaptiveSettings
 
 
 def summarize(

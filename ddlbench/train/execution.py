@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from ddlbench.errors import DdlbenchError
 from ddlbench.point import PRECISIONS
-from ddlbench.train import anatomy
+from ddlbench.train import recording
 
 AUTOCAST_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TF32_MIN_CAPABILITY = (8, 0)  # Ampere
@@ -77,12 +77,12 @@ class Execution:
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The context for the forward pass and the loss (not backward, as torch's AMP docs ask); the
-        rank's recorder counts it as the forward phase (ddlbench.train.anatomy)."""
+        rank's recorder counts it as the forward phase (ddlbench.train.recording)."""
         dtype = self.autocast_dtype
         if dtype is None:
-            return anatomy.phase("forward")
+            return recording.phase("forward")
         stack = contextlib.ExitStack()
-        stack.enter_context(anatomy.phase("forward"))
+        stack.enter_context(recording.phase("forward"))
         stack.enter_context(torch.autocast(self.device.type, dtype=dtype))
         return stack
 
@@ -119,7 +119,7 @@ class Execution:
     def backward(self, loss: Tensor, gradient: Tensor | None = None) -> None:
         """Backward from the loss, scaled first under fp16 (or from an output and the gradient a later
         pipeline stage sent for it, already scaled); the recorder's backward phase."""
-        with anatomy.phase("backward"):
+        with recording.phase("backward"):
             if gradient is not None:
                 loss.backward(gradient)
             else:
@@ -131,7 +131,7 @@ class Execution:
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """The optimizer step; under fp16 unscaled, skipped on overflow (on every rank alike) and the scale updated."""
-        with anatomy.phase("update"):
+        with recording.phase("update"):
             self._optimizer_step(optimizer)
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:

@@ -1,4 +1,4 @@
-"""Builds a zoo model's model table (ddlbench.analysis.analytic.layers) by probing it on the meta device.
+"""Builds a zoo model's model table (ddlbench.catalog.model_table) by probing it on the meta device.
 
 The model is built as the kernel builds it, but on the meta device (shapes only: no memory, no arithmetic,
 so GPT-2 large takes seconds), and one training step's forward and backward is run at two batch sizes.
@@ -32,8 +32,8 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from ddlbench.analysis.analytic.layers import BlockRow, LayerRow, ModelTable, Shape, resolve_request
 from ddlbench.catalog import DATASETS, MODELS, resolve_builder
+from ddlbench.catalog.model_table import BlockRow, LayerRow, ModelTable, Shape, resolve_request
 
 log = logging.getLogger(__name__)
 

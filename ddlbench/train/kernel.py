@@ -16,9 +16,7 @@ from torch import Tensor, nn
 from ddlbench.catalog import DATASETS, MODELS, STRATEGIES, resolve_builder
 from ddlbench.point import Point
 from ddlbench.records import RankResult
-from ddlbench.train import anatomy
-from ddlbench.train.anatomy import comms
-from ddlbench.train.anatomy.recorder import CudaClock, HostClock, IterationRecorder
+from ddlbench.train import recording
 from ddlbench.train.clock import StepTimer, estimate_offset, host_group
 from ddlbench.train.data import BatchSource, open_dataset
 from ddlbench.train.data.loader import LOADER_MEMORY_NOTE, open_point_loader, reads_through_loader
@@ -28,6 +26,8 @@ from ddlbench.train.losses import loss_for
 from ddlbench.train.memory import MemoryProbe, storage_bytes
 from ddlbench.train.models.init import init_plan
 from ddlbench.train.models.init import materialise as materialise_model
+from ddlbench.train.recording import comms
+from ddlbench.train.recording.recorder import CudaClock, HostClock, IterationRecorder
 from ddlbench.train.strategies import RankContext, StrategySetup, build_trainer
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def strategy_setup(
 
 
 def start_recorder(device: torch.device) -> IterationRecorder:
-    """The rank's recorder of phases and collectives (ddlbench.train.anatomy), installed process-wide.
+    """The rank's recorder of phases and collectives (ddlbench.train.recording), installed process-wide.
 
     On CUDA the phases are stamped with events on the stream and collectives are not traced (NCCL's run
     on their own streams; host stamps around the calls would time their launch)."""
@@ -124,7 +124,7 @@ def start_recorder(device: torch.device) -> IterationRecorder:
     recorder = IterationRecorder(clock=CudaClock(device) if on_cuda else HostClock(), comms_traced=not on_cuda)
     if not on_cuda:
         comms.install()
-    anatomy.install(recorder)
+    recording.install(recorder)
     return recorder
 
 
@@ -224,7 +224,7 @@ def train_point(
         else:  # the step includes reading its input, as a training loop on real data does; the wait is timed apart
             timer.start()
             recorder.begin_step(step)
-            with anatomy.phase("data"):
+            with recording.phase("data"):
                 inputs, targets = loader.next_batch()
         if delay:
             time.sleep(delay)  # an injected straggler (DDLBENCH_INJECT_FAULT=slow:<seconds>)
@@ -234,7 +234,7 @@ def train_point(
         losses.append(loss)
     starts, ends = timer.close_window()  # the window's one synchronisation
     recorder.close_window()
-    anatomy.install(None)
+    recording.install(None)
     if loader:
         loader.close()  # workers stop; the rank's threads get its whole affinity back
     drift = estimate_offset(ctx.rank, ctx.world_size, clock_group).offset_s - clock.offset_s

@@ -1,6 +1,6 @@
 # Every workflow starts here: the Snakefile, workflow/adaptive.smk and workflow/calibrate.smk, each after
 # setting WORKFLOW_KIND (sweep | adaptive | calibration). Its config is validated and planned once, and
-# the checks every workflow makes before anything is scheduled are made (ddlbench.launch.preflight: the
+# the checks every workflow makes before anything is scheduled are made (ddlbench.preflight: the
 # live cluster's limits on the login node under `--profile slurm`, the local --cores otherwise). A
 # refusal is one line naming the key or point, and exit status 2.
 import sys
@@ -8,7 +8,7 @@ import sys
 from snakemake.common import get_function_params, overwrite_function_params
 
 from ddlbench.errors import DdlbenchError
-from ddlbench.launch.preflight import prepare_workflow, refusal
+from ddlbench.preflight import prepare_workflow, refusal
 
 # The profile `slurm` passes its site file as config key slurm_site; the rest of config is the sweep
 # (or the calibration suite).

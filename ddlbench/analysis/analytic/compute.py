@@ -36,9 +36,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ddlbench.analysis.analytic.layers import LayerRow, ModelTable
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.operators import FREE_TYPES, OperatorModel, elementwise_call, layer_call
+from ddlbench.catalog.model_table import LayerRow, ModelTable
 
 UPDATE_BYTES_PER_PARAM = 24  # SGD with momentum, fp32: see the module docstring
 LOSS_PASSES = 6  # the loss's forward and backward each read and write the logits about 3 times

@@ -4,7 +4,7 @@ really computes and each of its collectives, copies and exchanges counted where 
 
 Why per layer: these strategies block on one collective per split layer (per norm and per halo too), so
 a step is the sum of many small calls (gloo on a shared CPU: about a millisecond each, whatever the size,
-ddlbench.calibrate.kernels' busy mode), and a split layer's time does not fall with its FLOPs (half the
+ddlbench.train.calibration.kernels' busy mode), and a split layer's time does not fall with its FLOPs (half the
 filters of a 16-channel convolution cost more than half the whole: ddlbench.analysis.analytic.operators).
 
 Per step, on every rank of a group of p (rank 0 stands for all; they do the same work):
@@ -36,11 +36,11 @@ from dataclasses import replace
 
 from ddlbench.analysis.analytic.compute import block_times, elementwise_s, layer_costs
 from ddlbench.analysis.analytic.data_parallel import FIRST_BUCKET_BYTES, StrategyRun, activation_terms, plan_buckets
-from ddlbench.analysis.analytic.layers import LayerRow
 from ddlbench.analysis.analytic.layout import Context, elements
 from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, rank_memory
 from ddlbench.analysis.analytic.simulate import Program
 from ddlbench.catalog.layer_table import predict_split_share
+from ddlbench.catalog.model_table import LayerRow
 
 NORM_TYPES = ("BatchNorm2d", "GroupNorm")
 WINDOWED_TYPES = ("Conv2d", "MaxPool2d", "AvgPool2d")

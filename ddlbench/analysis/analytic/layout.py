@@ -13,10 +13,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
-from ddlbench.analysis.analytic.layers import ModelTable
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.simulate import Program, Timeline, simulate
 from ddlbench.catalog import STRATEGIES
+from ddlbench.catalog.model_table import ModelTable
 from ddlbench.point import Point
 
 

@@ -1,6 +1,6 @@
 """What the analytical model knows of a machine: compute rates, collective costs, layer timings, memory.
 
-Read from a machine file (ddlbench.calibrate.machine: measured by `ddlbench calibrate`, or written by
+Read from a machine file (ddlbench.analysis.machine.machine_file: measured by `ddlbench calibrate`, or written by
 hand from datasheets for hardware the user does not own yet). Every figure the model takes from it is
 named with where it came from, so a prediction can say what it rests on.
 
@@ -20,7 +20,7 @@ of preference:
    t = steps(p)·α_step + bus(p)·S·β_bus. Broadcast is taken as a binomial tree, ⌈log2 p⌉ steps of S;
 3. the link's point-to-point α–β (send_recv) with the same ring formulas.
 A datasheet gives no latency (alpha_s null): it is taken as 0 and the prediction says so. A fit whose
-slope came out negative and was set to 0 (`clamped: beta`, ddlbench.calibrate.fit) resolved no bandwidth:
+slope came out negative and was set to 0 (`clamped: beta`, ddlbench.analysis.machine.fit) resolved no bandwidth:
 any other fit of the same rank is preferred to it, and a prediction that still rests on it says so.
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlbench.analysis.analytic.operators import OperatorModel, fit_operator_model
-from ddlbench.calibrate.machine import read_machine
+from ddlbench.analysis.machine.machine_file import read_machine
 from ddlbench.errors import DdlbenchError
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
@@ -155,7 +155,7 @@ def _layer_timings(entry: Mapping[str, Any]) -> LayerTimings:
 
 def _busy_or_barrier(entry: Mapping[str, Any]) -> Mapping[str, Any]:
     """A collective's figures as a step pays them: its busy-mode fit where the calibration made one (calls
-    after each rank's own compute, peers' lateness included: ddlbench.calibrate.kernels), else its fit
+    after each rank's own compute, peers' lateness included: ddlbench.train.calibration.kernels), else its fit
     after a barrier."""
     busy = entry.get("busy")
     if not busy or busy.get("alpha_s") is None:
@@ -219,7 +219,7 @@ class MachineModel:
     links: Mapping[str, Mapping[str, Any]]
     collectives: tuple[Mapping[str, Any], ...]
     layer_timings: tuple[LayerTimings, ...] = ()
-    operator_timings: tuple[Mapping[str, Any], ...] = ()  # ddlbench.calibrate.operator_timings, fitted on use
+    operator_timings: tuple[Mapping[str, Any], ...] = ()  # ddlbench.analysis.machine.operator_timings, fitted on use
     hosts: int = 1  # hosts the calibration ran on (1: every "node" of a local run is this host)
     notes: tuple[str, ...] = field(default=())
 

@@ -1,5 +1,5 @@
 """Compute time of a layer from its shape: per-operator regressions fitted to a calibration's timings of
-generic operators (the machine file's `operator_timings`, ddlbench.calibrate.operator_timings).
+generic operators (the machine file's `operator_timings`, ddlbench.analysis.machine.operator_timings).
 
 A layer's time on a CPU is not its FLOPs ÷ one rate: every call pays a fixed cost (Python, the
 dispatcher, the autograd node, oneDNN's reorders into and out of its blocked layout), small channel
@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddlbench.calibrate.fit import nnls
+from ddlbench.analysis.machine.fit import nnls
 
 CONV_TYPES = ("Conv2d",)
 KIND_OF_TYPE = {
@@ -146,7 +146,7 @@ def _median(values: Sequence[float]) -> float:
 
 
 def call_of_sample(sample: Mapping[str, Any]) -> OpCall:
-    """The OpCall of one calibration sample (ddlbench.calibrate.operator_shapes.OperatorShape's fields)."""
+    """The OpCall of one calibration sample (ddlbench.train.calibration.operator_shapes.OperatorShape's fields)."""
     kind = str(sample["kind"])
     h, w, k, stride = (
         int(sample["height"]),

@@ -19,12 +19,12 @@ from typing import Any
 from ddlbench.analysis.analytic.compute import block_times
 from ddlbench.analysis.analytic.data_parallel import StrategyRun, model_ddp, model_fsdp, model_zero2
 from ddlbench.analysis.analytic.layer_splits import model_filter_channel_layers, model_spatial_layers
-from ddlbench.analysis.analytic.layers import ModelTable
 from ddlbench.analysis.analytic.layout import Context, Setting
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.pipelines import model_pipeline
 from ddlbench.analysis.analytic.splits import model_tensor
 from ddlbench.catalog import MODELS
+from ddlbench.catalog.model_table import ModelTable
 from ddlbench.errors import DdlbenchError
 
 PREDICTION_VERSION = 1

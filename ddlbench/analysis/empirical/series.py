@@ -26,8 +26,10 @@ import numpy as np
 import pandas as pd
 
 from ddlbench.analysis.keys import CONFIG_FIELDS, describe, split_follows_world, varying_fields
+from ddlbench.config.adaptive import NUMERIC_PARAMETERS
 from ddlbench.errors import DdlbenchError
 
+# the names are ddlbench.config.adaptive.MODELLED_FIGURES (what the adaptive key may name), in this order
 FIGURES = {
     "samples_per_s": ("samples/s", "R = samples of the kept window / its wall time"),
     "step_time_s": ("s", "B / R, B the global batch"),
@@ -36,8 +38,6 @@ FIGURES = {
     "cost_node_h_per_epoch": ("node-h", "nodes * epoch samples / R / 3600"),
     "cost_per_epoch": ("currency", "cost_node_h_per_epoch * price per node-hour"),
 }
-# parameters a series may be modelled over: the numeric fields of a configuration
-NUMERIC_PARAMETERS = ("nodes", "ranks_per_node", "world_size", "batch_size", "threads", "micro_batches", "split")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,7 @@ from typing import Any
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlbench.train.anatomy.comms import trace_ddp
+from ddlbench.train.recording.comms import trace_ddp
 from ddlbench.train.strategies import StrategySetup, Trainer
 from ddlbench.train.strategies.common import count_parameters, cpu_state, ddp_options, slice_of
 

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ddlbench.errors import DdlbenchError
-from ddlbench.train.anatomy.comms import trace_horovod
+from ddlbench.train.recording.comms import trace_horovod
 from ddlbench.train.strategies import RankContext, StrategySetup, Trainer
 from ddlbench.train.strategies.common import count_parameters, cpu_state, slice_of
 

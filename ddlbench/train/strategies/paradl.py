@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddlbench.catalog import split_rules
 from ddlbench.catalog.split_rules import Kind, LayerFacts
-from ddlbench.train.anatomy.comms import trace_ddp
+from ddlbench.train.recording.comms import trace_ddp
 from ddlbench.train.strategies import StrategySetup, Trainer
 from ddlbench.train.strategies import collectives as C
 from ddlbench.train.strategies.common import (

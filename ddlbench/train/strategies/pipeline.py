@@ -24,9 +24,9 @@ from torch import Tensor, nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlbench.train.anatomy import wrap_in_phase
-from ddlbench.train.anatomy.comms import trace_ddp
 from ddlbench.train.execution import Execution
+from ddlbench.train.recording import wrap_in_phase
+from ddlbench.train.recording.comms import trace_ddp
 from ddlbench.train.strategies import StrategySetup, Trainer
 from ddlbench.train.strategies.balance import BlockProbe, StagePlan, plan_stages, probe_blocks, release_blocks
 from ddlbench.train.strategies.common import (

@@ -1,6 +1,6 @@
 """Latency + size / bandwidth (Hockney's α–β model) fitted to a collective's times over message sizes.
 
-T(n) = α + β·n, n the message's bytes (ddlbench.calibrate.kernels says which bytes per collective), α in
+T(n) = α + β·n, n the message's bytes (ddlbench.train.calibration.kernels says which bytes per collective), α in
 seconds, β in seconds per byte, bandwidth = 1/β in bytes per second. Times span orders of magnitude
 over the sizes, so the fit minimises the squared *relative* residuals Σ((Tᵢ − α − β·nᵢ)/Tᵢ)², a weighted
 least squares with weights 1/Tᵢ² (closed form); α and β are kept ≥ 0: a negative one is set to 0 and the
@@ -103,7 +103,7 @@ def nnls(a, b, *, iterations: int = 1000):
 
 
 def fit_busy(rows: list[tuple[float, float, float]]) -> dict[str, float]:
-    """A collective's cost per call in busy mode (ddlbench.calibrate.kernels): t = α + β·S + κ·X over rows
+    """A collective's cost per call in busy mode (ddlbench.train.calibration.kernels): t = α + β·S + κ·X over rows
     (S bytes, X the seconds the rank computed before the call, t the call's mean seconds), least squares on
     relative residuals with α, β, κ ≥ 0. κ is the wait per second of compute before the call: a peer
     that computed as long but was slowed or descheduled meanwhile arrives later, more so after longer work."""

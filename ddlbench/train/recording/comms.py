@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddlbench.train.anatomy import recorder as _rec
+from ddlbench.train.recording import recorder as _rec
 
 # function → index of the argument whose bytes this rank contributes (None: no payload)
 DIST_PAYLOAD: dict[str, int | None] = {

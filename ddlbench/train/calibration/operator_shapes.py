@@ -5,7 +5,7 @@ products) whose time on a CPU is not FLOPs ÷ one rate: a 16-channel convolution
 speed of a 256-channel one, a micro-batch of 4 pays every layer's fixed cost four times per sample, a
 slab of half the rows has the same per-call overhead as the whole. So the calibration times each kind
 of operator over a spread of shapes drawn at random (log-uniform in channels, rows, columns and batch,
-from a fixed seed), and ddlbench.calibrate.operator_fit fits its time as a function of the shape. The
+from a fixed seed), and ddlbench.analysis.analytic.operators fits its time as a function of the shape. The
 shapes are generic: they are drawn, not taken from any model, so a model the calibration never saw is
 predicted from operators of other shapes (Zhang et al.'s per-operator regression in spirit; Justus et
 al., "Predicting the computational cost of deep learning models", BigData 2018, regress per layer too).

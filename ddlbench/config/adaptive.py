@@ -1,12 +1,21 @@
-"""The sweep's `adaptive` key: what the adaptive sweep models, how it samples, when it stops."""
+"""The sweep's `adaptive` key: what the adaptive sweep models, how it samples, when it stops.
+
+Validated with the rest of the sweep (ddlbench.config), so a bad setting is refused before anything runs;
+ddlbench.sampling runs the rounds.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from ddlbench.analysis.empirical.series import FIGURES, NUMERIC_PARAMETERS
 from ddlbench.errors import ConfigError
+
+# the figures an empirical scaling model is fitted to; ddlbench.analysis.empirical.series computes each,
+# with its unit and formula (its FIGURES)
+MODELLED_FIGURES = ("samples_per_s", "step_time_s", "speedup", "efficiency", "cost_node_h_per_epoch", "cost_per_epoch")
+# parameters a series may be modelled over: the numeric fields of a configuration
+NUMERIC_PARAMETERS = ("nodes", "ranks_per_node", "world_size", "batch_size", "threads", "micro_batches", "split")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,8 +47,8 @@ def adaptive_settings(raw: dict[str, Any] | None) -> AdaptiveSettings:
         raise ConfigError(
             "adaptive.over", f"{raw['over']!r} is not a parameter; choose from {', '.join(NUMERIC_PARAMETERS)}"
         )
-    if raw.get("figure", "step_time_s") not in FIGURES:
-        raise ConfigError("adaptive.figure", f"{raw['figure']!r} unknown; choose from {', '.join(FIGURES)}")
+    if raw.get("figure", "step_time_s") not in MODELLED_FIGURES:
+        raise ConfigError("adaptive.figure", f"{raw['figure']!r} unknown; choose from {', '.join(MODELLED_FIGURES)}")
     for key, lowest in (
         ("initial", 2),
         ("per_round", 1),

@@ -2,7 +2,7 @@
 
 Every figure is computed per kept measured step (the steps `ddlbench.metrics` keeps after dropping those
 still warming up) and summarised over those steps as records.Stats (median, 95 % CI of the median, …).
-Per-rank, per-step figures are defined in ddlbench.train.anatomy.recorder; here, for step i:
+Per-rank, per-step figures are defined in ddlbench.train.recording.recorder; here, for step i:
 
 - phase figures (seconds): the mean over ranks of that rank's figure, e.g. comm_exposed_s(i) =
   Σ_r comm_exposed_s(r, i) / R — what a typical rank spends on it;

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddlbench.calibrate.records import CalibrationRecord, stats_figure
 from ddlbench.statistics import percentile
+from ddlbench.train.calibration.records import CalibrationRecord, stats_figure
 
 
 def operator_timings(record: CalibrationRecord) -> list[dict[str, Any]]:

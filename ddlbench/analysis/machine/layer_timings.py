@@ -2,11 +2,11 @@
 
 ParaDL (Kahira et al., HPDC'21) predicts a step from profiled per-layer times rather than FLOPs ÷ a
 peak rate, since a layer's efficiency depends on its shape; a layer-timing point gives those times on this
-machine (ddlbench.calibrate.layer_timing_kernel says what each time spans). Figures, in seconds per step:
+machine (ddlbench.train.calibration.layer_timing_kernel says what each time spans). Figures, in seconds per step:
 - per batch size, a part's figure is the median over the timed steps of every rank pooled (the ranks
   ran at once on one node, each its own copy of the model), with its 95 % CI and n = ranks × steps;
 - a fit per block (forward, backward) and of the loss: time = α + β·batch over the batch sizes' medians,
-  fitted as ddlbench.calibrate.fit fits collectives (relative residuals, α, β ≥ 0), β per sample;
+  fitted as ddlbench.analysis.machine.fit fits collectives (relative residuals, α, β ≥ 0), β per sample;
 - update_s (zero_grad + optimizer step) does not depend on the batch: one figure over all sizes;
 - other_s, per batch size: the step's time no part accounts for (gaps between hooks, autocast).
 Torch-free: the machine file and its report are written on a login node.
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddlbench.calibrate.fit import fit_alpha_beta
-from ddlbench.calibrate.records import CalibrationRecord, stats_figure
+from ddlbench.analysis.machine.fit import fit_alpha_beta
 from ddlbench.errors import DdlbenchError
+from ddlbench.train.calibration.records import CalibrationRecord, stats_figure
 
 PER_BATCH = ("loss_s", "step_s", "other_s")  # per-batch-size parts besides the blocks'
 REQUIRED = ("model", "dataset", "options", "precision", "threads", "ranks_per_node", "batch_sizes", "blocks")

@@ -9,8 +9,6 @@ import shutil
 from pathlib import Path
 
 import ddlbench
-from ddlbench.calibrate.records import CalibrationRankResult, CalibrationRecord, write_calibration_record
-from ddlbench.calibrate.suite import CalibrationPoint
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.launchers import LocalLauncher, select_launcher
 from ddlbench.launch.mpi import MpirunLauncher, find_mpirun
@@ -18,6 +16,8 @@ from ddlbench.launch.processes import describe_returncode
 from ddlbench.launch.runner import rank_dir_for
 from ddlbench.launch.worker import failure_file, rank_file
 from ddlbench.provenance import cpu_model, git_state, utc_now
+from ddlbench.train.calibration.point import CalibrationPoint
+from ddlbench.train.calibration.records import CalibrationRankResult, CalibrationRecord, write_calibration_record
 
 log = logging.getLogger(__name__)
 

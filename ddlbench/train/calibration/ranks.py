@@ -7,9 +7,9 @@ import socket
 
 import torch
 
-from ddlbench.calibrate.kernels import run_collectives_mpi, run_collectives_torch, run_compute
-from ddlbench.calibrate.records import CalibrationRankResult
-from ddlbench.calibrate.suite import CalibrationPoint
+from ddlbench.train.calibration.kernels import run_collectives_mpi, run_collectives_torch, run_compute
+from ddlbench.train.calibration.point import CalibrationPoint
+from ddlbench.train.calibration.records import CalibrationRankResult
 from ddlbench.train.strategies import RankContext
 
 
@@ -20,11 +20,11 @@ def measure(point: CalibrationPoint, ctx: RankContext) -> CalibrationRankResult:
     if point.benchmark == "compute":
         measurements = run_compute(point, ctx.device)
     elif point.benchmark == "layer_timings":
-        from ddlbench.calibrate.layer_timing_kernel import run_layer_timings  # builds models: only when needed
+        from ddlbench.train.calibration.layer_timing_kernel import run_layer_timings  # builds models: only when needed
 
         measurements = run_layer_timings(point, ctx.device)
     elif point.benchmark == "operators":
-        from ddlbench.calibrate.operator_kernel import run_operators
+        from ddlbench.train.calibration.operator_kernel import run_operators
 
         measurements = run_operators(point, ctx.device)
     elif point.backend == "mpi":

@@ -1,6 +1,6 @@
 """A point's timeline as a Chrome/Perfetto trace: every rank's phases, collectives and waits on one clock.
 
-The ranks stamp their last `trace_steps` measured steps (ddlbench.train.anatomy) on the job's common
+The ranks stamp their last `trace_steps` measured steps (ddlbench.train.recording) on the job's common
 clock (rank 0's, ddlbench.train.clock), so their events merge without shifting. The trace uses the
 Trace Event Format's complete events ("ph": "X", ts and dur in µs; https://docs.google.com/document/d/
 1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU): one process per rank, named after the rank and its host;

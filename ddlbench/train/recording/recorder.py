@@ -6,7 +6,7 @@ that clock after the window, as the step timer does, ddlbench.train.clock):
   i.e. Execution.autocast()), `backward` (Execution.backward, or a pipeline stage's backward of one
   micro-batch), `update` (Execution.optimizer_step). Only the outermost phase counts: a forward
   recomputed inside backward is backward.
-- collectives (ddlbench.train.anatomy.comms): issued at, completed at (observed from the collective's
+- collectives (ddlbench.train.recording.comms): issued at, completed at (observed from the collective's
   future where it has one; else the end of the last wait on it, an upper bound), and the intervals
   the thread spent blocked on it (a synchronous call's whole duration, a wait, DDP's wait for its
   last buckets at the end of backward). A future's callback runs on the backend's thread and needs the
@@ -28,7 +28,7 @@ total length of a union of intervals, clipped to the step:
 - other_s = step_s − (data_s + forward_s + backward_s + update_s + comm_exposed_s): what lies outside
   the phases (zeroing gradients, the strategy's bookkeeping, an injected delay);
 - busy_s = step_s − comm_exposed_s: the time the rank was not waiting for its peers (compared over ranks
-  to find stragglers in ddlbench.anatomy.figures);
+  to find stragglers in ddlbench.analysis.inside.figures);
 - exposed_p2p_s = |blocked on point-to-point transfers|: a pipeline stage's wait for its neighbours,
   its bubble;
 - comm_ops, comm_bytes: collectives issued and the bytes of their local buffers;
@@ -126,7 +126,7 @@ class IterationRecorder:
             step.phases.append((kind, start, self.clock.stamp()))
             self._open = None
 
-    # -- communication (ddlbench.train.anatomy.comms) ---------------------------------------------------------
+    # -- communication (ddlbench.train.recording.comms) ---------------------------------------------------------
     def comm_issued(self, op: str, nbytes: int, group_size: int = 0, *, tail: bool = False) -> CommEvent | None:
         if self._step is None or not self.comms_traced:
             return None
@@ -269,7 +269,7 @@ _CURRENT: IterationRecorder | None = None
 
 
 def current() -> IterationRecorder | None:
-    """The rank's recorder, if the kernel installed one (ddlbench.train.anatomy.install)."""
+    """The rank's recorder, if the kernel installed one (ddlbench.train.recording.install)."""
     return _CURRENT
 
 

@@ -14,13 +14,13 @@ and unit in its key's name, measured ones with their statistics and sample size.
                    rel_error_median, rel_error_max, curve: [{bytes, time_s: {value, ci_low, ci_high, n}}],
                    busy: {alpha_s, beta_s_per_byte, wait_per_compute_s, rel_error_median, rel_error_max,
                           curve: [{bytes, burst_s, mean_s, n}]}}]   # busy: optional (torch on CPUs)
-    layer_timings:                   # optional ([] or absent: none); ddlbench.calibrate.layer_timings
+    layer_timings:                   # optional ([] or absent: none); ddlbench.analysis.machine.layer_timings
       - {model, dataset, options (resolved), precision, threads, ranks_per_node (ranks that timed it at
          once on one node), batch_sizes: [b, ...], point_id,
          blocks: [{name, forward_s: [figure per batch size], backward_s: [...],
                    forward_fit: {alpha_s, beta_s_per_sample, rel_error_max}, backward_fit: {...}}],
          loss_s: [...], loss_fit: {...}, update_s: figure, step_s: [...], other_s: [...]}
-    operator_timings:                # optional; ddlbench.calibrate.operator_timings
+    operator_timings:                # optional; ddlbench.analysis.machine.operator_timings
       - {precision, threads, ranks_per_node, point_id, autograd_call_s: figure,
          samples: [{kind, batch, in_channels, height, width, out_channels, kernel, stride,
                     forward_s, backward_s, n}]}
@@ -30,20 +30,20 @@ machine_version stays 1: layer_timings and operator_timings are optional, so fil
 reader that does not know it ignores it. Files written before the key was renamed call layer_timings
 `layer_profiles`: read_machine reads that key as layer_timings.
 
-Figures from measurements (one calibration's records; formulas here and in ddlbench.calibrate.kernels):
+Figures from measurements (one calibration's records; formulas here and in ddlbench.train.calibration.kernels):
 - FLOP/s of a size = its operations ÷ each iteration's time; the figure is the median over iterations
   with its 95 % CI (records.Stats); `value` is that of the size with the highest median;
 - memory bandwidth = bytes moved (read + write) ÷ time, the same way;
 - a collective's time at a size: per iteration the slowest rank's time (they start together after a
   barrier), median over iterations; send_recv: rank 0's round trip ÷ 2;
-- α–β per collective, library and link: fitted to those medians (ddlbench.calibrate.fit);
+- α–β per collective, library and link: fitted to those medians (ddlbench.analysis.machine.fit);
 - busy: the same collectives called after each rank's own compute instead of a barrier; per size and
   burst the mean over every rank's calls, and α + β·S + κ·(compute before the call) fitted to them
-  (ddlbench.calibrate.fit.fit_busy): what a call costs inside a step, its peers' lateness included;
+  (ddlbench.analysis.machine.fit.fit_busy): what a call costs inside a step, its peers' lateness included;
 - links: the α–β of send_recv through the first library measured on that link. A link is `intra_node`
   when every rank of the point ran on one host, else `inter_node`: named by where ranks really ran;
 - layer timings: per block and batch size the median seconds per step over every rank's timed steps
-  pooled, lines α + β·batch fitted to them (ddlbench.calibrate.layer_timings).
+  pooled, lines α + β·batch fitted to them (ddlbench.analysis.machine.layer_timings).
 """
 
 from __future__ import annotations
@@ -55,17 +55,17 @@ from typing import Any
 
 import yaml
 
+from ddlbench.analysis.machine.fit import bus_factor, fit_alpha_beta, fit_busy
+from ddlbench.analysis.machine.layer_timings import check_layer_timings, layer_timing_figures
+from ddlbench.analysis.machine.operator_timings import operator_timings
 from ddlbench.atomic import write_text_atomic
-from ddlbench.calibrate.fit import bus_factor, fit_alpha_beta, fit_busy
-from ddlbench.calibrate.layer_timings import check_layer_timings, layer_timing_figures
-from ddlbench.calibrate.operator_timings import operator_timings
-from ddlbench.calibrate.records import CalibrationRecord, stats_figure
 from ddlbench.errors import DdlbenchError
 from ddlbench.provenance import utc_now
+from ddlbench.train.calibration.records import CalibrationRecord, stats_figure
 
 MACHINE_VERSION = 1
 # hand-written machine files of known systems, from datasheets (shown beside a calibration)
-REFERENCE_MACHINES = Path(__file__).resolve().parents[2] / "workflow" / "machines"
+REFERENCE_MACHINES = Path(__file__).resolve().parents[3] / "workflow" / "machines"
 REQUIRED_KEYS = ("machine_version", "name", "source", "device", "compute", "links", "collectives")
 
 
@@ -205,10 +205,10 @@ def collective_figures(record: CalibrationRecord) -> list[dict[str, Any]]:
 
 
 def busy_figures(ranks: list, op: str) -> dict[str, Any] | None:
-    """The busy-mode figures of one collective (ddlbench.calibrate.kernels): per size and burst the mean
+    """The busy-mode figures of one collective (ddlbench.train.calibration.kernels): per size and burst the mean
     seconds of a call over every rank's calls (a mean: a step pays every call's cost, the rare slow one
     included; send_recv: half the round trip) and of the compute before it, and the fit of
-    ddlbench.calibrate.fit.fit_busy over them. None when the point has no busy entries."""
+    ddlbench.analysis.machine.fit.fit_busy over them. None when the point has no busy entries."""
     curve, rows = [], []
     for index, entry in enumerate(ranks[0].measurements):
         if entry["op"] != op or entry.get("mode") != "busy":
@@ -234,7 +234,7 @@ class _PlainDumper(yaml.SafeDumper):
 
 def write_machine(path: Path, machine: dict[str, Any]) -> None:
     header = (
-        "# ddlbench machine file (ddlbench.calibrate.machine): figures with their unit in the key's name;\n"
+        "# ddlbench machine file (ddlbench.analysis.machine.machine_file): figures with their unit in the key's name;\n"
         "# measured ones give the median over iterations (value), its 95 % CI and n.\n"
     )
     write_text_atomic(path, header + yaml.dump(machine, Dumper=_PlainDumper, sort_keys=False, width=110))

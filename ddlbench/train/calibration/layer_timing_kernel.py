@@ -41,9 +41,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ddlbench.calibrate.suite import CalibrationPoint
 from ddlbench.catalog import DATASETS, MODELS, resolve_builder
 from ddlbench.errors import DdlbenchError
+from ddlbench.train.calibration.point import CalibrationPoint
 from ddlbench.train.data import open_dataset
 from ddlbench.train.execution import configure_execution
 from ddlbench.train.kernel import MOMENTUM

@@ -7,13 +7,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ddlbench.calibrate.suite import CalibrationPoint
 from ddlbench.records import RecordError, Stats, Status, write_json_atomic
+from ddlbench.train.calibration.point import CalibrationPoint
 
 
 @dataclass(frozen=True, kw_only=True)
 class CalibrationRankResult:
-    """One rank's raw times (ddlbench.calibrate.kernels says what each entry times)."""
+    """One rank's raw times (ddlbench.train.calibration.kernels says what each entry times)."""
 
     rank: int
     hostname: str

@@ -1,6 +1,6 @@
 """Operators timed one by one on a rank, forward and backward (imported by the worker only: it needs torch).
 
-For each shape of the point (ddlbench.calibrate.operator_shapes draws them), the operator is built as a
+For each shape of the point (ddlbench.train.calibration.operator_shapes draws them), the operator is built as a
 model holds it (nn.Conv2d without bias, nn.BatchNorm2d in training mode, nn.ReLU, nn.MaxPool2d(2),
 nn.Linear with bias, a residual add of two tensors) on a random input that requires a gradient (a
 3-channel convolution's input does not: it stands for a model's first layer, whose backward computes
@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ddlbench.calibrate.kernels import DTYPES, Timer
-from ddlbench.calibrate.operator_shapes import OperatorShape, sample_shapes
-from ddlbench.calibrate.suite import CalibrationPoint
+from ddlbench.train.calibration.kernels import DTYPES, Timer
+from ddlbench.train.calibration.operator_shapes import OperatorShape, sample_shapes
+from ddlbench.train.calibration.point import CalibrationPoint
 
 SEED = 0
 ROUNDS = 2  # passes over every shape (run_operators)
@@ -120,7 +120,7 @@ def time_operator(
 
 def time_autograd_call(device: torch.device, timer: Timer, *, warmup: int, iterations: int) -> dict[str, list[float]]:
     """backward() through a chain of 1 and of 5 one-element multiplications: the engine's fixed cost per
-    call is what the first takes beyond one node, t1 − (t5 − t1)/4 (ddlbench.calibrate.operator_timings)."""
+    call is what the first takes beyond one node, t1 − (t5 − t1)/4 (ddlbench.analysis.machine.operator_timings)."""
     out = {}
     for nodes in (1, 5):
         leaf = torch.ones(1, device=device, requires_grad=True)

@@ -16,6 +16,9 @@ point, are made once:
 
 The adaptive sweep checks its sweep's full plan: a sampled point has the ranks, threads and allocation
 of its configuration there, only fewer steps.
+
+It sits above what it checks (the launch layer, the calibration suites of ddlbench.calibrate, the
+adaptive settings), beside the orchestration that runs them (tests/test_layering.py states the layers).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class Prepared:
     kind: str  # a key of WORKFLOWS
     plan: Any = None  # ddlbench.sweep.Plan of a sweep (Snakefile, adaptive.smk)
     suite: Any = None  # ddlbench.calibrate.suite.Suite (calibrate.smk)
-    adaptive: Any = None  # ddlbench.sampling.settings.AdaptiveSettings (adaptive.smk)
+    adaptive: Any = None  # ddlbench.config.adaptive.AdaptiveSettings (adaptive.smk)
     points: tuple[Any, ...] = ()  # what runs, or (adaptive) what the sampled points are drawn from
     resources: dict[str, dict[str, Any]]  # point id → Snakemake resources of its allocation; empty locally
     # inside an allocation with DDLBENCH_PACK=1: every point is a job step on nodes it claims there
@@ -129,7 +132,7 @@ def _sweep(config: dict[str, Any]) -> Prepared:
 
 
 def _adaptive(config: dict[str, Any]) -> Prepared:
-    from ddlbench.sampling.settings import adaptive_settings
+    from ddlbench.config.adaptive import adaptive_settings
     from ddlbench.sweep import plan_sweep
 
     plan = plan_sweep(config)

@@ -1,10 +1,11 @@
-"""The figures a certification suite produces, each with its unit, interval, sample size and basis.
+"""The named figures of a run, each with its unit, interval, sample size and basis: what a certificate
+judges (ddlbench.certify) and what the results database keeps of a sweep or a certificate (`store`).
 
 Names are paths, stable across runs of the same suite, so a reference file can name them:
 
 - `machine/matmul_flop_per_s/<precision>`, `machine/conv_flop_per_s/<precision>` (FLOP/s) and
   `machine/memory_bandwidth_bytes_per_s` (B/s): the calibration's figures as its machine file holds them
-  (ddlbench.calibrate.machine: median over iterations with the 95 % CI of the median; FLOP/s at the
+  (ddlbench.analysis.machine.machine_file: median over iterations with the 95 % CI of the median; FLOP/s at the
   size with the highest median);
 - `machine/<op>/<library>/<layout>/busbw_bytes_per_s` (B/s): the collective's bus bandwidth at the largest
   message timed, factor·bytes ÷ t with t the median over iterations of the slowest rank's time (NCCL
@@ -39,7 +40,7 @@ from typing import Any
 import pandas as pd
 
 from ddlbench.analysis.keys import JSON_FIELDS, POINT_FIELDS
-from ddlbench.calibrate.fit import bus_factor
+from ddlbench.analysis.machine.fit import bus_factor
 from ddlbench.point import Point
 from ddlbench.report.figures import MIN_CI_N, missing
 from ddlbench.statistics import median_ci
@@ -82,7 +83,7 @@ class Figure:
 
 
 def machine_figures(machine: dict[str, Any]) -> list[Figure]:
-    """The calibration's figures from a machine file (ddlbench.calibrate.machine)."""
+    """The calibration's figures from a machine file (ddlbench.analysis.machine.machine_file)."""
     figures = []
     compute = machine.get("compute") or {}
     for key in ("matmul_flop_per_s", "conv_flop_per_s"):
