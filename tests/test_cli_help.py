@@ -51,8 +51,8 @@ def test_the_top_level_help_lists_user_commands_by_section_and_no_internal(capsy
     text = _help(capsys)
     sections: dict[str, list[str]] = {}
     current = None
-    for line in text.splitlines():
-        if re.fullmatch(r"[A-Z][^:]*:", line) and line != "options:":
+    for line in text.split("\noptions:\n", 1)[0].splitlines():
+        if re.fullmatch(r"[A-Z][^:]*:", line):
             current = sections.setdefault(line[:-1], [])
         elif current is not None and line.startswith("  ") and line.strip():
             current.append(line.split()[0])

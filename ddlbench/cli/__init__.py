@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.description = f"{DESCRIPTION}\n\n{_sections_text(parsers)}"
     internals = ", ".join(name for name, p in parsers.items() if p.section == INTERNAL)
     parser.epilog = (
-        f"Internal commands (what the workflows call; each has its --help): {internals}.\n\n"
+        f"Internal commands (the steps the workflows run; each has its --help): {internals}.\n\n"
         "`ddlbench COMMAND --help` says what a command does, with an example."
     )
     return parser

@@ -32,7 +32,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
                 blocks.append("\n".join(indent + line for line in block.splitlines()))
             else:
                 words = " ".join(block.split())
-                blocks.append(textwrap.fill(words, width, initial_indent=indent, subsequent_indent=indent))
+                blocks.append(
+                    textwrap.fill(words, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+                )
         return "\n\n".join(blocks)
 
 

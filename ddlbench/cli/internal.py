@@ -97,8 +97,7 @@ def add_commands(commands: Any) -> None:
         section=INTERNAL,
         summary="collect a sweep's records into one table",
         description="Collect a sweep's records into one table (Parquet and CSV; one row per point, its figures "
-        "with their intervals), and store the sweep's figures in the results database. The Snakefile runs it "
-        "before `ddlbench report`.",
+        "with their intervals), and store the sweep's figures in the results database: the step before a report.",
         example="ddlbench aggregate --configfile workflow/config/default.yaml",
     )
     add_sweep_options(aggregate)
