@@ -1,5 +1,6 @@
-"""Scaling models of a real sweep: Snakemake runs the points, the report rule models them (ddlbench.finish), the report draws
-them; `ddlbench fit` answers from the same records, and the cheapest configuration follows from them."""
+"""Scaling models of a real sweep: Snakemake runs the points, the report rule models them (ddlbench.finish)
+and the report draws them; `ddlbench fit` answers from the same records, and the cheapest configuration
+follows from them."""
 
 from __future__ import annotations
 

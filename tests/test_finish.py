@@ -22,11 +22,12 @@ MACHINE = "workflow/machines/abci_v100.yaml"
 
 
 def sweep_with_records(write_sweep, **extra):
-    """A sweep of ddp and zero2 over 1, 2 and 4 nodes, 3 launches each, with records written (no run):
+    """A sweep of ddp and zero2 over 1, 2 and 4 nodes, 3 launches each, with records written (nothing runs,
+    so no core check: oversubscribe):
     ddp 100 samples/s per node, zero2 90, each launch 1 % apart."""
     path = write_sweep(
         models=["resnet8"], datasets=["cifar10"], strategies=["ddp", "zero2"], nodes=[1, 2, 4],
-        repetitions=3, steps=5, warmup_steps=1, **extra,
+        repetitions=3, steps=5, warmup_steps=1, oversubscribe=True, **extra,
     )  # fmt: skip
     plan = expand_sweep(load_sweep_config(path))
     speed = {"ddp": 100.0, "zero2": 90.0}
@@ -124,7 +125,7 @@ def test_an_unstamped_models_file_is_refused_with_the_remedy(write_sweep):
 
 def test_finishing_with_a_point_missing_keeps_every_other_figure(write_sweep):
     """A sweep with a point not yet run finishes with the rest: the table lists it as missing."""
-    path, plan = sweep_with_records(write_sweep)
+    _, plan = sweep_with_records(write_sweep)
     record_path(plan.config.sweep_dir, plan.points[0].point_id).unlink()
     finished = finish_sweep(plan.config, store_history=False)
     table = pd.read_parquet(finished.table)

@@ -4,6 +4,8 @@ recommended slower; and the report's section that shows the share."""
 
 from __future__ import annotations
 
+import shutil
+
 import pandas as pd
 import pytest
 
@@ -11,6 +13,7 @@ from ddlbench.analysis.aggregate import build_table
 from ddlbench.analysis.analytic.accuracy import NEVER_SEEN, PROFILED, join
 from ddlbench.analysis.analytic.recommendation import RULE, TARGET, score
 from ddlbench.analysis.keys import keys, point_columns
+from ddlbench.analysis.stamps import file_digest, sweep_stamp
 from ddlbench.point import Point
 from ddlbench.report.render import render_report
 from tests.report_data import between
@@ -151,16 +154,17 @@ def test_a_table_without_the_throughputs_is_refused_with_their_names():
 
 
 def test_the_report_states_the_share_its_n_and_the_rule(tmp_path):
-    plan = plan_of(
-        tmp_path, strategies=["ddp", "zero2"], nodes=[1, 2], repetitions=3, machine=str(tmp_path / "machine.yaml")
-    )
+    machine = tmp_path / "machine.yaml"
+    shutil.copy("workflow/machines/abci_v100.yaml", machine)
+    plan = plan_of(tmp_path, strategies=["ddp", "zero2"], nodes=[1, 2], repetitions=3, machine=str(machine))
+    stamp = sweep_stamp(plan.config) | {"machine_sha256": file_digest(machine)}  # what ddlbench.finish writes
     speed = {("ddp", 1): 100.0, ("zero2", 1): 70.0, ("ddp", 2): 150.0, ("zero2", 2): 180.0}
     write(plan, [record_for(p, speed[(p.strategy, p.nodes)] + p.repetition) for p in plan.points])
     predicted = {"ddp": 200.0, "zero2": 100.0}  # right at 1 node, wrong (and measurably so) at 2
     pd.DataFrame(
         {"point_id": p.point_id, "step_time_s": p.global_batch_size / predicted[p.strategy],
          "samples_per_s": predicted[p.strategy], "peak_memory_bytes": 1e6, "compute_s": 0.1, "comm_exposed_s": 0.0,
-         "bubble_s": 0.0, "bottleneck": "compute", "compute_source": "operators"}
+         "bubble_s": 0.0, "bottleneck": "compute", "compute_source": "operators"} | stamp
         for p in plan.points
     ).to_csv(plan.config.sweep_dir / "predictions.csv", index=False)  # fmt: skip
     html = render_report(plan.config, build_table(plan))

@@ -11,6 +11,7 @@ import pytest
 
 from ddlbench.analysis.aggregate import build_table, save_table
 from ddlbench.analysis.configurations import summarize_configurations
+from ddlbench.analysis.stamps import sweep_stamp, table_digest
 from ddlbench.cli import main
 from ddlbench.config import sweep_config_from_mapping
 from ddlbench.records import MEASUREMENT_VERSION, record_path, write_record
@@ -128,7 +129,7 @@ def test_strategies_are_compared_against_ddp_like_for_like_and_skips_are_listed(
     # no ddp ran 32 samples a step on 2 nodes, so gpipe at batch 32 meets ddp at per-replica batch 32
     row = between(best, "2 nodes × 1/node, per-replica batch 32 (global batches differ)", "</tr>")
     assert "<td>ddp</td>" in row and "2×" in row and "gpipe mb4: 90 n=1 launch" in row
-    assert "180 n=1 launch (no 95 % CI: n &lt; 6)" in row  # the figure says why it has no interval
+    assert "180 n=1 launch (no 95 % CI: n &lt; 3)" in row  # the figure says why it has no interval
     assert "one launch: no run-to-run interval" in row
     assert "only ddp ran at this scale" in between(best, "1 node × 1/node, global batch 8", "</tr>")
     configs = tables(html)["configs"]
@@ -307,7 +308,8 @@ def test_markup_in_names_from_tables_records_and_certificates_is_escaped_everywh
               "dataset": "cifar10", "parameters": ["nodes"], "method": "ddlbench", "formula": f"1 {EVIL_TAG}",
               "points": 2, "observations": 2, "cv_smape_percent": None, "curve": curve, "predictions": [],
               "measured": [{"x": [1.0], "median": 100.0, "min": 99.0, "max": 101.0, "n": 1}]}  # fmt: skip
-    (plan.config.sweep_dir / "models.json").write_text(json.dumps({"models": [fitted]}))  # drawn by matplotlib
+    stamp = sweep_stamp(plan.config) | {"table_sha256": table_digest(table)}  # as ddlbench.finish writes it
+    (plan.config.sweep_dir / "models.json").write_text(json.dumps(stamp | {"models": [fitted]}))
     html, markdown = render_reports(plan.config, table)
     assert "<h3>Scaling models</h3>" in html
     for evil in (EVIL_TAG, EVIL_SCRIPT, "<img", "<script>alert"):
@@ -342,7 +344,7 @@ def test_every_figure_carries_its_interval_and_n_and_noisy_ones_are_flagged(tmp_
     assert points["noisy"][:2] == [0, 1]
     best = between(html, 'id="best"', "</table>")
     # the summary compares launches: one each, so no interval, and it says why
-    assert "100 n=1 launch (no 95 % CI: n &lt; 6)" in best and "140 n=1 launch (no 95 % CI: n &lt; 6)" in best
+    assert "100 n=1 launch (no 95 % CI: n &lt; 3)" in best and "140 n=1 launch (no 95 % CI: n &lt; 3)" in best
     assert "95 % CI over steps" in html  # the charts say what their error bars are
 
 
@@ -427,7 +429,7 @@ def test_the_report_command_writes_the_page_and_its_markdown_summary(tmp_path, m
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert markdown.startswith("# ddlbench report: r\n") and "## Best strategy" in markdown
     assert (
-        "| resnet8 | cifar10 | 4 nodes × 1/node, global batch 128 | only ddp | 400 n=1 launch (no 95 % CI: n < 6) |"
+        "| resnet8 | cifar10 | 4 nodes × 1/node, global batch 128 | only ddp | 400 n=1 launch (no 95 % CI: n < 3) |"
         in markdown
     )
     assert "only ddp ran at this scale" in markdown and "## Provenance" in markdown

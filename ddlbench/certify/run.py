@@ -35,8 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_suite(config: SweepConfig, *, cores: int, profile: str | None, history: Path) -> tuple[int, Path]:
-    """Run the resolved suite with Snakemake; (its exit status, its log file). Its aggregate step stores
-    the sweep in `history`, the database the certificate goes to."""
+    """Run the resolved suite with Snakemake; (its exit status, its log file). Its report rule finishes
+    the suite (ddlbench.finish) and stores it in `history`, the database the certificate goes to."""
     config.sweep_dir.mkdir(parents=True, exist_ok=True)
     suite_file = config.sweep_dir / "suite.yaml"
     write_text_atomic(suite_file, yaml.safe_dump(config.to_dict(), sort_keys=False))
@@ -61,10 +61,10 @@ def run_suite(config: SweepConfig, *, cores: int, profile: str | None, history: 
 
 def run_suite_packed(config: SweepConfig, *, pack: str, history: Path) -> tuple[int, Path]:
     """Run the resolved suite's points as job steps of allocations of `pack` nodes (`auto`: the whole
-    partition for per-node points; ddlbench.launch.packed), wait, and store its table in `history` as the
-    workflow's aggregate step does; (0, or 1 when a point has no record, and the log file). Points that
-    have a record are not run again."""
-    from ddlbench.history.store import store_sweep
+    partition for per-node points; ddlbench.launch.packed), wait, and finish the suite as every road does
+    (ddlbench.finish: table, models, the run in `history`, report); (0, or 1 when a point has no record,
+    and the log file). Points that have a record are not run again."""
+    from ddlbench.finish import finish_sweep
     from ddlbench.launch.packed import submit_packed_sweep
     from ddlbench.launch.profile import load_default_site
     from ddlbench.records import record_path
@@ -82,10 +82,9 @@ def run_suite_packed(config: SweepConfig, *, pack: str, history: Path) -> tuple[
     with log_file.open("a") as out:
         if points:
             submit_packed_sweep(config, points, load_default_site(), pack, say=lambda line: print(line, file=out))
-        table = build_table(plan)
-        run_id, _ = store_sweep(config, table, machine=None, db=history)
-        print(f"history: run {run_id} in {history}", file=out)
-    return (1 if (table["status"] == "missing").any() else 0), log_file
+        finished = finish_sweep(config, history=history)
+        print(finished.summary(), file=out)
+    return (1 if finished.counts.get("missing") else 0), log_file
 
 
 def suite_table(config: SweepConfig) -> pd.DataFrame:

@@ -288,16 +288,11 @@ def _keep_previous(path: Path) -> Path:
 
 
 def _refresh_outputs(config) -> int:
-    """The table and the report, as the Snakefile's last two rules make them."""
-    from ddlbench.analysis.aggregate import build_table, save_table
-    from ddlbench.atomic import write_text_atomic
-    from ddlbench.report.render import render_reports
-    from ddlbench.sweep import expand_sweep
+    """Finish the sweep from its records, as every road does (ddlbench.finish)."""
+    from ddlbench.finish import finish_sweep
 
-    table = build_table(expand_sweep(config))
-    save_table(table, parquet=config.sweep_dir / "table.parquet", csv=config.sweep_dir / "table.csv")
-    html, summary = render_reports(config, table, report_dir=config.report_path.parent)
-    write_text_atomic(config.report_path, html)
-    write_text_atomic(config.report_path.with_suffix(".md"), summary)
-    print(f"{len(table)} points {table['status'].value_counts().to_dict()}; report: {config.report_path.resolve()}")
+    finished = finish_sweep(config)
+    for note in finished.notes:
+        print(note)
+    print(finished.summary())
     return 0

@@ -1,5 +1,5 @@
 """Run a sweep: `ddlbench plan` (its points), `ddlbench status` (how far it got) and `ddlbench report`
-(its HTML report and summary, from the aggregated table)."""
+(finish it from its records: ddlbench.finish)."""
 
 from __future__ import annotations
 
@@ -59,16 +59,28 @@ def add_commands(commands: Any) -> None:
     report = commands.add_parser(
         "report",
         section=SECTION,
-        summary="render the HTML report of an aggregated sweep, and its summary",
-        description="Render the sweep's HTML report (tables, scaling charts, what happened inside the steps) "
-        "and its summary as Markdown, from the table `ddlbench aggregate` wrote. The Snakefile's last rule "
-        "runs it; run it again to redraw a report.",
-        example="ddlbench report --configfile workflow/config/default.yaml --out report.html",
+        summary="finish a sweep from its records: table, predictions, scaling models, history, report",
+        description="Finish a sweep from the records on disk, as every road does (Snakemake's last rule, "
+        "`submit`, `rerun`, `certify`): the table (table.parquet, table.csv), the predictions of every point "
+        "where the sweep knows its machine (predictions.csv), the scaling models (models.json), the sweep in "
+        "the results database, and the HTML report with its Markdown summary. Nothing is measured; run it "
+        "again after a point ran again. With --table, only render the report from that table (predictions and "
+        "models stamped for another table or configuration are then refused, and the report says so).",
+        example=[
+            "ddlbench report --configfile workflow/config/default.yaml",
+            "ddlbench report --configfile my-sweep.yaml --table results/my-sweep/table.parquet --out /tmp/r.html",
+        ],
     )
     add_sweep_options(report)
-    report.add_argument("--table", type=Path, help="Parquet table (default: <sweep dir>/table.parquet)")
-    report.add_argument("--out", type=Path, help="default: <sweep dir>/report.html")
+    report.add_argument("--table", type=Path, help="only render the report, from this Parquet table")
+    report.add_argument("--out", type=Path, help="the HTML report (default: <sweep dir>/report.html)")
     report.add_argument("--markdown", type=Path, help="the summary as Markdown (default: report.md beside --out)")
+    report.add_argument(
+        "--history",
+        type=Path,
+        help="results database for the sweep's figures (default: $DDLBENCH_HISTORY, else <results_dir>/history.sqlite)",
+    )
+    report.add_argument("--no-history", action="store_true", help="do not store the sweep in the results database")
     report.add_argument(
         "--include-other-versions",
         action="store_true",
@@ -153,21 +165,35 @@ def _plan_packed(config, points, args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    config = read_sweep(args)
+    out = args.out or config.report_path
+    markdown = args.markdown or out.with_suffix(".md")
+    if args.table is None:
+        from ddlbench.finish import finish_sweep
+
+        finished = finish_sweep(
+            config,
+            history=args.history,
+            store_history=not args.no_history,
+            include_other_versions=args.include_other_versions,
+            include_host_copied=args.include_host_copied,
+            report_path=out,
+            markdown_path=markdown,
+        )
+        for note in finished.notes:
+            print(note)
+        print(finished.summary())
+        return 0
     import pandas as pd
 
     from ddlbench.atomic import write_text_atomic
     from ddlbench.report.render import render_reports
 
-    config = read_sweep(args)
-    table_path = args.table or config.sweep_dir / "table.parquet"
-    if not table_path.exists():
-        raise DdlbenchError(f"no table at {table_path}; run `ddlbench aggregate` first")
-    out = args.out or config.report_path
-    markdown = args.markdown or out.with_suffix(".md")
-    table = pd.read_parquet(table_path)
+    if not args.table.exists():
+        raise DdlbenchError(f"--table {args.table}: no such file; without --table, `ddlbench report` makes it")
     html, summary = render_reports(
         config,
-        table,
+        pd.read_parquet(args.table),
         include_other_versions=args.include_other_versions,
         include_host_copied=args.include_host_copied,
         report_dir=out.parent,

@@ -109,6 +109,8 @@ def predicted_section(config: SweepConfig, table: pd.DataFrame) -> dict[str, Any
     path = Path(config.sweep_dir) / "predictions.csv"
     if not path.exists():
         return {"missing": f"no predictions at {path}: run `ddlbench predict` (the workflow's predict rule)"}
+    if not Path(config.machine_path).exists():
+        return {"missing": f"the machine file {config.machine_path} does not exist: its predictions are not shown"}
     predictions = pd.read_csv(path)
     expected = sweep_stamp(config) | {"machine_sha256": file_digest(Path(config.machine_path))}
     found = {key: predictions[key].iloc[0] if key in predictions and len(predictions) else None for key in expected}

@@ -97,7 +97,8 @@ def report_context(
 ) -> dict[str, Any]:
     """Everything the page shows (templates/report.html.j2); the Markdown summary reads the same."""
     if "config_key" not in table.columns:
-        raise DdlbenchError("the table predates configuration keys; run `ddlbench aggregate` again")
+        raise DdlbenchError("the table predates configuration keys; run `ddlbench report` again")
+    scaling = scaling_section(config, table)  # its stamp names the table as aggregated, before columns are added
     configs = summarize_configurations(table, include_other_versions=include_other_versions)
     table = add_configuration_columns(table, include_other_versions=include_other_versions, summary=configs)
     hosts = one_host(table)
@@ -116,7 +117,6 @@ def report_context(
         tables["predicted"] = encode_table(joined, specs)
         predicted_ranges = data.pair_ranges(joined) if len(joined) else {}
         predicted_keys = [spec.key for spec in specs]
-    scaling = scaling_section(config, table)
     sections = _sections(frame, table, config_keys, config, predicted_ranges, predicted_keys, scaling, hosts)
     if scaling and not scaling.get("why"):
         placed = {(s["model"], s["dataset"]) for s in sections}

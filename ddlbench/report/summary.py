@@ -68,9 +68,12 @@ class Figure:
 
     @property
     def text(self) -> str:
+        if self.statistic != "median" and (self.low is None or self.high is None):
+            count = "n=1 launch" if self.n == 1 else f"{self.statistic} of {self.n} {self.unit}"
+            return f"{number(self.value)} {count} (no 95 % CI: n < {MIN_LAUNCHES})"
         if self.statistic != "median":
-            interval = "" if self.low is None or self.high is None else f" [{number(self.low)}, {number(self.high)}]"
-            return f"{number(self.value)}{interval} ({self.statistic} of {self.n} {self.unit})"
+            interval = f"[{number(self.low)}, {number(self.high)}]"
+            return f"{number(self.value)} {interval} ({self.statistic} of {self.n} {self.unit})"
         return interval_text(self.value, self.low, self.high, self.n, unit=self.unit)
 
     @property
