@@ -281,14 +281,16 @@ def _order(value: Any) -> tuple[int, Any]:
 def scale_text(
     nodes: Any, ranks_per_node: Any, batch: Any = None, *, held: str = "global batch", one_host: bool = False
 ) -> str:
-    """'2 nodes × 1/node, global batch 64'; on one host, '2 processes as nodes on one host × 1/node, …';
-    at equal per-replica batch, 'per-replica batch 32 (global batches differ)'."""
+    """'2 nodes × 1/node, global batch 64'; on one host, '2 processes as nodes on one host, …' (with
+    '× 2/node' where each "node" runs several ranks); at equal per-replica batch, 'per-replica batch 32
+    (global batches differ)'."""
     count = int(nodes)
     if one_host:
-        text = f"{count} process{'es' if count != 1 else ''} as node{'s' if count != 1 else ''} on one host"
+        text = f"{count} process{'es as nodes' if count != 1 else ''} on one host"
+        if int(ranks_per_node) != 1:
+            text += f" × {int(ranks_per_node)}/node"
     else:
-        text = f"{count} node{'s' if count != 1 else ''}"
-    text += f" × {int(ranks_per_node)}/node"
+        text = f"{count} node{'s' if count != 1 else ''} × {int(ranks_per_node)}/node"
     if batch is None or missing(batch):
         return text
     return text + f", {held} {int(batch)}" + (" (global batches differ)" if held != "global batch" else "")
