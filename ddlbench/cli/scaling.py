@@ -105,6 +105,7 @@ def _fit(args: argparse.Namespace) -> int:
 
     from ddlbench.analysis.empirical.modelling import model_series
     from ddlbench.analysis.empirical.series import series_from_table
+    from ddlbench.analysis.empirical.sweep_models import DEFAULT_FIGURES, beyond
 
     sweep = read_sweep(args) if (args.configfile or args.config_json or not args.table) else None
     scaling = sweep.to_dict()["scaling"] if sweep else {}
@@ -118,14 +119,7 @@ def _fit(args: argparse.Namespace) -> int:
     table = pd.read_parquet(table_path) if table_path.suffix == ".parquet" else pd.read_csv(table_path)
     price = _price(args) or scaling.get("price_per_node_hour")
     epoch_samples = args.epoch_samples or scaling.get("epoch_samples")
-    figures = tuple(args.figure or ()) or (
-        "step_time_s",
-        "samples_per_s",
-        "speedup",
-        "efficiency",
-        "cost_node_h_per_epoch",
-        *(("cost_per_epoch",) if price else ()),
-    )
+    figures = tuple(args.figure or ()) or (*DEFAULT_FIGURES, *(("cost_per_epoch",) if price else ()))
     series = series_from_table(
         table, over=over, figures=figures, epoch_samples=epoch_samples, price_per_node_hour=price
     )
@@ -149,20 +143,12 @@ def _fit(args: argparse.Namespace) -> int:
         answer = cheapest(series, target, at=at, method=method, epoch_samples=epoch_samples)
         emit_text(json.dumps(answer, indent=2) + "\n" if args.format == "json" else _cheapest_text(answer), args.out)
         return 0 if answer["choices"] else 1
-    models = [model_series(s, method=method, at=at or _beyond(s)) for s in series]
+    models = [model_series(s, method=method, at=at or beyond(s)) for s in series]
     if args.format == "json":
         emit_text(json.dumps({"over": list(over), "models": models}, indent=2) + "\n", args.out)
     else:
         emit_text(_models_text(models), args.out)
     return 0
-
-
-def _beyond(series) -> list[tuple[float, ...]]:
-    """Without --extrapolate-to: one parameter is predicted at 2× and 4× its largest measured value."""
-    if len(series.parameters) != 1:
-        return []
-    largest = max(x[0] for x in series.x)
-    return [(2 * largest,), (4 * largest,)]
 
 
 def _price(args: argparse.Namespace) -> float | None:
