@@ -281,12 +281,12 @@ def submit_allocations(
     return [(allocation, jobs[allocation.index]) for allocation in packing.allocations]
 
 
-def wait_for_allocations(job_ids: Sequence[str], *, watch: Any = None) -> None:
+def wait_for_allocations(job_ids: Sequence[str], *, watch: Any = None, on_poll: Any = None) -> None:
     """Until none of `job_ids` is queued or running: one squeue call per poll for all of them, at the
-    interval of ddlbench.launch.waves.QueueWatch (growing while nothing ends)."""
+    interval of ddlbench.launch.waves.QueueWatch (growing while nothing ends); `on_poll` gets each poll's queue."""
     from ddlbench.launch.waves import QueueWatch, wait_for_jobs
 
-    wait_for_jobs(job_ids, watch=watch or QueueWatch())
+    wait_for_jobs(job_ids, watch=watch or QueueWatch(), on_poll=on_poll)
 
 
 def describe(packing: Packing) -> list[str]:
@@ -318,10 +318,10 @@ def describe(packing: Packing) -> list[str]:
 
 
 def submit_packed_sweep(
-    config: Any, points: Sequence[Point], site: Site, pack_arg: str, *, wait: bool = True, say=print
+    config: Any, points: Sequence[Point], site: Site, pack_arg: str, *, wait: bool = True, say=print, on_poll=None
 ) -> list[tuple[Allocation, str]]:
     """Plan, check against the live cluster, write and submit the points' allocations; wait for them
-    unless `wait` is false. Each line of the plan and each job goes to `say`."""
+    unless `wait` is false (`on_poll` gets each poll's queue). Each line of the plan and each job goes to `say`."""
     from ddlbench.launch.slurm import check_cluster, query_cluster
     from ddlbench.launch.submission import plan_resources
 
@@ -339,5 +339,5 @@ def submit_packed_sweep(
     for allocation, job_id in submitted:
         say(f"allocation {allocation.index}\tjob {job_id}\t{len(allocation.order)} points")
     if wait:
-        wait_for_allocations([job_id for _, job_id in submitted])
+        wait_for_allocations([job_id for _, job_id in submitted], on_poll=on_poll)
     return submitted

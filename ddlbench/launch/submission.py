@@ -23,7 +23,7 @@ from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.limits import UserLimits, is_limit_refusal, read_limits
 from ddlbench.launch.resources import Resources, Site, resources_for, submitit_parameters
-from ddlbench.launch.slurm import ClusterFacts, SlurmError, query_cluster
+from ddlbench.launch.slurm import ClusterFacts, QueuedJob, SlurmError, query_cluster
 from ddlbench.launch.waves import LimitRefusal, QueueWatch, submit_in_waves, wait_for_jobs
 from ddlbench.point import Point
 from ddlbench.records import record_path
@@ -260,11 +260,14 @@ class ResultNap:
             time.sleep(min(left, self.check_s))
 
 
-def wait_for(jobs: list[Any], *, watch: QueueWatch | None = None) -> None:
+def wait_for(
+    jobs: list[Any], *, watch: QueueWatch | None = None, on_poll: Callable[[list[QueuedJob]], None] | None = None
+) -> None:
     """Wait until every job has ended: one squeue call per poll for all of them, at an interval that
     grows while none ends (QueueWatch), and shortened when a job writes its result; then each job's
-    result, read from its file."""
-    wait_for_jobs([job.job_id for job in jobs], watch=watch or QueueWatch(sleep=ResultNap(lambda: jobs)))
+    result, read from its file. `on_poll` gets the queue of every poll (progress: ddlbench.launch.progress)."""
+    watch = watch or QueueWatch(sleep=ResultNap(lambda: jobs))
+    wait_for_jobs([job.job_id for job in jobs], watch=watch, on_poll=on_poll)
     for job in jobs:
         try:
             job.result()

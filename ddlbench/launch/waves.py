@@ -145,11 +145,16 @@ def _after_refusal(
     return queue
 
 
-def wait_for_jobs(job_ids: Collection[str], *, watch: QueueWatch) -> None:
-    """Return once none of `job_ids` is queued or running (squeue lists it as ended, or no more)."""
+def wait_for_jobs(
+    job_ids: Collection[str], *, watch: QueueWatch, on_poll: Callable[[list[QueuedJob]], None] | None = None
+) -> None:
+    """Return once none of `job_ids` is queued or running (squeue lists it as ended, or no more).
+    `on_poll` gets the queue of every poll (ddlbench.launch.progress reports from it: no squeue call of its own)."""
     job_ids = set(job_ids)
     while True:
         queue = watch.poll(job_ids)
+        if on_poll is not None:
+            on_poll(queue)
         left = sum(1 for job in queue if job.job_id in job_ids and job.active)
         if not left:
             return
