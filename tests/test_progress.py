@@ -20,6 +20,7 @@ from ddlbench.launch.progress import (
     Progress,
     Timeline,
     predicted_durations,
+    queued_states,
     sweep_states,
     watch,
     watching,
@@ -274,3 +275,19 @@ def test_predicted_durations_come_from_the_machine_file_and_are_empty_without_on
     (point,) = expand_sweep(config).points
     (seconds,) = predicted_durations(config).values()
     assert 15.0 < seconds < point.timeout_s  # the launch time assumed, and some steps on an H100 node
+
+
+def test_queued_states_lay_the_queue_over_records_sweep_status_cannot_read(tmp_path):
+    records, _ = sweep_files(tmp_path, ["compute", "allreduce", "broadcast"])
+    for point_id, state in (("compute", "ok"), ("allreduce", "failed")):  # an earlier try of allreduce
+        records[point_id].parent.mkdir(parents=True)
+        records[point_id].write_text(json.dumps({"schema_version": 1, "status": state}))  # a calibration record
+    queue = [
+        QueuedJob(job_id="5_1", state="RUNNING", name="", comment=""),
+        QueuedJob(job_id="5_2", state="PENDING", name="", comment=""),
+        QueuedJob(job_id="6", state="RUNNING", name="", comment="rule_run_point_wildcards_elsewhere"),  # not ours
+        QueuedJob(job_id="4_0", state="COMPLETED", name="", comment=""),
+    ]
+    index = {"compute": ["4_0"], "allreduce": ["4_1", "5_1"], "broadcast": ["5_2"]}
+    states = states_on_disk(records) | queued_states(queue, jobs_index=index, points=records)
+    assert states == {"compute": "ok", "allreduce": "running", "broadcast": "pending"}

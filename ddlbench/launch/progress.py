@@ -6,7 +6,8 @@ One Progress reports for `ddlbench submit`, `rerun`, `certify`, `calibrate`, the
 `every_s`, so logs stay short.
 
 The states come from where the work is: the queue and the records (sweep_states, the squeue call of the
-wait's own poll), or files alone (ddlbench.launch.disk_status: a Snakemake subprocess, or a loop here).
+wait's own poll), or files alone (ddlbench.launch.disk_status: a Snakemake subprocess, or a loop here),
+with queued_states laid over them where sweep_status cannot read the records (a calibration suite's).
 
 Time left, with its basis in its text:
 - `predicted`, where every point not yet ended has a predicted duration d, seconds (a machine file:
@@ -33,8 +34,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from ddlbench.launch.slurm import QueuedJob
-from ddlbench.launch.status import STATES, PointStatus, sweep_status
+from ddlbench.launch.slurm import PENDING_STATES, RUNNING_STATES, QueuedJob
+from ddlbench.launch.status import STATES, PointStatus, points_of_job, sweep_status
 
 log = logging.getLogger(__name__)
 
@@ -327,6 +328,25 @@ def sweep_states(
     def states(queue: list[QueuedJob]) -> list[PointStatus]:
         return sweep_status(plan, queue=queue, jobs_index=read_jobs_index(sweep_dir), sweep_dir=sweep_dir)
 
+    return states
+
+
+def queued_states(
+    queue: list[QueuedJob], *, jobs_index: Mapping[str, list[str]], points: Collection[str]
+) -> dict[str, str]:
+    """point id → running or pending, for those of `points` whose job is active in the queue (matched as
+    `ddlbench status` matches them: ddlbench.launch.status.points_of_job). Laid over states_on_disk for
+    work whose records sweep_status does not read (a calibration suite's)."""
+    job_points: dict[str, list[str]] = {}
+    for point_id, job_ids in jobs_index.items():
+        for job_id in job_ids:
+            job_points.setdefault(job_id, []).append(point_id)
+    states = {}
+    for job in queue:
+        state = "running" if job.state in RUNNING_STATES else "pending" if job.state in PENDING_STATES else None
+        for point_id in points_of_job(job, job_points) if state else ():
+            if point_id in points:
+                states[point_id] = state
     return states
 
 
