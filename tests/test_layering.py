@@ -63,6 +63,9 @@ LIGHT_MODULES = [
     "ddlbench.analysis.aggregate",
     "ddlbench.report.render",
     "ddlbench.launch.runner",
+    "ddlbench.launch.progress",  # the progress line of submit, rerun, certify, calibrate and status --watch
+    "ddlbench.launch.disk_status",
+    "ddlbench.finish",
     "ddlbench.analysis.inside.figures",
     "ddlbench.analysis.inside.timeline",
     "ddlbench.launch.calibration",

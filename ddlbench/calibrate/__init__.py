@@ -40,6 +40,7 @@ def calibrate(
 
     suite = load_suite(suite_path, raw=raw)
     records = []
+    progress = None if from_records else _progress(suite, "calibration")
     for point in suite.points:
         if from_records:
             try:
@@ -48,7 +49,11 @@ def calibrate(
                 records.append(missing_record(point, str(exc)))
             continue
         log.info("calibration point %s (%d ranks)", point.point_id, point.world_size)
+        progress.update(_states(suite, records, running=point.point_id))
         records.append(run_calibration_point(point, out=suite.record_path(point), launcher=launcher, cores=cores))
+    if progress is not None:
+        progress.update(_states(suite, records))
+        progress.close()
     machine = measured_machine(records, name=suite.machine, suite=suite.name)
     write_machine(out, machine)
     references = [read_machine(path) for path in sorted(REFERENCE_MACHINES.glob("*.yaml"))]
@@ -74,4 +79,32 @@ def submit_suite(suite_path: Path | None, *, raw: dict[str, Any] | None = None, 
     jobs = submit_points(points, planned, sweep_dir=suite.folder, name=f"{suite.name}-calibration")
     for point, job in zip(points, jobs, strict=True):
         log.info("calibration point %s: job %s", point.point_id, job.job_id)
-    wait_for(jobs)
+    from ddlbench.launch.disk_status import record_state
+    from ddlbench.launch.progress import queued_states
+    from ddlbench.launch.submission import read_jobs_index
+
+    progress = _progress(suite, "calibration jobs")
+    paths = {point.point_id: suite.record_path(point) for point in points}
+
+    def poll(queue) -> None:  # a record ends a point; the queue tells running from pending
+        ended = {p: record_state(path) for p, path in paths.items() if path.exists()}
+        queued = queued_states(queue, jobs_index=read_jobs_index(suite.folder), points=paths)
+        progress.update({p: "not started" for p in paths} | queued | ended)
+
+    wait_for(jobs, on_poll=poll)
+    progress.close()
+
+
+def _progress(suite, what: str):
+    from ddlbench.launch.progress import Progress
+
+    return Progress(title=f"{what} {suite.name!r}", total=len(suite.points))
+
+
+def _states(suite, records, *, running: str | None = None) -> dict[str, str]:
+    """The suite's points: those run so far by their records' status, `running`, the rest not started."""
+    states = {point.point_id: "not started" for point in suite.points}
+    states |= {record.point_id: record.status for record in records}
+    if running:
+        states[running] = "running"
+    return states

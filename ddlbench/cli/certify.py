@@ -119,10 +119,11 @@ def _certify(args: argparse.Namespace) -> int:
             planned = [name for name in references if not name.startswith("machine/")]
             check_reference_names({name: references[name] for name in planned}, training_figures(suite_table(config)))
         history = history_path(args.db, results_dir=config.results_dir)
-        if args.pack is not None:
-            status, log_file = run_suite_packed(config, pack=args.pack, history=history)
-        else:
-            status, log_file = run_suite(config, cores=args.cores, profile=args.profile, history=history)
+        with _suite_progress(config):
+            if args.pack is not None:
+                status, log_file = run_suite_packed(config, pack=args.pack, history=history)
+            else:
+                status, log_file = run_suite(config, cores=args.cores, profile=args.profile, history=history)
         if status != 0:
             notes.append(f"the workflow exited with status {status} (log: {log_file}); judged on the records there are")
         table = suite_table(config)
@@ -184,6 +185,22 @@ def _certify(args: argparse.Namespace) -> int:
         _rerender_report(folder)
     _print_summary(certificate, html_path)
     return 0 if certificate["passed"] else 1
+
+
+def _suite_progress(config):
+    """Points done, failed, running and not started while the suite runs, from its records and logs
+    (ddlbench.launch.progress.watching; on SLURM a point shows as running once its job started)."""
+    import time
+
+    from ddlbench.launch.disk_status import states_on_disk, sweep_files
+    from ddlbench.launch.progress import Progress, predicted_durations, watching
+    from ddlbench.sweep import expand_sweep
+
+    points = expand_sweep(config).points
+    records, logs = sweep_files(config.sweep_dir, [p.point_id for p in points])
+    began = time.time() - 2  # the clock of a shared filesystem may lag a little
+    progress = Progress(title=f"suite {config.name!r}", predicted_s=predicted_durations(config, points))
+    return watching(lambda: states_on_disk(records, logs, since=began), progress=progress)
 
 
 def render_certificate(certificate: dict[str, Any]) -> str:

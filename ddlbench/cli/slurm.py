@@ -209,8 +209,20 @@ def _submit_and_wait(args, config, points, *, mem_factor: float = 1.0, time_fact
         print(f"{point.point_id}\tjob {job.job_id}")
     if args.no_wait:
         return 0
-    wait_for(jobs)
+    progress, states = _progress(config, points)
+    wait_for(jobs, on_poll=lambda queue: progress.update(states(queue)))
+    progress.close()
     return _refresh_outputs(config)
+
+
+def _progress(config, points):
+    """A progress line for `points` of the sweep (ddlbench.launch.progress), and the queue → their states."""
+    from ddlbench.launch.progress import Progress, predicted_durations, sweep_states
+    from ddlbench.sweep import expand_sweep
+
+    progress = Progress(title=f"sweep {config.name!r}", predicted_s=predicted_durations(config, points))
+    states = sweep_states(expand_sweep(config), sweep_dir=config.sweep_dir, only={p.point_id for p in points})
+    return progress, states
 
 
 def _submit(args: argparse.Namespace, config) -> int:
@@ -232,8 +244,13 @@ def _submit_packed(args: argparse.Namespace, config, points) -> int:
     """The points as steps of few allocations (ddlbench.launch.packed): plan, check, submit, wait, report."""
     from ddlbench.launch.packed import submit_packed_sweep
 
-    submit_packed_sweep(config, points, _site(args), args.pack, wait=not args.no_wait)
-    return 0 if args.no_wait else _refresh_outputs(config)
+    if args.no_wait:
+        submit_packed_sweep(config, points, _site(args), args.pack, wait=False)
+        return 0
+    progress, states = _progress(config, points)
+    submit_packed_sweep(config, points, _site(args), args.pack, on_poll=lambda queue: progress.update(states(queue)))
+    progress.close()
+    return _refresh_outputs(config)
 
 
 def _rerun(args: argparse.Namespace, config) -> int:
@@ -263,16 +280,25 @@ def _rerun(args: argparse.Namespace, config) -> int:
     if not chosen:
         return 0
     if args.local:
+        from ddlbench.launch.progress import Progress, predicted_durations
         from ddlbench.launch.runner import run_point
 
+        states = {point.point_id: "not started" for point in chosen}
+        progress = Progress(title=f"sweep {config.name!r}", predicted_s=predicted_durations(config, chosen))
         for point in chosen:
+            states[point.point_id] = "running"
+            progress.update(states)
             record = run_point(
                 point,
                 out=record_path(config.sweep_dir, point.point_id),
                 launcher="local",
                 timeout_s=point.timeout_s * args.time_factor,
             )
-            print(f"{point.point_id}: {record.status}")
+            states[point.point_id] = record.status
+            progress.update(states)
+        progress.close()
+        for point in chosen:
+            print(f"{point.point_id}: {states[point.point_id]}")
         return _refresh_outputs(config)
     return _submit_and_wait(args, config, chosen, mem_factor=args.mem_factor, time_factor=args.time_factor)
 

@@ -48,12 +48,22 @@ def add_commands(commands: Any) -> None:
         section=SECTION,
         summary="done, failed (by cause), running and pending points of a sweep",
         description="Count a sweep's points by state from their records (ok, failed, oom, timeout) and, where "
-        "squeue answers, from the SLURM queue (running, pending); list the points that are not ok.",
-        example="ddlbench status --configfile workflow/config/default.yaml --points",
+        "squeue answers, from the SLURM queue (running, pending); list the points that are not ok. With "
+        "--watch, follow a running sweep (Snakemake's, locally or on SLURM, or its adaptive sweep) on one "
+        "line: done, failed, running and pending points and an estimate of the time left (predicted where "
+        "the sweep has a machine file, else from the rate points end), until every point has ended.",
+        example=[
+            "ddlbench status --configfile workflow/config/default.yaml --points",
+            "ddlbench status --configfile my-sweep.yaml --watch --interval 30",
+        ],
     )
     add_sweep_options(status)
     status.add_argument("--no-queue", action="store_true", help="read the records only, do not ask squeue")
     status.add_argument("--points", action="store_true", help="list every point with its state and job ids")
+    status.add_argument("--watch", action="store_true", help="follow the sweep until every point has ended")
+    status.add_argument(
+        "--interval", type=float, default=10.0, metavar="S", help="with --watch: seconds between looks (10)"
+    )
     status.set_defaults(handler=lambda args: _status(args, read_sweep(args)))
 
     report = commands.add_parser(
@@ -210,6 +220,8 @@ def _status(args: argparse.Namespace, config) -> int:
     from ddlbench.launch.submission import read_jobs_index
     from ddlbench.sweep import expand_sweep
 
+    if args.watch:
+        return _watch(args, config)
     queue = []
     if not args.no_queue and shutil.which("squeue"):
         try:
@@ -226,4 +238,44 @@ def _status(args: argparse.Namespace, config) -> int:
             reason = f"  {status.reason}" if status.reason else ""
             version = f"  [measurement version {status.measurement_version}]" if status.other_version else ""
             print(f"{status.state:<12} {status.point_id}  jobs {jobs}{reason}{version}")
+    return 0
+
+
+def _watch(args: argparse.Namespace, config) -> int:
+    """`status --watch`: the sweep's progress line until every point ended (ddlbench.launch.progress).
+    On SLURM from the queue and the records; else from the files alone: a point whose log was written
+    within the longest timeout and has no newer record is running (ddlbench.launch.disk_status)."""
+    import time
+
+    from ddlbench.launch.disk_status import adaptive_files, states_on_disk, sweep_files
+    from ddlbench.launch.progress import Progress, predicted_durations, sweep_states, watch
+    from ddlbench.launch.slurm import query_queue
+    from ddlbench.sweep import expand_sweep
+
+    if not args.interval > 0:
+        raise DdlbenchError(f"--interval {args.interval}: give a positive number of seconds")
+    plan = expand_sweep(config)
+    adaptive = (config.sweep_dir / "adaptive" / "rounds").is_dir()
+    since = time.time() - max((point.timeout_s for point in plan.points), default=0.0)
+    if adaptive:  # the points of the rounds planned so far; the total grows round by round
+        progress = Progress(title=f"adaptive sweep {config.name!r} (rounds so far)")
+
+        def poll():
+            return states_on_disk(*adaptive_files(config.sweep_dir), since=since)
+
+    else:
+        progress = Progress(title=f"sweep {config.name!r}", predicted_s=predicted_durations(config, plan.points))
+        if not args.no_queue and shutil.which("squeue"):
+            states = sweep_states(plan, sweep_dir=config.sweep_dir)
+
+            def poll():
+                return states(query_queue())
+
+        else:
+            records, logs = sweep_files(config.sweep_dir, [point.point_id for point in plan.points])
+
+            def poll():
+                return states_on_disk(records, logs, since=since)
+
+    watch(poll, progress=progress, interval_s=args.interval)
     return 0
