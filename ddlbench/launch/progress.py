@@ -103,7 +103,9 @@ class Counts:
         (as `ddlbench status` says it)."""
         parts = [(self.ok, "ok"), *((count, cause) for cause, count in self.failed)]
         parts += [(self.running, "running"), (self.pending, "pending"), (self.not_started, "not started")]
-        return f"{self.total} point{'' if self.total == 1 else 's'}: " + ", ".join(f"{count} {word}" for count, word in parts if count)
+        return f"{self.total} point{'' if self.total == 1 else 's'}: " + ", ".join(
+            f"{count} {word}" for count, word in parts if count
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
