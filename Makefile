@@ -77,8 +77,8 @@ test-floor: $(FLOOR_VENV)/.installed
 	$(FLOOR_VENV)/bin/pytest -m "not slurm and not gpu" $(PYTEST_ARGS) $(FLOOR_SLOW_TESTS)
 
 lint: venv
-	$(BIN)/ruff check ddlbench tests benchmarks
-	$(BIN)/ruff format --check ddlbench tests benchmarks
+	$(BIN)/ruff check ddlbench tests benchmarks docs
+	$(BIN)/ruff format --check ddlbench tests benchmarks docs
 	$(BIN)/snakemake --lint --cores 2
 	$(BIN)/snakemake -s workflow/calibrate.smk --lint --cores 2
 	$(BIN)/snakemake -s workflow/adaptive.smk --lint --cores 2
