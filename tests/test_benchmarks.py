@@ -99,7 +99,7 @@ def test_report_speed_times_aggregate_and_report_of_its_quick_sweep(report_speed
     ) == str(points)
     for label in ("aggregate", "report", "aggregate + report"):
         figure(output, rf"  {re.escape(label)}\s+{NUMBER} s\s+\(runs: {NUMBER}\)")
-    figure(output, rf"  \(fit, once, not in the totals: {NUMBER} s; models.json {NUMBER} MB\)")
+    figure(output, rf"  \(finish, once, not in the totals: {NUMBER} s; models.json {NUMBER} MB\)")
     figure(output, rf"  report.html\s+{NUMBER} MB")
     assert len(list((kept / "points").glob("*/record.json"))) == points
     assert (kept / "report.html").stat().st_size > 0
