@@ -17,7 +17,8 @@ start and imports included):
 
 (between them, once and not timed, the whole `ddlbench report --configfile F`, which finishes the sweep
 as the workflow's report rule does: the report draws and lists the stamped models.json it writes), and
-prints the median wall-clock time of each and of aggregate + report, the size of report.html in MB (10^6 bytes) and of report.md.
+prints the median wall-clock time of each and of aggregate + report, the size of report.html in MB
+(10^6 bytes) and of report.md.
 Nothing is written outside the temporary folder.
 
     make bench-report                                 # = .venv/bin/python benchmarks/report_speed.py
