@@ -172,8 +172,7 @@ def main() -> int:
             str(sweep_file),
             "-q",
             "--forcerun",
-            "predict",
-            "report",
+            "report",  # finishes the sweep (ddlbench.finish): predictions on this machine file included
         ]
     )
 
