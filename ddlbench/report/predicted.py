@@ -108,7 +108,7 @@ def predicted_section(config: SweepConfig, table: pd.DataFrame) -> dict[str, Any
         return None
     path = Path(config.sweep_dir) / "predictions.csv"
     if not path.exists():
-        return {"missing": f"no predictions at {path}: run `ddlbench predict` (the workflow's predict rule)"}
+        return {"missing": f"no predictions at {path}: `ddlbench report` makes them (the sweep knows its machine)"}
     if not Path(config.machine_path).exists():
         return {"missing": f"the machine file {config.machine_path} does not exist: its predictions are not shown"}
     predictions = pd.read_csv(path)
