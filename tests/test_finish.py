@@ -40,7 +40,7 @@ def without_dates(markdown: str) -> str:
     return re.sub(r"\d{4}-\d\d-\d\dT[\d:.+]+", "<time>", markdown)
 
 
-def test_snakemake_and_submit_make_byte_identical_tables_and_equivalent_reports(write_sweep, tmp_path):
+def test_snakemake_and_submit_make_byte_identical_tables_and_equivalent_reports(write_sweep):
     path, plan = sweep_with_records(write_sweep, machine=MACHINE)
     folder = plan.config.sweep_dir
     result = run_snakemake("--cores", "1", "--configfile", str(path))

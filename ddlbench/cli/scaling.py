@@ -115,7 +115,7 @@ def _fit(args: argparse.Namespace) -> int:
     method = args.method or scaling.get("method", "ddlbench")
     table_path = args.table or sweep.sweep_dir / "table.parquet"
     if not table_path.exists():
-        raise DdlbenchError(f"no table at {table_path}: run the sweep (or `ddlbench aggregate`) first")
+        raise DdlbenchError(f"no table at {table_path}: run the sweep (or `ddlbench report`) first")
     table = pd.read_parquet(table_path) if table_path.suffix == ".parquet" else pd.read_csv(table_path)
     price = _price(args) or scaling.get("price_per_node_hour")
     epoch_samples = args.epoch_samples or scaling.get("epoch_samples")

@@ -83,13 +83,10 @@ def finish_sweep(
     markdown_path = markdown_path or report_path.with_suffix(".md")
     notes: list[str] = []
 
-    save_table(
-        build_table(expand_sweep(config), include_other_versions=include_other_versions),
-        parquet=table_path,
-        csv=csv_path,
-    )
+    plan = expand_sweep(config)
+    save_table(build_table(plan, include_other_versions=include_other_versions), parquet=table_path, csv=csv_path)
     table = pd.read_parquet(table_path)  # what the report and every later reader see
-    predictions = _write_predictions(config, folder / PREDICTIONS, notes)
+    predictions = _write_predictions(config, plan.points, folder / PREDICTIONS, notes)
     models = _write_models(config, table, folder / MODELS, notes)
     run_id, db = _store(config, table, history) if store_history else (None, None)
 
@@ -111,7 +108,7 @@ def finish_sweep(
     )  # fmt: skip
 
 
-def _write_predictions(config: SweepConfig, path: Path, notes: list[str]) -> Path | None:
+def _write_predictions(config: SweepConfig, points, path: Path, notes: list[str]) -> Path | None:
     """predictions.csv of every point, stamped, where the sweep knows its machine; else none (a stale
     one is removed: it would speak of another configuration or machine)."""
     machine_file = config.machine_path
@@ -127,7 +124,7 @@ def _write_predictions(config: SweepConfig, path: Path, notes: list[str]) -> Pat
 
     try:
         machine = MachineModel.from_file(Path(machine_file))
-        settings = [Setting.of_point(point) for point in expand_sweep(config).points]
+        settings = [Setting.of_point(point) for point in points]
         predictions = predict_all(settings, machine)
     except DdlbenchError as error:
         log.warning("no predictions: %s", error)
