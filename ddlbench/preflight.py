@@ -29,12 +29,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ddlbench.errors import ConfigError
+from ddlbench.launch.admission import check_submission
 from ddlbench.launch.claims import allocation_hosts, packing_enabled
 from ddlbench.launch.cores import check_plan_cores
 from ddlbench.launch.limits import check_room, read_limits
 from ddlbench.launch.resources import Resources, load_site, snakemake_resources
-from ddlbench.launch.slurm import check_cluster, query_cluster, query_queue
+from ddlbench.launch.slurm import query_cluster, query_queue
 from ddlbench.launch.submission import plan_resources
+from ddlbench.launch.submit_once import guard_sbatch
 
 # what each workflow plans from its config, and how a refusal names that config
 WORKFLOWS = {"sweep": "sweep config", "adaptive": "sweep config", "calibration": "calibration suite"}
@@ -81,7 +83,9 @@ def prepare_workflow(
         site = load_site(site_file)
         planned = plan_resources(prepared.points, site, sweep=prepared.plan.config if prepared.plan else None)
         if not environ.get("SLURM_JOB_ID"):  # on the login node, once, before any submission
-            check_cluster(list(planned.items()), account_required=True if site.require_account else None)
+            check_submission(list(planned.items()), account_required=True if site.require_account else None)
+            if not linting and environ is os.environ:  # the plugin's sbatch outlives an outage, never submitting twice
+                guard_sbatch()
             if jobs and planned and not linting:
                 _check_queue_room(prepared, site, jobs=jobs)
     elif packing_enabled(environ):

@@ -25,15 +25,15 @@ from ddlbench.launch.waves import LimitRefusal, QueueWatch, submit_in_waves, wai
 # `sacctmgr -nP show assoc where user=ana format=<ASSOC_FIELDS>`: ana's association in two accounts on
 # two clusters, one of them limited on one partition only
 ASSOCS = """\
-hpc|proj|ana||20|8|||cpu=64,node=4|normal,long|
-hpc|proj|ana|gpu|5||||||
-hpc|other|ana||2|||||normal|
-lab|proj|ana||1|||||normal|
+hpc|proj|ana||20|8|||cpu=64,node=4|normal,long||||
+hpc|proj|ana|gpu|5|||||||||
+hpc|other|ana||2|||||normal||||
+lab|proj|ana||1|||||normal||||
 """
 # `sacctmgr -nP show qos format=<QOS_FIELDS>`
 QOS = """\
-normal|3||||||
-long|||10||||node=2
+normal|3||||||||||
+long|||10||||node=2||||
 """
 FACTS = ClusterFacts(
     partitions={},

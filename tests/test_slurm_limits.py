@@ -153,3 +153,49 @@ def test_sbatch_refusals_for_the_limit_are_retried_until_every_point_is_in(limit
     assert "sbatch refused for a limit (sbatch: error: QOSMaxSubmitJobPerUserLimit" in caplog.text
     records = records_of(plan.config.sweep_dir)
     assert {record.status for record in records.values()} == {"ok"} and len(records) == 6
+
+
+WALL_QOS = "ddlbench_wall1"
+
+
+@pytest.fixture(scope="module")
+def short_qos():
+    """QOS ddlbench_wall1, open to this user, whose jobs may run 1 minute at most (MaxWall): a job asking
+    more would pend forever (no DenyOnLimit)."""
+    require_cluster()
+    import getpass
+
+    user = getpass.getuser()
+    if not subprocess.run(
+        ["sacctmgr", "-nP", "show", "qos", WALL_QOS, "format=name"], capture_output=True, text=True
+    ).stdout:
+        assert sacctmgr("add", "qos", WALL_QOS).returncode == 0
+    try:
+        assert sacctmgr("modify", "qos", WALL_QOS, "set", "MaxWall=00:01:00").returncode == 0
+        assert sacctmgr("modify", "user", user, "set", f"qos+={WALL_QOS}").returncode == 0
+        yield WALL_QOS
+    finally:
+        subprocess.run(["scancel", "--qos", WALL_QOS, "-u", user], capture_output=True, timeout=60)
+        sacctmgr("modify", "user", user, "set", f"qos-={WALL_QOS}")
+
+
+def test_points_over_a_qos_maxwall_are_refused_before_anything_is_submitted(short_qos, env, write_sweep, tmp_path):
+    import getpass
+
+    sweep_file = sweep(write_sweep, "too_long", nodes=[1], batch_size=[4], steps=1, timeout_s=1800)
+    site = ["--partition", "cpu", "--qos", short_qos, "--time-margin-s", "60"]
+    roads = {
+        "submit": run_cli("submit", "--configfile", str(sweep_file), *site, "--no-wait", env=env),
+        "submit --pack": run_cli("submit", "--configfile", str(sweep_file), *site, "--pack", "auto", env=env),
+    }
+    assert run_cli("profile", "slurm", *site, env=env).returncode == 0
+    roads["snakemake"] = run_snakemake("--profile", "slurm", "--configfile", str(sweep_file), env=env)
+    for road, result in roads.items():
+        assert result.returncode == 2, (road, result.stderr[-2000:])
+        assert f"over QOS '{short_qos}' MaxWall=1 min" in result.stderr, (road, result.stderr[-2000:])
+        assert "lower timeout_s" in result.stderr, road
+    queued = subprocess.run(
+        ["squeue", "-h", "-u", getpass.getuser(), "--qos", short_qos, "-o", "%i"], capture_output=True, text=True
+    )
+    assert queued.returncode == 0 and queued.stdout.strip() == ""  # nothing went in
+    assert not (tmp_path / "results" / "too_long" / "submitit").exists()

@@ -66,15 +66,15 @@ def submit_suite(suite_path: Path | None, *, raw: dict[str, Any] | None = None, 
     arrays by allocation, each point an srun step writing its record) and wait for them all. The site is
     the profile's (`ddlbench profile slurm`) or `site_path`."""
     from ddlbench.calibrate.suite import load_suite
+    from ddlbench.launch.admission import check_submission
     from ddlbench.launch.profile import load_default_site
     from ddlbench.launch.resources import load_site
-    from ddlbench.launch.slurm import check_cluster
     from ddlbench.launch.submission import plan_resources, submit_points, wait_for
 
     suite = load_suite(suite_path, raw=raw)
     site = load_site(site_path) if site_path else load_default_site()
     planned = plan_resources(suite.points, site)
-    check_cluster(list(planned.items()), account_required=True if site.require_account else None)
+    check_submission(list(planned.items()), account_required=True if site.require_account else None)
     points = list(suite.points)
     jobs = submit_points(points, planned, sweep_dir=suite.folder, name=f"{suite.name}-calibration")
     for point, job in zip(points, jobs, strict=True):

@@ -20,14 +20,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ddlbench.errors import DdlbenchError
-from ddlbench.launch.slurm import ClusterFacts, QueuedJob, SlurmError, run_slurm
+from ddlbench.launch.slurm import ClusterFacts, QueuedJob, SlurmError, parse_time_min, run_slurm
 
 log = logging.getLogger(__name__)
 
 ASSOC_FIELDS = ("Cluster", "Account", "User", "Partition", "MaxSubmit", "MaxJobs", "GrpSubmit", "GrpJobs", "GrpTRES")
-ASSOC_FIELDS += ("QOS", "DefaultQOS")
+ASSOC_FIELDS += ("QOS", "DefaultQOS", "MaxWall", "MaxTRES", "MaxTRESPerNode")
 # per user (PU) and per account (PA) limits of a QOS, and its group limits over every user in it
 QOS_FIELDS = ("Name", "MaxSubmitPU", "MaxSubmitPA", "GrpSubmit", "MaxJobsPU", "MaxJobsPA", "GrpJobs", "GrpTRES")
+QOS_FIELDS += ("MaxWall", "MaxTRES", "MaxTRESPerNode", "MaxTRESPU")
+# limits on one job's trackable resources (TRES): a job over one of them alone never starts. (field, name, per)
+ASSOC_TRES = (("MaxTRES", "MaxTRESPerJob", "job"), ("MaxTRESPerNode", "MaxTRESPerNode", "node"))
+ASSOC_TRES += (("GrpTRES", "GrpTRES", "job"),)
+QOS_TRES = (("MaxTRES", "MaxTRESPerJob", "job"), ("MaxTRESPerNode", "MaxTRESPerNode", "node"))
+QOS_TRES += (("MaxTRESPU", "MaxTRESPerUser", "job"), ("GrpTRES", "GrpTRES", "job"))
 QOS_SUBMIT = {
     "MaxSubmitPU": "MaxSubmitJobsPerUser",
     "MaxSubmitPA": "MaxSubmitJobsPerAccount",
@@ -78,6 +84,38 @@ class Limit:
 
 
 @dataclass(frozen=True, kw_only=True)
+class JobLimit:
+    """A limit one job must keep under to ever start: a wall time, or TRES per job or per node."""
+
+    name: str  # who sets it and its name: "QOS 'normal' MaxWall", "association proj/ana GrpTRES"
+    minutes: int | None = None  # a wall-time limit
+    tres: tuple[tuple[str, int], ...] = ()  # ("cpu", 64), ("node", 4), ("mem", MB), ("gres/gpu", 8)
+    per: str = "job"  # "job": the job's total; "node": each of its nodes
+
+
+def parse_tres(text: str) -> tuple[tuple[str, int], ...]:
+    """`cpu=64,node=4,mem=100G,gres/gpu:a100=8` → (("cpu", 64), ...) with memory in MB and typed GPUs
+    counted as gres/gpu; unlimited entries (-1, empty) are left out."""
+    out: dict[str, int] = {}
+    for item in text.split(","):
+        key, sep, value = item.strip().partition("=")
+        if not sep or not value:
+            continue
+        key = "gres/gpu" if key.startswith("gres/gpu") else key
+        match = re.fullmatch(r"(\d+)([KMGTP]?)", value.strip())
+        if not match:
+            continue
+        number = int(match.group(1))
+        if key == "mem":  # sacctmgr's memory is in MB unless suffixed
+            unit = match.group(2)
+            number = (
+                number // 1024 if unit == "K" else number * {"": 1, "M": 1, "G": 1024, "T": 1024**2, "P": 1024**3}[unit]
+            )
+        out[key] = out.get(key, 0) + number if key == "gres/gpu" else number
+    return tuple(sorted(out.items()))
+
+
+@dataclass(frozen=True, kw_only=True)
 class UserLimits:
     """The limits a user's jobs in one account and QOS meet."""
 
@@ -88,6 +126,7 @@ class UserLimits:
     running: tuple[Limit, ...] = ()  # on jobs running: past them, jobs wait
     grp_tres: tuple[tuple[str, str], ...] = ()  # (whose, "cpu=64,node=4"): what all running jobs may hold
     max_array_size: int | None = None
+    per_job: tuple[JobLimit, ...] = ()  # wall time and TRES one job must keep under (ddlbench.launch.admission)
 
     def room(self, queue: Iterable[QueuedJob]) -> int | None:
         """How many more jobs may be queued now (0 at or over a limit); None where no limit is known."""
@@ -108,6 +147,12 @@ class UserLimits:
         """One line for the log: every limit read, or that there are none."""
         parts = [f"{limit.name}={limit.value}" for limit in (*self.submit, *self.running)]
         parts += [f"{whose} GrpTRES={tres}" for whose, tres in self.grp_tres]
+        parts += [
+            f"{limit.name}={limit.minutes} min" if limit.minutes is not None else
+            f"{limit.name}={','.join(f'{key}={value}' for key, value in limit.tres)}"
+            for limit in self.per_job
+            if "GrpTRES" not in limit.name
+        ]  # fmt: skip
         if self.max_array_size is not None:
             parts.append(f"MaxArraySize={self.max_array_size}")
         return ", ".join(parts) or "no limits"
@@ -164,6 +209,7 @@ def build_limits(
         and (not facts.cluster_name or not row["Cluster"] or row["Cluster"] == facts.cluster_name)
         and (not row["Partition"] or row["Partition"] == partition)
     ]
+    per_job: list[JobLimit] = []
     if facts.limits_enforced:
         for row in mine:
             whose = f"association {row['Account']}/{user}" + (f"/{row['Partition']}" if row["Partition"] else "")
@@ -174,6 +220,7 @@ def build_limits(
                     into_list.append(Limit(name=f"{whose} {name}", value=value, account=row["Account"]))
             if row["GrpTRES"]:
                 grp_tres.append((whose, row["GrpTRES"]))
+            per_job += _job_limits(row, whose, ASSOC_TRES)
     if qos is None:
         qos = _default_qos(mine)
     found = qos_table.get(qos) if qos else None
@@ -189,6 +236,7 @@ def build_limits(
                 running.append(Limit(name=f"QOS {qos!r} {name}", value=value, qos=qos))
         if found["GrpTRES"]:
             grp_tres.append((f"QOS {qos!r}", found["GrpTRES"]))
+        per_job += _job_limits(found, f"QOS {qos!r}", QOS_TRES)
     return UserLimits(
         user=user,
         account=account,
@@ -197,7 +245,23 @@ def build_limits(
         running=tuple(running),
         grp_tres=tuple(grp_tres),
         max_array_size=facts.max_array_size,
+        per_job=tuple(per_job),
     )
+
+
+def _job_limits(row: dict[str, str], whose: str, tres_fields: tuple[tuple[str, str, str], ...]) -> list[JobLimit]:
+    """The wall-time and TRES limits of one association's or QOS' row that a single job must keep under."""
+    found = []
+    wall = row.get("MaxWall", "").strip()
+    if wall:
+        minutes = parse_time_min(wall)
+        if minutes is not None:
+            found.append(JobLimit(name=f"{whose} MaxWall", minutes=minutes))
+    for key, name, per in tres_fields:
+        tres = parse_tres(row.get(key, ""))
+        if tres:
+            found.append(JobLimit(name=f"{whose} {name}", tres=tres, per=per))
+    return found
 
 
 def _default_qos(associations: list[dict[str, str]]) -> str | None:

@@ -43,6 +43,9 @@ class Site:
     exclusive: bool = True
     # what a node-hour costs here (any currency), for the cost models of `ddlbench fit`; None: not priced
     price_per_node_hour: float | None = None
+    # how long every scheduler call keeps trying while the controller does not answer (a restart with its
+    # state reloaded takes minutes); past it the call fails (ddlbench.launch.patience)
+    controller_patience_s: int = 1800
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,7 +67,12 @@ def site_from_mapping(raw: object, *, source: str = "site settings") -> Site:
         value = raw.get(key)
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ConfigError(key, f"{value!r} is not a name; give a non-empty string")
-    for key, lowest in (("gpus_per_rank", 0), ("mem_per_rank_mb", 16), ("time_margin_s", 0)):
+    for key, lowest in (
+        ("gpus_per_rank", 0),
+        ("mem_per_rank_mb", 16),
+        ("time_margin_s", 0),
+        ("controller_patience_s", 0),
+    ):
         value = raw.get(key, getattr(Site, key))
         if value is None and key == "mem_per_rank_mb":
             continue

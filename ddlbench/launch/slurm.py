@@ -1,12 +1,12 @@
 """Talking to SLURM: what the cluster offers, what the current job is, what is in the queue.
 
-Every call is one subprocess with a time limit, and it fails with a message naming the command: a
-login node whose controller does not answer must not hang ddlbench. Torch-free.
+Every call is one subprocess with a time limit. A controller that does not answer is waited out for
+the site's patience (ddlbench.launch.patience), with the progress line saying so; past it, or on any
+other failure, the call fails with a message naming the command. Torch-free.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import getpass
 import logging
@@ -14,10 +14,11 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ddlbench.errors import DdlbenchError
+from ddlbench.launch.patience import OutageOver, Patience, is_transient, keep_trying
 from ddlbench.launch.resources import MemoryDefaults, Resources
 from ddlbench.records import SlurmJob
 
@@ -27,21 +28,54 @@ COMMAND_TIMEOUT_S = 60
 
 
 class SlurmError(DdlbenchError):
-    """A SLURM command failed or is missing."""
+    """A SLURM command failed or is missing; `stderr` is what the command printed, where it ran."""
+
+    def __init__(self, message: str, *, stderr: str = "") -> None:
+        super().__init__(message)
+        self.stderr = stderr
 
 
-def run_slurm(command: list[str], *, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
-    """Run a SLURM client command and return its stdout."""
+def run_slurm(
+    command: list[str],
+    *,
+    timeout_s: float = COMMAND_TIMEOUT_S,
+    patience: Patience | None = None,
+    before_retry: Callable[[], object] | None = None,
+    stdin: str | None = None,
+) -> str:
+    """Run a SLURM client command and return its stdout. A transient failure (the controller did not
+    answer, or the command ran past `timeout_s`) is tried again with growing waits for as long as the
+    patience (ddlbench.launch.patience: the site's controller_patience_s); any other failure raises at
+    once. A command that changes something passes `before_retry` (ddlbench.launch.patience.keep_trying),
+    which finds out whether a try whose answer was lost took effect, so that it is never done twice."""
+    shown = shlex.join(command)
+
+    def attempt() -> tuple[bool, str]:
+        try:
+            result = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout_s, check=False, input=stdin
+            )
+        except FileNotFoundError:
+            raise SlurmError(f"{command[0]} not found: is this a SLURM login node, and is SLURM on PATH?") from None
+        except subprocess.TimeoutExpired:
+            return False, f"no answer within {timeout_s:g} s"
+        if result.returncode == 0:
+            return True, result.stdout
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        if is_transient(result.stderr):
+            return False, lines[-1] if lines else f"exit {result.returncode}"
+        # every line: sbatch names the reason of a refusal (QOSMaxWallDurationPerJobLimit) before its summary
+        detail = " ".join(lines)[-1000:] if lines else f"exit {result.returncode}"
+        raise SlurmError(f"`{shown}` failed: {detail}", stderr=result.stderr)
+
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except FileNotFoundError:
-        raise SlurmError(f"{command[0]} not found: is this a SLURM login node, and is SLURM on PATH?") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"`{shlex.join(command)}` did not answer within {timeout_s:g} s") from None
-    if result.returncode != 0:
-        detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}"
-        raise SlurmError(f"`{shlex.join(command)}` failed: {detail}")
-    return result.stdout
+        return keep_trying(attempt, what=f"`{_short(shown)}`", patience=patience, before_retry=before_retry)
+    except OutageOver as exc:
+        raise SlurmError(str(exc)) from None
+
+
+def _short(text: str, most: int = 80) -> str:
+    return text if len(text) <= most else text[: most - 1] + "…"
 
 
 def parse_oneliner(line: str) -> dict[str, str]:
@@ -87,6 +121,20 @@ class Partition:
     def_mem_per_gpu_mb: int | None = None
     def_mem_per_node_mb: int | None = None
     max_mem_per_node_mb: int | None = None
+    max_nodes: int | None = None  # MaxNodes: the most nodes one job may have here; None: no limit
+    max_cpus_per_node: int | None = None  # MaxCPUsPerNode: the most CPUs of a node the partition's jobs use
+    # AllowQos/AllowAccounts (None: ALL) and DenyQos/DenyAccounts: who may submit here at all
+    allow_qos: tuple[str, ...] | None = None
+    allow_accounts: tuple[str, ...] | None = None
+    deny_qos: tuple[str, ...] = ()
+    deny_accounts: tuple[str, ...] = ()
+
+
+def _names(text: str | None) -> tuple[str, ...] | None:
+    """A partition's list of names (AllowQos=a,b); None for ALL (or unset)."""
+    if not text or text.upper() == "ALL":
+        return None
+    return tuple(name for name in text.split(",") if name and name != "(null)")
 
 
 def _mb(text: str | None) -> int | None:
@@ -119,6 +167,12 @@ def parse_partitions(text: str) -> dict[str, Partition]:
             def_mem_per_gpu_mb=_mb(job_defaults.get("DefMemPerGPU")),
             def_mem_per_node_mb=_mb(fields.get("DefMemPerNode")),
             max_mem_per_node_mb=_mb(fields.get("MaxMemPerNode")),
+            max_nodes=_count(fields.get("MaxNodes")),
+            max_cpus_per_node=_count(fields.get("MaxCPUsPerNode")),
+            allow_qos=_names(fields.get("AllowQos")),
+            allow_accounts=_names(fields.get("AllowAccounts")),
+            deny_qos=_names(fields.get("DenyQos")) or (),
+            deny_accounts=_names(fields.get("DenyAccounts")) or (),
         )
     return partitions
 
@@ -258,7 +312,7 @@ def query_cluster() -> ClusterFacts:
     )
 
 
-def check_resources(planned: Iterable[tuple[str, Resources]], facts: ClusterFacts) -> None:
+def check_resources(planned: Iterable[tuple[str, Resources]], facts: ClusterFacts, *, label: str = "point") -> None:
     """Refuse, before anything is submitted, a point the cluster would reject or hold forever: an unknown
     partition or one not UP, more nodes than the partition has, a time limit over the partition's, more
     CPUs, memory or GPUs per node than its nodes have, too few nodes able to hold it that are not down or
@@ -267,7 +321,7 @@ def check_resources(planned: Iterable[tuple[str, Resources]], facts: ClusterFact
     for point_id, resources in planned:
         problem = _problem(resources, facts)
         if problem:
-            raise DdlbenchError(f"point {point_id}: {problem}")
+            raise DdlbenchError(f"{label} {point_id}: {problem}" if label else f"{point_id}: {problem}")
 
 
 def _problem(resources: Resources, facts: ClusterFacts) -> str | None:
@@ -280,6 +334,16 @@ def _problem(resources: Resources, facts: ClusterFacts) -> str | None:
     name = repr(partition.name)
     if partition.state.upper() != "UP":
         return f"partition {name} is {partition.state}, not UP: its jobs would wait until an administrator acts"
+    if partition.max_nodes is not None and resources.nodes > partition.max_nodes:
+        return (
+            f"needs {resources.nodes} nodes, over partition {name}'s MaxNodes={partition.max_nodes} (the most one "
+            "job may have there): it would wait forever; drop the larger node counts or choose another partition"
+        )
+    if partition.max_cpus_per_node is not None and resources.cpus_per_node > partition.max_cpus_per_node:
+        return (
+            f"needs {resources.cpus_per_node} CPUs per node, over partition {name}'s MaxCPUsPerNode="
+            f"{partition.max_cpus_per_node}; lower threads, loader_workers or ranks_per_node"
+        )
     if resources.nodes > partition.total_nodes:
         return (
             f"needs {resources.nodes} nodes, but partition {name} has {partition.total_nodes}; "
@@ -344,14 +408,6 @@ def _problem(resources: Resources, facts: ClusterFacts) -> str | None:
             f"of partition {name} that have them take jobs ({out}); wait for them or choose another partition"
         )
     return None
-
-
-def check_cluster(planned: list[tuple[str, Resources]], *, account_required: bool | None = None) -> None:
-    """check_resources against the live cluster (scontrol), which is asked once."""
-    facts = query_cluster()
-    if account_required is not None:
-        facts = dataclasses.replace(facts, account_required=account_required)
-    check_resources(planned, facts)
 
 
 _GPU_TRES = re.compile(r"gres/gpu(?::[^=,]*)?=(\d+)")

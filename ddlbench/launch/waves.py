@@ -29,7 +29,12 @@ REFUSALS_WITH_EMPTY_QUEUE = 5
 
 
 class LimitRefusal(Exception):
-    """sbatch refused a submission for a limit on queued jobs (ddlbench.launch.limits.is_limit_refusal)."""
+    """sbatch refused a submission for a limit on queued jobs (ddlbench.launch.limits.is_limit_refusal);
+    `submitted`: the job ids of the group's first items that did go in before the refusal, in order."""
+
+    def __init__(self, message: str, *, submitted: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.submitted = list(submitted)
 
 
 class QueueWatch:
@@ -110,22 +115,25 @@ def submit_in_waves(
                 watch.pause()
                 queue = watch.poll(submitted)
                 continue
+            refusal = None
             try:
                 job_ids = submit(key, waiting[:take])
-            except LimitRefusal as refusal:
-                ceiling = max(1, take // 2)
-                queue = _after_refusal(refusal, watch, submitted, refusals := refusals + 1)
-                continue
-            refusals = 0
-            ceiling = ceiling * 2 if ceiling else None
-            submitted.update(zip(job_ids, waiting[:take], strict=True))
+            except LimitRefusal as refused:
+                refusal, job_ids = refused, refused.submitted  # those that went in before it stay submitted
+            submitted.update(zip(job_ids, waiting[: len(job_ids)], strict=True))
             if limit is not None:  # counted at once as queued, without asking squeue again
                 account, qos = limit.account or "", limit.qos or ""
                 queue = (queue or []) + [
                     QueuedJob(job_id=job_id, state="PENDING", name="", comment="", account=account, qos=qos)
                     for job_id in job_ids
                 ]
-            waiting = waiting[take:]
+            waiting = waiting[len(job_ids) :]
+            if refusal is not None:
+                ceiling = max(1, take // 2)
+                queue = _after_refusal(refusal, watch, submitted, refusals := refusals + 1)
+                continue
+            refusals = 0
+            ceiling = ceiling * 2 if ceiling else None
     return submitted
 
 

@@ -10,6 +10,8 @@
 #   tests/cluster/slurm.sh up        start what is not running (idempotent); last line: export SLURM_CONF=...
 #   tests/cluster/slurm.sh down      stop slurmd, slurmctld and slurmdbd by pid (MariaDB and munge stay)
 #   tests/cluster/slurm.sh status    sinfo
+#   tests/cluster/slurm.sh ctld-stop   stop slurmctld alone (a controller outage: jobs and slurmd go on)
+#   tests/cluster/slurm.sh ctld-start  start it again with its saved state (the queue as it was)
 #
 # State, configuration and logs live in $DDLBENCH_SLURM_DIR (default /var/tmp/ddlbench-slurm); the logs
 # of every daemon stay in its log/ folder after `down`, for debugging.
@@ -259,13 +261,32 @@ down() {
     return 0
 }
 
+ctld_stop() {
+    local pid
+    alive "$DIR/slurmctld.pid" || { say "slurmctld is not running"; return 0; }
+    pid=$(cat "$DIR/slurmctld.pid")
+    kill "$pid"
+    for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+    say "stopped slurmctld ($pid)"
+}
+
+ctld_start() {
+    export SLURM_CONF=$CONF
+    alive "$DIR/slurmctld.pid" || slurmctld -i # -i: keep the saved state (jobs), ignoring what it cannot read
+    wait_port 6817
+    say "slurmctld running"
+}
+
 case ${1:-} in
 install) install_packages ;;
 up) up ;;
 down) down ;;
 status) SLURM_CONF=$CONF sinfo ;;
+ctld-stop) ctld_stop ;;
+ctld-start) ctld_start ;;
 *)
-    echo "usage: $0 install|up|down|status" >&2
+    echo "usage: $0 install|up|down|status|ctld-stop|ctld-start" >&2
     exit 2
     ;;
 esac
