@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from ddlbench.errors import ConfigError
@@ -33,7 +34,7 @@ from ddlbench.launch.admission import check_submission
 from ddlbench.launch.claims import allocation_hosts, packing_enabled
 from ddlbench.launch.cores import check_plan_cores
 from ddlbench.launch.limits import check_room, read_limits
-from ddlbench.launch.resources import Resources, load_site, snakemake_resources
+from ddlbench.launch.resources import Resources, calibration_job, load_site, snakemake_resources
 from ddlbench.launch.slurm import query_cluster, query_queue
 from ddlbench.launch.submission import plan_resources
 from ddlbench.launch.submit_once import guard_sbatch
@@ -55,6 +56,8 @@ class Prepared:
     # inside an allocation with DDLBENCH_PACK=1: every point is a job step on nodes it claims there
     # (ddlbench.launch.claims); its only resource is `alloc_nodes`, its nodes, and its runner takes 1 thread
     packed: bool = False
+    # the calibrate_machine rule's job (a sweep with `calibrate:`, on SLURM): where the sweep's points run
+    calibration_resources: dict[str, Any] = field(default_factory=dict)
 
     @property
     def what(self) -> str:
@@ -79,13 +82,17 @@ def prepare_workflow(
     prepared = _PLANNERS[kind](dict(config))
     environ = os.environ if environ is None else environ
     planned: dict[str, Resources] = {}
+    calibration: Resources | None = None
     if site_file:
         site = load_site(site_file)
         planned = plan_resources(prepared.points, site, sweep=prepared.plan.config if prepared.plan else None)
+        calibration = _calibration_job(prepared, planned, site)
         if not environ.get("SLURM_JOB_ID"):  # on the login node, once, before any submission
-            check_submission(list(planned.items()), account_required=True if site.require_account else None)
+            to_check = list(planned.items()) + ([("calibrate_machine", calibration)] if calibration else [])
+            check_submission(to_check, account_required=True if site.require_account else None)
             if not linting and environ is os.environ:  # the plugin's sbatch outlives an outage, never submitting twice
-                guard_sbatch()
+                folder = prepared.plan.config.sweep_dir if prepared.plan else getattr(prepared.suite, "folder", None)
+                guard_sbatch(Path(folder) / "logs" / "sbatch-guard.log" if folder else None)
             if jobs and planned and not linting:
                 _check_queue_room(prepared, site, jobs=jobs)
     elif packing_enabled(environ):
@@ -93,7 +100,19 @@ def prepare_workflow(
     elif not linting:
         check_plan_cores(list(prepared.points), cores)
     resources = {point_id: snakemake_resources(allocation) for point_id, allocation in planned.items()}
-    return replace(prepared, resources=resources)
+    calibrating = snakemake_resources(calibration) if calibration else {}
+    return replace(prepared, resources=resources, calibration_resources=calibrating)
+
+
+def _calibration_job(prepared: Prepared, planned: Mapping[str, Resources], site: Any) -> Resources | None:
+    """The job that calibrates the machine before a sweep's points are predicted (its `calibrate:` suite),
+    on the nodes the points run on; None for a sweep without one."""
+    suite_path = getattr(prepared.plan.config, "calibrate", None) if prepared.plan else None
+    if not suite_path or not planned:
+        return None
+    from ddlbench.calibrate.suite import load_suite
+
+    return calibration_job(load_suite(Path(suite_path)).points, planned, site)
 
 
 def _packed_resources(points: tuple[Any, ...], environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -90,3 +91,31 @@ def sweep(write_sweep, name: str, **overrides) -> Path:
         timeout_s=30,
     )
     return write_sweep(f"{name}.yaml", **(config | overrides))
+
+
+def sacctmgr(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["sacctmgr", "-i", *args], capture_output=True, text=True, timeout=60)
+
+
+@contextlib.contextmanager
+def user_qos(name: str, *settings: str):
+    """A QOS of the tests' own (`settings` such as "MaxWall=00:01:00"), open to this user while the block
+    runs: only jobs naming it count against its limits or are held by them, so other tests are not. Its
+    jobs are cancelled and it is taken from the user afterwards, whatever happened."""
+    import getpass
+
+    require_cluster()
+    user = getpass.getuser()
+    if not subprocess.run(
+        ["sacctmgr", "-nP", "show", "qos", name, "format=name"], capture_output=True, text=True
+    ).stdout:
+        assert sacctmgr("add", "qos", name).returncode == 0
+    try:
+        if settings:
+            changed = sacctmgr("modify", "qos", name, "set", *settings)
+            assert changed.returncode == 0, changed.stderr
+        assert sacctmgr("modify", "user", user, "set", f"qos+={name}").returncode == 0
+        yield name
+    finally:
+        subprocess.run(["scancel", "--qos", name, "-u", user], capture_output=True, timeout=60)
+        sacctmgr("modify", "user", user, "set", f"qos-={name}")

@@ -223,6 +223,22 @@ def test_scheduler_load_counts_the_scheduler_calls_of_a_two_point_sweep():
         assert 0 < float(rates.group(1)) <= float(rates.group(2)), rates.group(0)
 
 
+def test_scheduler_load_simulates_its_smallest_sweep_beside_the_baseline():
+    output = run_benchmark("scheduler_load.py", "--simulate", "100", "--repeats", "1")
+    figure(output, r"simulated sweep: 100 points, records written in .*; baseline \w+")
+    for way in ("submit", "watch"):
+        for code in ("baseline", "today"):
+            figure(output, rf"{way}\s+{code}(?:\s+{NUMBER}){{6}}")
+        figure(
+            output,
+            rf"{way}: steady state {NUMBER} scheduler calls/min \(baseline {NUMBER}; target <= 2\), {NUMBER} fs ops "
+            rf"per point per minute \(baseline {NUMBER}; target <= 1; {NUMBER}x fewer\)",
+        )
+    for label in ("baseline look", "today cold look", "today warm look", "status CLI warm", "planning alone"):
+        figure(output, rf"  {label}\s+{NUMBER} s")
+    figure(output, rf"  today's look / baseline's: cold {NUMBER}, warm {NUMBER} \(target: a look under 1 s\)")
+
+
 def test_packing_plan_plans_its_sweep_in_allocations_of_each_width():
     output = run_benchmark("packing_plan.py", "--repetitions", "1", "--widths", "64,1000")
     figure(output, r"sweep: 2016 points, \d+ node-hours expected; partition: 1000 nodes, MaxTime 24 h")

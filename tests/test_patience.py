@@ -193,3 +193,49 @@ def test_patience_comes_from_the_environment(monkeypatch):
     assert patience_module.current_patience().patience_s == 90
     monkeypatch.setenv(patience_module.PATIENCE_VAR, "soon")
     assert patience_module.current_patience().patience_s == patience_module.DEFAULT_PATIENCE_S
+
+
+def test_the_guards_words_after_a_retry_are_not_read_as_a_refusal(tmp_path, monkeypatch):
+    """Snakemake's SLURM plugin fails a job whose sbatch printed "submission failed" on stderr, even when
+    sbatch exited 0: the guard's account of a retry that went through must not say it."""
+    import subprocess
+
+    env = _fake_clients(
+        tmp_path / "bin",
+        sbatch='n=$(grep -c sbatch $state/calls); if [ "$n" -lt 2 ]; then '
+        "echo 'sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)' >&2; "
+        f"exit 1; fi; {TAKE}; echo 'Submitted batch job 41'",
+        squeue="cat $state/queue 2>/dev/null; true",
+    )
+    log_file = tmp_path / "logs" / "sbatch-guard.log"
+    environ = {**os.environ, "PATH": env["PATH"], "DDLBENCH_REAL_SBATCH": str(tmp_path / "bin" / "sbatch"),
+               "DDLBENCH_SBATCH_GUARD_LOG": str(log_file), patience_module.PATIENCE_VAR: "30"}  # fmt: skip
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "ddlbench.launch.submit_once", "job.sh"], capture_output=True, text=True, env=environ
+    )
+    assert result.returncode == 0 and result.stdout == "Submitted batch job 41\n", result.stderr
+    assert "not answering" in result.stderr and "submission failed" not in result.stderr.lower()
+    assert "Unable to contact slurm controller" in log_file.read_text()  # and the sweep's log keeps it
+
+
+def test_the_progress_line_says_when_the_controller_is_not_answering():
+    import io
+
+    from ddlbench.launch.patience import _tell
+    from ddlbench.launch.progress import Progress
+
+    stream = io.StringIO()
+    progress = Progress(title="sweep 's'", stream=stream, isatty=False)
+    progress.update({"a": "running", "b": "pending"})
+    _tell("the SLURM controller is not answering (`squeue`: connect failure); trying again, 9 s so far")
+    said = stream.getvalue().splitlines()
+    assert said[-1].startswith("sweep 's': 2 points: 1 running, 1 pending") and "not answering since" in said[-1]
+    progress.update({"a": "ok", "b": "running"})  # while it lasts, every line says so
+    assert "not answering since" in stream.getvalue().splitlines()[-1]
+    _tell(None)
+    assert "not answering" not in stream.getvalue().splitlines()[-1]
+    progress.close()
+    _tell("the SLURM controller is not answering")  # a closed line no longer listens
+    assert "not answering" not in stream.getvalue().splitlines()[-1]

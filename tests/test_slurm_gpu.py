@@ -164,3 +164,38 @@ def test_a_down_partition_and_drained_nodes_are_refused_before_submission(gpu_en
         _refused(sweep_file, gpu_env, "but only 1 of the 4 nodes of partition 'gpu' that have them take jobs")
     finally:
         scontrol("NodeName=n[2-4]", "State=RESUME")
+
+
+TINY_SUITE = """\
+name: tiny_gpu_machine
+ranks_per_node: 2
+threads: 1
+precisions: [fp32]
+matmul_sizes: [64]
+conv_shapes: []
+memory_bytes: 1048576
+collectives: []
+backends: [torch]
+warmup: 1
+iterations: 2
+timeout_s: 120
+"""
+
+
+def test_a_gpu_sweeps_calibration_job_runs_where_its_points_run(gpu_env, write_sweep, tmp_path):
+    """The calibrate_machine rule's job takes the partition, GPUs and memory of the sweep's points (2 ranks
+    per node, a GPU each), not the profile's defaults: a GPU sweep is calibrated on a GPU node."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(TINY_SUITE)
+    sweep_file = sweep(write_sweep, "gpucal", nodes=[1], ranks_per_node=[2], oversubscribe=True, calibrate=str(suite))
+    result = run_snakemake("--profile", "slurm", "--configfile", str(sweep_file), "--until", "calibrate_machine",
+                           env=gpu_env)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    submitted = [line for line in result.stderr.splitlines() if "has been submitted with SLURM jobid" in line]
+    assert len(submitted) == 1, submitted  # the calibration alone
+    job_id = submitted[0].split("SLURM jobid ")[1].split()[0]
+    job = scontrol_job(job_id, gpu_env)
+    assert "Partition=gpu" in job and "TresPerNode=gres:gpu:2" in job, job
+    whole = next(row for key, row in sacct(job_id, gpu_env).items() if "." not in key)
+    assert "gres/gpu=2" in whole["AllocTRES"] and whole["State"] == "COMPLETED", whole
+    assert (tmp_path / "results" / "gpucal" / "machine.yaml").exists()

@@ -15,16 +15,12 @@ import subprocess
 import pytest
 import yaml
 from conftest import BIN, run_cli, run_snakemake
-from slurm_support import records_of, require_cluster, sweep
+from slurm_support import records_of, sacctmgr, sweep, user_qos
 
 pytestmark = pytest.mark.slurm
 
 QOS = "ddlbench_limit3"
 LIMIT = 3
-
-
-def sacctmgr(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["sacctmgr", "-i", *args], capture_output=True, text=True, timeout=60)
 
 
 def sbatch_in_qos(*args: str) -> subprocess.CompletedProcess:
@@ -40,25 +36,14 @@ def sbatch_in_qos(*args: str) -> subprocess.CompletedProcess:
 def limited_qos():
     """QOS ddlbench_limit3, open to this user, at most 3 jobs queued per user; the limit is lifted and the
     QOS removed from the user afterwards, whatever the tests did."""
-    require_cluster()
-    import getpass
-
-    user = getpass.getuser()
-    if not subprocess.run(
-        ["sacctmgr", "-nP", "show", "qos", QOS, "format=name"], capture_output=True, text=True
-    ).stdout:
-        assert sacctmgr("add", "qos", QOS).returncode == 0
-    try:
-        assert sacctmgr("modify", "qos", QOS, "set", f"MaxSubmitJobsPerUser={LIMIT}").returncode == 0
-        assert sacctmgr("modify", "user", user, "set", f"qos+={QOS}").returncode == 0
-        # the limit holds: an array of 4 tasks is 4 jobs, one too many
-        refused = sbatch_in_qos("--array=0-3", "--hold")
-        assert refused.returncode != 0 and "QOSMaxSubmitJobPerUserLimit" in refused.stderr, refused.stderr
-        yield QOS
-    finally:
-        subprocess.run(["scancel", "--qos", QOS, "-u", user], capture_output=True, timeout=60)
-        sacctmgr("modify", "qos", QOS, "set", "MaxSubmitJobsPerUser=-1")
-        sacctmgr("modify", "user", user, "set", f"qos-={QOS}")
+    with user_qos(QOS, f"MaxSubmitJobsPerUser={LIMIT}"):
+        try:
+            # the limit holds: an array of 4 tasks is 4 jobs, one too many
+            refused = sbatch_in_qos("--array=0-3", "--hold")
+            assert refused.returncode != 0 and "QOSMaxSubmitJobPerUserLimit" in refused.stderr, refused.stderr
+            yield QOS
+        finally:
+            sacctmgr("modify", "qos", QOS, "set", "MaxSubmitJobsPerUser=-1")
 
 
 @pytest.fixture
@@ -162,21 +147,8 @@ WALL_QOS = "ddlbench_wall1"
 def short_qos():
     """QOS ddlbench_wall1, open to this user, whose jobs may run 1 minute at most (MaxWall): a job asking
     more would pend forever (no DenyOnLimit)."""
-    require_cluster()
-    import getpass
-
-    user = getpass.getuser()
-    if not subprocess.run(
-        ["sacctmgr", "-nP", "show", "qos", WALL_QOS, "format=name"], capture_output=True, text=True
-    ).stdout:
-        assert sacctmgr("add", "qos", WALL_QOS).returncode == 0
-    try:
-        assert sacctmgr("modify", "qos", WALL_QOS, "set", "MaxWall=00:01:00").returncode == 0
-        assert sacctmgr("modify", "user", user, "set", f"qos+={WALL_QOS}").returncode == 0
+    with user_qos(WALL_QOS, "MaxWall=00:01:00"):
         yield WALL_QOS
-    finally:
-        subprocess.run(["scancel", "--qos", WALL_QOS, "-u", user], capture_output=True, timeout=60)
-        sacctmgr("modify", "user", user, "set", f"qos-={WALL_QOS}")
 
 
 def test_points_over_a_qos_maxwall_are_refused_before_anything_is_submitted(short_qos, env, write_sweep, tmp_path):

@@ -97,44 +97,66 @@ def test_a_killed_step_and_a_timed_out_point_end_only_their_own_steps(slurm_env,
     assert all(r.provenance.slurm.job_id == job_id for r in records.values())
 
 
-def test_an_allocation_that_ends_early_leaves_its_unrun_points_to_the_next_submit(slurm_env, write_sweep, tmp_path):
+def test_an_allocation_that_ends_early_leaves_a_record_for_each_unrun_point_and_submit_fails(
+    slurm_env, write_sweep, tmp_path
+):
     sweep_file = sweep(write_sweep, "packstop", nodes=[1], batch_size=[4, 8, 16], timeout_s=240)
     sweep_dir = tmp_path / "results" / "packstop"
     env = {**os.environ, **slurm_env, "DDLBENCH_INJECT_FAULT": "hang@-b4-"}
     # one node: the points run one after another in the plan's order (b16, b4, b8), b4 hanging
-    submitted = run_cli("submit", "--configfile", str(sweep_file), "--pack", "1", "--no-wait", env=env)
-    assert submitted.returncode == 0, submitted.stderr[-3000:]
-    (job_id,) = _allocations(submitted.stdout)
-    wait_until(
-        lambda: any("-b4-" in p["point_id"] for p in _summary(sweep_dir, job_id).get("points", [])),
-        timeout_s=120,
-        what="the hanging point to start",
-    )
-    first = records_of(sweep_dir)
-    status = run_cli("status", "--configfile", str(sweep_file), "--points", env=slurm_env).stdout
-    states = {line.split()[1].split("-")[4]: line.split()[0] for line in status.splitlines()[1:]}
-    assert states == {"b16": "ok", "b4": "running", "b8": "pending"}, status  # one squeue for the allocation
-    assert f"waiting for nodes in allocation {job_id}" in status
-    subprocess.run(["scancel", job_id], check=True, env=env)  # the allocation ends: scancel, time limit, preemption
-    wait_until(
-        lambda: _summary(sweep_dir, job_id).get("state") == "stopped", timeout_s=60, what="the dispatcher to stop"
-    )
-    assert records_of(sweep_dir).keys() == first.keys() and len(first) == 1  # in flight and unstarted: no record
-    assert sorted(_summary(sweep_dir, job_id)["not_started"]) == sorted(
-        p for p in json.loads((sweep_dir / "slurm-jobs.json").read_text()) if p not in first and "-b4-" not in p
-    )
-    again = run_cli("submit", "--configfile", str(sweep_file), "--pack", "1", env=slurm_env)
+    command = [str(BIN / "ddlbench"), "submit", "--configfile", str(sweep_file), "--pack", "1"]
+    submit = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job_id = wait_until(lambda: _job_of(sweep_dir), timeout_s=120, what="the allocation's job id")
+        wait_until(
+            lambda: any("-b4-" in p["point_id"] for p in _summary(sweep_dir, job_id).get("points", [])),
+            timeout_s=120,
+            what="the hanging point to start",
+        )
+        first = records_of(sweep_dir)
+        status = run_cli("status", "--configfile", str(sweep_file), "--points", env=slurm_env).stdout
+        states = {line.split()[1].split("-")[4]: line.split()[0] for line in status.splitlines()[1:]}
+        assert states == {"b16": "ok", "b4": "running", "b8": "pending"}, status  # one squeue for the allocation
+        assert f"waiting for nodes in allocation {job_id}" in status
+        subprocess.run(["scancel", job_id], check=True, env=env)  # the allocation ends: scancel, time limit, preemption
+        out, err = submit.communicate(timeout=300)
+    finally:
+        submit.kill()
+    summary = _summary(sweep_dir, job_id)
+    assert summary["state"] == "stopped" and summary["ends_from"] == "scontrol show job"  # SLURM's end time
+    records = {point_id.split("-")[4]: record for point_id, record in records_of(sweep_dir).items()}
+    assert records["b16"].status == "ok" and len(first) == 1
+    assert records["b4"].status == "timeout" and records["b4"].reason.startswith("stopped: the allocation ended")
+    assert records["b8"].status == "timeout" and records["b8"].reason.startswith("not started: the allocation ended")
+    assert records["b8"].provenance.slurm.job_id == job_id
+    # submit says so, names the points and the command that runs them again, and fails
+    assert submit.returncode == 3, out + err[-3000:]
+    assert "2 point(s) not run" in out, out
+    rerun = f"ddlbench rerun --configfile {sweep_file} --status unrun"  # exactly these, not every timeout
+    assert rerun in out, out
+    again = run_cli(*rerun.split()[1:], env=slurm_env)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.startswith("2 points in 1 allocation(s)")  # exactly the two without a record
+    assert "2 point(s) of sweep 'packstop' with status unrun to run again" in again.stdout
     records = records_of(sweep_dir)
     assert {r.status for r in records.values()} == {"ok"} and len(records) == 3
     (kept,) = first
     assert records[kept].provenance.slurm.job_id == job_id  # the first record stays as measured
 
 
+def _job_of(sweep_dir: Path) -> str | None:
+    """The packed allocation's job, from the jobs index that `submit` writes as it submits."""
+    index = sweep_dir / "slurm-jobs.json"
+    try:
+        jobs = {job for ids in json.loads(index.read_text()).values() for job in ids}
+    except (OSError, ValueError):
+        return None
+    return next(iter(jobs)) if len(jobs) == 1 else None
+
+
 def test_per_node_certification_runs_every_node_at_once_in_one_allocation(slurm_env, tmp_path):
-    """`ddlbench certify --pack auto`: the single-node point once on each of the partition's 4 nodes
-    (`each_node: all`), each a step pinned to its node, all four at once, in one job of the partition."""
+    """`ddlbench certify --pack all`: the single-node point once on each of the partition's 4 nodes
+    (`each_node: all`), each a step pinned to its node, all four at once, in one job of the partition
+    (asked for: `auto` would not wait for the whole partition, running allocations as wide as the widest point)."""
     suite = tmp_path / "suite.yaml"
     suite.write_text(
         json.dumps(
@@ -147,7 +169,7 @@ def test_per_node_certification_runs_every_node_at_once_in_one_allocation(slurm_
     )  # fmt: skip
     run = run_cli(
         "certify", "--system", "testcluster", "--partition", "cpu", "--db", str(tmp_path / "h.sqlite"),
-        "--suite", str(suite), "--pack", "auto", "--write-references", str(tmp_path / "proposed.yaml"), env=slurm_env,
+        "--suite", str(suite), "--pack", "all", "--write-references", str(tmp_path / "proposed.yaml"), env=slurm_env,
     )  # fmt: skip
     assert run.returncode == 1, run.stdout + run.stderr[-3000:]  # nothing referenced yet: not a pass
     folder = tmp_path / "results" / "packnode_testcluster_cpu"

@@ -61,10 +61,13 @@ def calibrate(
     return machine
 
 
-def submit_suite(suite_path: Path | None, *, raw: dict[str, Any] | None = None, site_path: Path | None = None) -> None:
+def submit_suite(
+    suite_path: Path | None, *, raw: dict[str, Any] | None = None, site_path: Path | None = None, like: Any = None
+) -> None:
     """Submit the suite's points as SLURM jobs through submitit (as `ddlbench submit` does a sweep's: job
     arrays by allocation, each point an srun step writing its record) and wait for them all. The site is
-    the profile's (`ddlbench profile slurm`) or `site_path`."""
+    the profile's (`ddlbench profile slurm`) or `site_path`; `like`, a sweep config, puts them where its
+    points run (its `slurm:` partition and memory per rank; the site's GPUs per rank)."""
     from ddlbench.calibrate.suite import load_suite
     from ddlbench.launch.admission import check_submission
     from ddlbench.launch.profile import load_default_site
@@ -73,7 +76,7 @@ def submit_suite(suite_path: Path | None, *, raw: dict[str, Any] | None = None, 
 
     suite = load_suite(suite_path, raw=raw)
     site = load_site(site_path) if site_path else load_default_site()
-    planned = plan_resources(suite.points, site)
+    planned = plan_resources(suite.points, site, sweep=like)
     check_submission(list(planned.items()), account_required=True if site.require_account else None)
     points = list(suite.points)
     jobs = submit_points(points, planned, sweep_dir=suite.folder, name=f"{suite.name}-calibration")

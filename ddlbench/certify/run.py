@@ -60,10 +60,11 @@ def run_suite(config: SweepConfig, *, cores: int, profile: str | None, history: 
 
 
 def run_suite_packed(config: SweepConfig, *, pack: str, history: Path) -> tuple[int, Path]:
-    """Run the resolved suite's points as job steps of allocations of `pack` nodes (`auto`: the whole
-    partition for per-node points; ddlbench.launch.packed), wait, and finish the suite as every road does
-    (ddlbench.finish: table, models, the run in `history`, report); (0, or 1 when a point has no record,
-    and the log file). Points that have a record are not run again."""
+    """Run the resolved suite's points as job steps of allocations of `pack` nodes (`auto`: as wide as the
+    widest point; `all`: the whole partition at once for per-node points; within the user's limits:
+    ddlbench.launch.packed), wait, and finish the suite as every road does (ddlbench.finish: table, models,
+    the run in `history`, report); (0, or 1 when a point has no record or an allocation ended before it
+    ran, and the log file). Points that have a record are not run again."""
     from ddlbench.finish import finish_sweep
     from ddlbench.launch.packed import submit_packed_sweep
     from ddlbench.launch.profile import load_default_site
@@ -84,7 +85,20 @@ def run_suite_packed(config: SweepConfig, *, pack: str, history: Path) -> tuple[
             submit_packed_sweep(config, points, load_default_site(), pack, say=lambda line: print(line, file=out))
         finished = finish_sweep(config, history=history)
         print(finished.summary(), file=out)
-    return (1 if finished.counts.get("missing") else 0), log_file
+        unrun = [point.point_id for point in plan.points if _left_unrun(record_path(config.sweep_dir, point.point_id))]
+        if unrun:
+            print(f"{len(unrun)} point(s) not run (their allocation ended first): {', '.join(unrun)}", file=out)
+    return (1 if finished.counts.get("missing") or unrun else 0), log_file
+
+
+def _left_unrun(path: Path) -> bool:
+    from ddlbench.launch.allocation import left_unrun
+    from ddlbench.records import RecordError, read_record
+
+    try:
+        return path.exists() and left_unrun(read_record(path).reason)
+    except RecordError:
+        return False
 
 
 def suite_table(config: SweepConfig) -> pd.DataFrame:

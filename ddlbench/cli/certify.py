@@ -63,8 +63,9 @@ def add_commands(commands: Any) -> None:
     certify.add_argument(
         "--pack",
         metavar="N",
-        help="run the suite's points as job steps of SLURM allocations of N nodes (auto: the whole partition for "
-        "per-node points), with the site of `ddlbench profile slurm`, not as a job each",
+        help="run the suite's points as job steps of SLURM allocations of N nodes (auto: as wide as the widest "
+        "point, so no allocation waits for the whole partition; all: the whole partition at once for per-node "
+        "points), within your limits, with the site of `ddlbench profile slurm`, not as a job each",
     )
     certify.add_argument("--cores", type=int, default=2, help="cores for a local run (default 2)")
     certify.add_argument(

@@ -64,6 +64,12 @@ def _add_calibrate(commands: Any) -> None:
         help="submit the points as SLURM jobs (submitit, the profile's site as `ddlbench submit` uses), wait, fit",
     )
     calibrate.add_argument("--site", type=Path, help="with --submit: a site file instead of the profile's")
+    calibrate.add_argument(
+        "--like",
+        type=Path,
+        metavar="SWEEP",
+        help="with --submit: calibrate where this sweep's points run (its `slurm:` partition and memory per rank)",
+    )
     calibrate.add_argument("--out", type=Path, required=True, help="the machine file to write (YAML)")
     calibrate.add_argument("--report", type=Path, help="HTML report (default: beside the suite's records)")
     calibrate.add_argument(
@@ -294,10 +300,17 @@ def _calibrate(args: argparse.Namespace) -> int:
             raw = json.loads(args.config_json)
         except json.JSONDecodeError as exc:
             raise DdlbenchError(f"--config-json is not valid JSON: {exc}") from None
+    if args.like is not None and not args.submit:
+        raise DdlbenchError("--like goes with --submit: it says where the submitted points run")
     if args.submit:
         from ddlbench.calibrate import submit_suite
 
-        submit_suite(args.configfile, raw=raw, site_path=args.site)
+        like = None
+        if args.like is not None:
+            from ddlbench.config import load_sweep_config
+
+            like = load_sweep_config(args.like)
+        submit_suite(args.configfile, raw=raw, site_path=args.site, like=like)
     machine = calibrate(
         args.configfile,
         raw=raw,

@@ -16,7 +16,8 @@ from ddlbench.cli.common import add_sweep_options, read_sweep
 from ddlbench.errors import DdlbenchError
 
 SECTION = "On SLURM"
-RERUN_STATUSES = ("failed", "oom", "timeout", "missing")
+# `unrun`: points a packed allocation ended before they ran (status timeout, ddlbench.launch.allocation.left_unrun)
+RERUN_STATUSES = ("failed", "oom", "timeout", "missing", "unrun")
 
 
 def add_commands(commands: Any) -> None:
@@ -67,8 +68,9 @@ def add_commands(commands: Any) -> None:
     submit.add_argument(
         "--pack",
         metavar="N",
-        help="run the points as job steps inside allocations of N nodes (auto: the widest point's), not as a job "
-        "each; `ddlbench plan --pack N` shows the packing first",
+        help="run the points as job steps inside allocations of N nodes (auto: the widest point's; all: as many "
+        "as the points are pinned to), within your limits, not as a job each; `ddlbench plan --pack N` shows "
+        "the packing first",
     )
     submit.set_defaults(handler=lambda args: _submit(args, read_sweep(args)))
 
@@ -77,7 +79,8 @@ def add_commands(commands: Any) -> None:
         section=SECTION,
         summary="run again the points whose records have the given statuses",
         description="Run again the points of a sweep whose records say failed, oom or timeout (or that have no "
-        "record: missing), on SLURM or here with --local, with more memory or time if asked; each earlier "
+        "record: missing; that a packed allocation ended before they ran: unrun), on SLURM or here with "
+        "--local, with more memory or time if asked; each earlier "
         "record is kept aside (points/<id>/previous/). The table and report are then made again.",
         example="ddlbench rerun --configfile sweep.yaml --status oom,timeout --mem-factor 2",
     )
@@ -112,6 +115,11 @@ def _add_site_options(parser: argparse.ArgumentParser) -> None:
         help="whole nodes for every point (default: on; --no-exclusive lets points share nodes with other jobs)",
     )
     parser.add_argument("--time-margin-s", type=int, help="added to each point's timeout for its time limit (300)")
+    parser.add_argument(
+        "--controller-patience-s",
+        type=int,
+        help="how long every scheduler call keeps trying while the controller does not answer (1800)",
+    )
     parser.add_argument("--require-account", action="store_true", help="refuse to submit without an account")
 
 
@@ -131,6 +139,7 @@ SITE_OPTIONS = (
     "mem_per_rank_mb",
     "time_margin_s",
     "exclusive",
+    "controller_patience_s",
 )
 
 
@@ -191,12 +200,12 @@ def _check_factors(args: argparse.Namespace) -> None:
 
 
 def _submit_and_wait(args, config, points, *, mem_factor: float = 1.0, time_factor: float = 1.0) -> int:
-    from ddlbench.launch.slurm import check_cluster
+    from ddlbench.launch.admission import check_submission
     from ddlbench.launch.submission import plan_resources, submit_points, wait_for
 
     site = _site(args)
     planned = plan_resources(points, site, sweep=config, mem_factor=mem_factor, time_factor=time_factor)
-    check_cluster(list(planned.items()), account_required=True if site.require_account else None)
+    check_submission(list(planned.items()), account_required=True if site.require_account else None)
     jobs = submit_points(
         points,
         planned,
@@ -241,8 +250,16 @@ def _submit(args: argparse.Namespace, config) -> int:
 
 
 def _submit_packed(args: argparse.Namespace, config, points) -> int:
-    """The points as steps of few allocations (ddlbench.launch.packed): plan, check, submit, wait, report."""
+    """The points as steps of few allocations (ddlbench.launch.packed): plan, check, submit, wait, report.
+    Exits 3 when an allocation ended before some of its points ran (their records say so: status timeout,
+    reason "not started: …" or "stopped: the allocation ended …") or left some without a record, naming
+    them and the command that runs them again."""
+    import shlex
+
+    from ddlbench.launch.allocation import left_unrun
     from ddlbench.launch.packed import submit_packed_sweep
+    from ddlbench.records import RecordError, read_record, record_path
+    from ddlbench.sweep import expand_sweep
 
     if args.no_wait:
         submit_packed_sweep(config, points, _site(args), args.pack, wait=False)
@@ -250,7 +267,26 @@ def _submit_packed(args: argparse.Namespace, config, points) -> int:
     progress, states = _progress(config, points)
     submit_packed_sweep(config, points, _site(args), args.pack, on_poll=lambda queue: progress.update(states(queue)))
     progress.close()
-    return _refresh_outputs(config)
+    code = _refresh_outputs(config)
+    statuses: dict[str, tuple[str, bool]] = {}  # every point of the sweep: its status, and whether left unrun
+    for point in expand_sweep(config).points:
+        path = record_path(config.sweep_dir, point.point_id)
+        try:
+            record = read_record(path) if path.exists() else None
+        except RecordError:
+            continue
+        statuses[point.point_id] = ("missing", True) if record is None else (record.status, left_unrun(record.reason))
+    unrun = [point.point_id for point in points if statuses.get(point.point_id, ("", False))[1]]
+    if not unrun:
+        return code
+    # exactly these: unrun (a record saying so) and missing (none) select no other point
+    wanted = sorted({"missing" if statuses[p][0] == "missing" else "unrun" for p in unrun}, key=RERUN_STATUSES.index)
+    sweep = f"--configfile {shlex.quote(str(args.configfile))}" if args.configfile else "--config-json …"
+    print(f"{len(unrun)} point(s) not run: their allocation ended first, or they have no record:")
+    for point_id in unrun:
+        print(f"  {point_id}\t{statuses[point_id][0]}")
+    print(f"run exactly them again with:  ddlbench rerun {sweep} --status {','.join(wanted)}")
+    return 3
 
 
 def _rerun(args: argparse.Namespace, config) -> int:
@@ -265,14 +301,18 @@ def _rerun(args: argparse.Namespace, config) -> int:
             f"--status {args.status!r}: {', '.join(unknown) or 'nothing'} is not accepted; "
             f"choose from: {', '.join(RERUN_STATUSES)}"
         )
+    from ddlbench.launch.allocation import left_unrun
+
     chosen = []
     for point in expand_sweep(config).points:
         path = record_path(config.sweep_dir, point.point_id)
         try:
-            status = read_record(path).status if path.exists() else "missing"
+            record = read_record(path) if path.exists() else None
+            status = record.status if record else "missing"
+            unrun = record is not None and left_unrun(record.reason)
         except RecordError:
-            status = "failed"  # an unreadable record is not a measurement
-        if status in wanted:
+            status, unrun = "failed", False  # an unreadable record is not a measurement
+        if status in wanted or (unrun and "unrun" in wanted):
             chosen.append(point)
             if path.exists():
                 _keep_previous(path)

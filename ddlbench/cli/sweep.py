@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -15,6 +16,10 @@ from ddlbench.config import AXES
 from ddlbench.errors import DdlbenchError
 
 SECTION = "Run a sweep"
+# `status --watch`: the longest pause between looks (as submit's wait: ddlbench.launch.waves.QueueWatch),
+# and the seconds in which every record not announced by the queue is looked at once
+WATCH_MAX_INTERVAL_S = 120.0
+WATCH_ROUND_S = 120.0
 
 
 def add_commands(commands: Any) -> None:
@@ -62,7 +67,12 @@ def add_commands(commands: Any) -> None:
     status.add_argument("--points", action="store_true", help="list every point with its state and job ids")
     status.add_argument("--watch", action="store_true", help="follow the sweep until every point has ended")
     status.add_argument(
-        "--interval", type=float, default=10.0, metavar="S", help="with --watch: seconds between looks (10)"
+        "--interval",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="with --watch: seconds between looks while points end (10); while none does, the pause grows "
+        "×1.5 up to 120 s, as submit's wait",
     )
     status.set_defaults(handler=lambda args: _status(args, read_sweep(args)))
 
@@ -151,8 +161,14 @@ def _plan_packed(config, points, args: argparse.Namespace) -> int:
     if args.max_time is not None and not args.max_time > 0:
         raise DdlbenchError(f"--max-time {args.max_time:g} is not accepted; give minutes > 0")
     expected, source = expected_times(points, config.machine_path)
-    packing = pack(tasks_for(points, expected_s=expected), pack_width(points, args.pack),
-                   max_time_s=args.max_time * 60 if args.max_time else None)  # fmt: skip
+    width, max_time_s, notes = pack_width(points, args.pack), args.max_time * 60 if args.max_time else None, []
+    if args.max_time is None:  # sized under the cluster's limits where the profile's site and SLURM can say
+        bounds, why = _packing_bounds(config, points, args.pack)
+        if bounds is not None:
+            width, max_time_s, notes = bounds.width, bounds.max_time_s, list(bounds.notes)
+        else:
+            notes = [f"not sized under the cluster's limits ({why}); --max-time sets the longest allocation"]
+    packing = pack(tasks_for(points, expected_s=expected), width, max_time_s=max_time_s)
     if args.format == "json":
         allocations = [
             {
@@ -170,8 +186,41 @@ def _plan_packed(config, points, args: argparse.Namespace) -> int:
         ]
         print(json.dumps({"allocations": allocations, "idle_share": packing.idle_share}, indent=1))
         return 0
-    print("\n".join([*describe(packing), source]))
+    print("\n".join([*describe(packing), *notes, source]))
     return 0
+
+
+def _packing_bounds(config, points, pack_arg: str):
+    """(Bounds under the user's limits, None), or (None, why not): no profile, or no cluster answering
+    within a few seconds (plan reads; it does not wait out an outage)."""
+    from ddlbench.launch.limits import read_limits
+    from ddlbench.launch.packed import packing_bounds
+    from ddlbench.launch.patience import PATIENCE_VAR
+    from ddlbench.launch.profile import load_default_site
+    from ddlbench.launch.slurm import SlurmError, query_cluster
+    from ddlbench.launch.submission import plan_resources
+
+    try:
+        site = load_default_site()
+    except DdlbenchError:
+        return None, "no site: `ddlbench profile slurm` writes one"
+    saved = os.environ.get(PATIENCE_VAR)
+    try:
+        os.environ[PATIENCE_VAR] = "10"
+        facts = query_cluster()
+        planned = plan_resources(points, site, sweep=config, facts=facts)
+        os.environ[PATIENCE_VAR] = "10"  # again: plan_resources gave this process the site's
+        first = next(iter(planned.values()))
+        limits = read_limits(facts, account=first.account, qos=first.qos, partition=first.partition)
+        partition = facts.partitions.get(first.partition)
+        return packing_bounds(points, planned, site, pack_arg, limits=limits, partition=partition), ""
+    except (SlurmError, DdlbenchError) as exc:
+        return None, f"SLURM did not say: {exc}"
+    finally:
+        if saved is None:
+            os.environ.pop(PATIENCE_VAR, None)
+        else:
+            os.environ[PATIENCE_VAR] = saved
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -216,7 +265,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace, config) -> int:
     from ddlbench.launch.slurm import SlurmError, query_queue
-    from ddlbench.launch.status import summarize, sweep_status
+    from ddlbench.launch.status import CACHE_FILE, RecordCache, summarize, sweep_status
     from ddlbench.launch.submission import read_jobs_index
     from ddlbench.sweep import expand_sweep
 
@@ -228,9 +277,18 @@ def _status(args: argparse.Namespace, config) -> int:
             queue = query_queue()
         except SlurmError as exc:
             print(f"(queue not read: {exc})")
+    # what the records said at the last status, kept in the sweep folder: a record is read again only
+    # when it changed, so a status of a large sweep costs a stat per record, not a read
+    records = RecordCache.load(config.sweep_dir / CACHE_FILE)
     statuses = sweep_status(
-        expand_sweep(config), queue=queue, jobs_index=read_jobs_index(config.sweep_dir), sweep_dir=config.sweep_dir
+        expand_sweep(config),
+        queue=queue,
+        jobs_index=read_jobs_index(config.sweep_dir),
+        sweep_dir=config.sweep_dir,
+        records=records,
     )
+    if config.sweep_dir.is_dir():
+        records.save(config.sweep_dir / CACHE_FILE)
     print(f"sweep {config.name!r}: {summarize(statuses)}")
     for status in statuses:
         if args.points or status.state not in ("ok", "not started") or status.other_version:
@@ -244,10 +302,12 @@ def _status(args: argparse.Namespace, config) -> int:
 def _watch(args: argparse.Namespace, config) -> int:
     """`status --watch`: the sweep's progress line until every point ended (ddlbench.launch.progress).
     On SLURM from the queue and the records; else from the files alone: a point whose log was written
-    within the longest timeout and has no newer record is running (ddlbench.launch.disk_status)."""
+    within the longest timeout and has no newer record is running (ddlbench.launch.disk_status).
+    It polls as submit's wait does: every --interval seconds while points end, the pause growing ×1.5 up
+    to 120 s while none does; each look re-reads only the records that may have changed."""
     import time
 
-    from ddlbench.launch.disk_status import adaptive_files, states_on_disk, sweep_files
+    from ddlbench.launch.disk_status import DiskWatch, adaptive_files, sweep_files
     from ddlbench.launch.progress import Progress, predicted_durations, sweep_states, watch
     from ddlbench.launch.slurm import query_queue
     from ddlbench.sweep import expand_sweep
@@ -257,16 +317,17 @@ def _watch(args: argparse.Namespace, config) -> int:
     plan = expand_sweep(config)
     adaptive = (config.sweep_dir / "adaptive" / "rounds").is_dir()
     since = time.time() - max((point.timeout_s for point in plan.points), default=0.0)
+    disk = DiskWatch(since=since, every_s=WATCH_ROUND_S)
     if adaptive:  # the points of the rounds planned so far; the total grows round by round
         progress = Progress(title=f"adaptive sweep {config.name!r} (rounds so far)")
 
         def poll():
-            return states_on_disk(*adaptive_files(config.sweep_dir), since=since)
+            return disk(*adaptive_files(config.sweep_dir))
 
     else:
         progress = Progress(title=f"sweep {config.name!r}", predicted_s=predicted_durations(config, plan.points))
         if not args.no_queue and shutil.which("squeue"):
-            states = sweep_states(plan, sweep_dir=config.sweep_dir)
+            states = sweep_states(plan, sweep_dir=config.sweep_dir, every_s=WATCH_ROUND_S)
 
             def poll():
                 return states(query_queue())
@@ -275,7 +336,7 @@ def _watch(args: argparse.Namespace, config) -> int:
             records, logs = sweep_files(config.sweep_dir, [point.point_id for point in plan.points])
 
             def poll():
-                return states_on_disk(records, logs, since=since)
+                return disk(records, logs)
 
-    watch(poll, progress=progress, interval_s=args.interval)
+    watch(poll, progress=progress, interval_s=args.interval, max_interval_s=max(args.interval, WATCH_MAX_INTERVAL_S))
     return 0

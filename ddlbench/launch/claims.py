@@ -6,6 +6,9 @@ point's runner claims the nodes of its step from a claims file of the allocation
 lock, and gives them back when its step ends. A claim names the runner's pid, so the claim of a runner
 that died is dropped by the next one who looks. Every runner of the allocation runs on the host where
 Snakemake runs (the batch host, or the host of `salloc`), so a file in its temporary folder is shared.
+The file is replaced whole (a temporary file renamed over it) while the lock is held: a runner killed
+mid-write leaves the claims as they were, never half of them. Each claim also holds a lane, the lowest
+number no other live claim holds, from which its step's rendezvous port is derived.
 
 A point pinned to a node (`each_node`) claims that node. A point that does not fit waits, polling, until
 its nodes are free; Snakemake's `--resources alloc_nodes=N` keeps the runners from waiting at all.
@@ -23,6 +26,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.slurm import run_slurm
 
@@ -53,7 +57,8 @@ def claimed_nodes(
     job_id: str, hosts: list[str], *, count: int, pin: str = "", timeout_s: float = float("inf")
 ) -> Iterator[tuple[list[str], int]]:
     """Hold `count` nodes of `hosts` (or the node `pin`) until the block ends; yields them and the claim's
-    sequence number (for a rendezvous port no other running step uses)."""
+    lane: the lowest number no other live claim of the allocation holds (its step's rendezvous port,
+    ddlbench.launch.rendezvous.step_port, then differs from every other running step's)."""
     if pin and pin not in hosts:
         raise DdlbenchError(f"the point is pinned to node {pin}, which this allocation ({','.join(hosts)}) lacks")
     if count > len(hosts):
@@ -71,9 +76,9 @@ def claimed_nodes(
             log.info("waiting for %d free node(s) of allocation %s", count, job_id)
             waited = True
         time.sleep(POLL_S)
-    nodes, sequence = taken
+    nodes, lane = taken
     try:
-        yield nodes, sequence
+        yield nodes, lane
     finally:
         _release(path)
 
@@ -85,13 +90,21 @@ def _locked(path: Path):
 
 
 def _read(path: Path) -> dict:
+    """The claims, as {pid: {"nodes": [...], "lane": n}}; an unreadable file holds none."""
     try:
         state = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         state = {}
-    state.setdefault("claims", {})
-    state.setdefault("sequence", 0)
-    return state
+    claims = state.get("claims", {})
+    return {
+        "claims": {
+            pid: claim if isinstance(claim, dict) else {"nodes": claim, "lane": None} for pid, claim in claims.items()
+        }
+    }
+
+
+def _write(path: Path, state: dict) -> None:
+    write_text_atomic(path, json.dumps(state))
 
 
 def _alive(pid: int) -> bool:
@@ -107,22 +120,26 @@ def _alive(pid: int) -> bool:
 def _try_claim(path: Path, hosts: list[str], *, count: int, pin: str) -> tuple[list[str], int] | None:
     with _locked(path):
         state = _read(path)
-        state["claims"] = {pid: nodes for pid, nodes in state["claims"].items() if _alive(int(pid))}
-        busy = {node for nodes in state["claims"].values() for node in nodes}
+        live = {pid: claim for pid, claim in state["claims"].items() if _alive(int(pid))}
+        dropped = len(live) < len(state["claims"])
+        state["claims"] = live
+        busy = {node for claim in live.values() for node in claim["nodes"]}
         free = [host for host in hosts if host not in busy]
         fits = (pin in free) if pin else len(free) >= count
-        taken = ([pin] if pin else free[:count]) if fits else None
-        if taken is None:
-            path.write_text(json.dumps(state))
+        if not fits:
+            if dropped:
+                _write(path, state)
             return None
-        state["claims"][str(os.getpid())] = taken
-        state["sequence"] += 1
-        path.write_text(json.dumps(state))
-        return taken, state["sequence"]
+        taken = [pin] if pin else free[:count]
+        lanes = {claim["lane"] for claim in live.values()}
+        lane = next(number for number in range(len(live) + 1) if number not in lanes)
+        state["claims"][str(os.getpid())] = {"nodes": taken, "lane": lane}
+        _write(path, state)
+        return taken, lane
 
 
 def _release(path: Path) -> None:
     with _locked(path):
         state = _read(path)
-        state["claims"].pop(str(os.getpid()), None)
-        path.write_text(json.dumps(state))
+        if state["claims"].pop(str(os.getpid()), None) is not None:
+            _write(path, state)

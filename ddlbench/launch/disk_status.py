@@ -2,15 +2,18 @@
 Snakemake subprocess, so that a watcher thread can report on it (ddlbench.launch.progress.watching).
 
 ddlbench.launch.status.sweep_status is the reading with the queue; this one reads a record's `status`
-only, so it serves training and calibration records alike, and reads each version of a file once.
-Torch-free.
+only, so it serves training and calibration records alike, and reads each version of a file once (however
+many records: no cache size to thrash at). DiskWatch is its reading for a watcher: a bounded number of
+stats per look. Torch-free.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Iterable, Mapping
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from ddlbench.records import record_path
@@ -29,46 +32,115 @@ def states_on_disk(
     gives its status. Else a point whose log was written since then is running: Snakemake creates a job's
     log as it starts it, and the earlier record of a point run again stays until the new one replaces it.
     Else its earlier record's status, or with `redo` (every point runs again) not started; without a record,
-    not started. Without `since`, every record counts and nothing is seen running."""
+    not started. Without `since`, every record counts and nothing is seen running.
+    One stat for a point with a record written since `since` (and a read when it changed), two otherwise."""
     logs = logs or {}
-    states = {}
-    for point_id, path in records.items():
-        recorded = _modified(path)
-        log_path = logs.get(point_id)
-        logged = _modified(log_path) if log_path is not None else None
-        if recorded is not None and (since is None or recorded >= since):
-            states[point_id] = record_state(path)
-        elif since is not None and logged is not None and logged >= since:
-            states[point_id] = "running"
-        elif recorded is not None and not redo:
-            states[point_id] = record_state(path)
-        else:
-            states[point_id] = "not started"
-    return states
+    return {
+        point_id: state_on_disk(path, logs.get(point_id), since=since, redo=redo) for point_id, path in records.items()
+    }
+
+
+def state_on_disk(record: Path, log: Path | None, *, since: float | None = None, redo: bool = False) -> str:
+    """One point's state for states_on_disk, from its record and its log."""
+    stat = _stat(record)
+    if stat is not None and (since is None or stat.st_mtime >= since):
+        return _status_in(record, stat.st_mtime_ns, stat.st_size)
+    logged = _stat(log) if log is not None and since is not None else None
+    if logged is not None and logged.st_mtime >= since:
+        return "running"
+    if stat is not None and not redo:
+        return _status_in(record, stat.st_mtime_ns, stat.st_size)
+    return "not started"
+
+
+class DiskWatch:
+    """states_on_disk for a watcher that looks again and again (`status --watch` without the queue), at a
+    filesystem cost that does not grow with the number of looks: each look reads again the points that
+    were running, then the others in turn, as many as (seconds since the last look) × max(points ÷
+    `every_s`, `least_per_s`) allows, those running first; the rest keep the state of their last look.
+    A point is looked at when first named. One look is at most two stats (state_on_disk), so at
+    `every_s` = 120 at most one stat per point per minute for sweeps over 1,200 points, and at most
+    2 × `least_per_s` a second in all below. `clock` replaces time.monotonic (tests)."""
+
+    def __init__(
+        self,
+        *,
+        since: float | None = None,
+        redo: bool = False,
+        every_s: float = 120.0,
+        least_per_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.since, self.redo, self.every_s, self.least_per_s, self._clock = since, redo, every_s, least_per_s, clock
+        self.states: dict[str, str] = {}
+        self.looks = 0
+        self._turn: deque[str] = deque()
+        self._credit = 0.0
+        self._last: float | None = None
+
+    def __call__(self, records: Mapping[str, Path], logs: Mapping[str, Path] | None = None) -> dict[str, str]:
+        logs = logs or {}
+        now = self._clock()
+        elapsed = 0.0 if self._last is None else now - self._last
+        self._last = now
+        rate = max(len(records) / self.every_s, self.least_per_s)
+        self._credit = min(self._credit + elapsed * rate, float(len(records)))
+        new = [point_id for point_id in records if point_id not in self.states]
+        running = [point_id for point_id in records if self.states.get(point_id) == "running"]
+        due = dict.fromkeys(new)
+        for point_id in running:
+            if self._credit < 1:
+                break
+            due[point_id] = None
+            self._credit -= 1
+        for _ in range(len(self._turn)):
+            if self._credit < 1:
+                break
+            point_id = self._turn.popleft()
+            if point_id not in records:  # no longer named: out of the round
+                continue
+            self._turn.append(point_id)
+            if point_id not in due:
+                due[point_id] = None
+                self._credit -= 1
+        for point_id in due:
+            if point_id not in self.states:
+                self._turn.append(point_id)
+            self.states[point_id] = state_on_disk(
+                records[point_id], logs.get(point_id), since=self.since, redo=self.redo
+            )
+        self.looks += len(due)
+        return {point_id: self.states[point_id] for point_id in records}
 
 
 def record_state(path: Path) -> str:
     """A record's `status` (a training or a calibration record: both have it), or `unreadable`."""
-    try:
-        stat = path.stat()
-    except OSError:
+    stat = _stat(path)
+    if stat is None:
         return "unreadable"
     return _status_in(path, stat.st_mtime_ns, stat.st_size)
 
 
-@functools.lru_cache(maxsize=8192)
-def _status_in(path: Path, _mtime_ns: int, _size: int) -> str:
+_READ: dict[Path, tuple[int, int, str]] = {}  # path → mtime ns, size, status: every record read, once per version
+
+
+def _status_in(path: Path, mtime_ns: int, size: int) -> str:
     """Read once per version of the file (records are replaced whole: ddlbench.atomic)."""
+    known = _READ.get(path)
+    if known is not None and known[:2] == (mtime_ns, size):
+        return known[2]
     try:
         status = json.loads(path.read_text())["status"]
     except (OSError, ValueError, KeyError, TypeError):
-        return "unreadable"
-    return status if isinstance(status, str) else "unreadable"
+        status = "unreadable"
+    status = status if isinstance(status, str) else "unreadable"
+    _READ[path] = (mtime_ns, size, status)
+    return status
 
 
-def _modified(path: Path) -> float | None:
+def _stat(path: Path) -> os.stat_result | None:
     try:
-        return path.stat().st_mtime
+        return os.stat(path)
     except OSError:
         return None
 

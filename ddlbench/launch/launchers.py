@@ -8,10 +8,12 @@ other (a rendezvous file on one host; the first node of the allocation over TCP 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
@@ -21,10 +23,13 @@ from ddlbench.launch.claims import allocation_hosts, claimed_nodes, packing_enab
 from ddlbench.launch.command import thread_env, worker_command
 from ddlbench.launch.cores import PIN_VAR, CoreGrant, check_cores, claimed_cores, grant_for, rank_cpus
 from ddlbench.launch.mpi import MpirunLauncher, find_mpirun
+from ddlbench.launch.patience import OutageOver, current_patience, is_transient, keep_trying
 from ddlbench.launch.processes import LaunchOutcome, StderrTee, start_process, supervise
 from ddlbench.launch.rendezvous import INIT_METHOD_VAR, slurm_master_port, step_port
 from ddlbench.launch.slurm import current_allocation, first_host
 from ddlbench.point import Point
+
+log = logging.getLogger(__name__)
 
 LAUNCHERS = ("auto", "local", "srun", "mpirun")
 
@@ -196,13 +201,34 @@ class SrunLauncher:
                 )
         env = {**step_environment(self.environ), **thread_env(point), **self.rendezvous_env()}
         command = self.command(point, rank_dir=rank_dir, dump_params=dump_params, group=group)
-        process = subprocess.Popen(command, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
-        tee = StderrTee(process.stderr, SLURM_MEMORY_KILL, step=SRUN_STEP_ID)
-        tee.start()
-        ranks = [tuple(range(point.world_size))]
-        outcome = supervise([process], ranks_of_process=ranks, timeout_s=timeout_s)
-        tee.join(timeout=10)
-        return dataclasses.replace(outcome, launcher_messages=tuple(tee.matches), step_id=tee.step_id)
+        began = time.monotonic()
+        last: dict[str, LaunchOutcome] = {}
+
+        def attempt() -> tuple[bool, object]:
+            left = max(timeout_s - (time.monotonic() - began), 1.0)
+            process = subprocess.Popen(command, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+            tee = StderrTee(process.stderr, SLURM_MEMORY_KILL, step=SRUN_STEP_ID)
+            tee.start()
+            outcome = supervise([process], ranks_of_process=[tuple(range(point.world_size))], timeout_s=left)
+            tee.join(timeout=10)
+            last["outcome"] = dataclasses.replace(outcome, launcher_messages=tuple(tee.matches), step_id=tee.step_id)
+            # the controller never made the step (it did not answer): no rank ran, so it is started again
+            never_made = (
+                any(code != 0 for code in outcome.returncodes)
+                and not outcome.timed_out
+                and is_transient("\n".join(tee.tail))
+                and not any(rank_dir.glob("rank-*.json"))
+            )
+            return (False, tee.tail[-1] if tee.tail else "srun failed") if never_made else (True, last["outcome"])
+
+        # the outage is waited out within the point's own time limit
+        patience = current_patience()
+        patience = dataclasses.replace(patience, patience_s=min(patience.patience_s, timeout_s))
+        try:
+            return keep_trying(attempt, what=f"the srun step of point {point.point_id}", patience=patience)
+        except OutageOver as exc:
+            log.warning("%s", exc)
+            return last["outcome"]
 
 
 def select_launcher(

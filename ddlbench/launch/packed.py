@@ -29,7 +29,7 @@ from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.packing import Allocation, Packing, Task, pack
 from ddlbench.launch.resources import LAUNCHER_MEM_MB, Resources, Site
-from ddlbench.launch.slurm import SlurmError, run_slurm
+from ddlbench.launch.slurm import SlurmError
 from ddlbench.point import Point
 from ddlbench.records import record_path
 
@@ -94,18 +94,59 @@ def expected_times(points: Sequence[Point], machine_file: Path | None) -> tuple[
 
 
 def pack_width(points: Sequence[Point], pack_arg: str) -> int:
-    """--pack N, or `auto`: the sweep's widest point, or as many nodes as its points are pinned to
-    (per-node certification: the whole partition in one allocation), whichever is more."""
+    """--pack N; `auto`: the sweep's widest point (per-node certification: its nodes chunk by chunk,
+    each allocation as wide as the widest point, so none waits for the whole partition to drain);
+    `all`: as many nodes as the points are pinned to, if more (the whole partition in one allocation)."""
+    widest = max((point.nodes for point in points), default=1)
     if pack_arg == "auto":
-        pinned = len({point.node for point in points if point.node})
-        return max(max((point.nodes for point in points), default=1), pinned)
+        return widest
+    if pack_arg == "all":
+        return max(widest, len({point.node for point in points if point.node}))
     try:
         width = int(pack_arg)
     except ValueError:
-        raise DdlbenchError(f"--pack {pack_arg!r} is not accepted; give a number of nodes >= 1, or auto") from None
+        raise DdlbenchError(f"--pack {pack_arg!r} is not accepted; give a number of nodes >= 1, auto or all") from None
     if width < 1:
-        raise DdlbenchError(f"--pack {width} is not accepted; give a number of nodes >= 1, or auto")
+        raise DdlbenchError(f"--pack {width} is not accepted; give a number of nodes >= 1, auto or all")
     return width
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bounds:
+    """How wide and how long the allocations may be under the user's limits, and why."""
+
+    width: int
+    max_time_s: float | None
+    notes: tuple[str, ...] = ()
+
+
+def packing_bounds(
+    points: Sequence[Point], planned: Mapping[str, Resources], site: Site, pack_arg: str, *, limits: Any, partition: Any
+) -> Bounds:
+    """--pack's width and the allocations' longest time, under what the user may hold
+    (ddlbench.launch.admission.caps): the partition's MaxNodes and MaxTime, the QOS' and association's
+    MaxWall and per-job TRES. A width over the cap is lowered to it, saying which limit set it."""
+    from ddlbench.launch.admission import caps
+
+    members = list(planned.values())
+    exclusive = any(r.exclusive for r in members)
+    cap = caps(
+        limits,
+        partition,
+        cpus_per_node=max(r.cpus_per_node for r in members),
+        gpus_per_node=max(r.gpus_per_node for r in members),
+        mem_per_node_mb=None if exclusive else max(r.mem_per_node_mb for r in members),
+    )
+    width = pack_width(points, pack_arg)
+    notes = []
+    if cap.nodes is not None and width > cap.nodes:
+        notes.append(f"allocations of {cap.nodes} node(s), not {width}: {cap.nodes_by} allows no more to one job")
+        width = max(cap.nodes, 1)
+    budget = None
+    if cap.time_min is not None:
+        budget = cap.time_min * 60 - site.time_margin_s - DISPATCH_SLACK_S
+        notes.append(f"each allocation at most {cap.time_min} min ({cap.time_by})")
+    return Bounds(width=width, max_time_s=budget, notes=tuple(notes))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,7 +225,10 @@ def write_allocation(
     sweep_dir: Path,
     stamp: str,
 ) -> Path:
-    """The allocation's plan and job script in <sweep>/packed/; returns the script's path."""
+    """The allocation's plan and job script in <sweep>/packed/; returns the script's path. The plan carries
+    the cluster's KillWait: the dispatcher stops its points within it when the allocation ends."""
+    from ddlbench.launch.allocation import cluster_kill_wait_s
+
     folder = sweep_dir.resolve() / PACKED_DIR
     folder.mkdir(parents=True, exist_ok=True)
     base = f"{stamp}-{allocation.index}"
@@ -194,6 +238,7 @@ def write_allocation(
         "time_limit_s": request.time_limit_s,
         "margin_s": request.margin_s,
         "serial": allocation.serial,
+        "kill_wait_s": cluster_kill_wait_s(),
         "points": [
             {
                 "point_id": task.key,
@@ -245,6 +290,7 @@ def submit_allocations(
     from ddlbench.launch.limits import is_limit_refusal, read_limits
     from ddlbench.launch.slurm import query_cluster
     from ddlbench.launch.submission import remember_jobs
+    from ddlbench.launch.submit_once import submit_once
     from ddlbench.launch.waves import LimitRefusal, QueueWatch, submit_in_waves
 
     by_id = {point.point_id: point for point in points}
@@ -262,12 +308,12 @@ def submit_allocations(
     def submit(_key: object, items: list[tuple[Allocation, Path]]) -> list[str]:
         job_ids = []
         for allocation, script in items:
-            try:
-                job_id = run_slurm(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
+            try:  # tried again while the controller does not answer, never twice (submit_once)
+                job_id = submit_once(["--parsable", str(script)]).strip().split(";")[0]
             except SlurmError as exc:
                 message = " ".join(str(exc).split())
-                if is_limit_refusal(message) and not job_ids:
-                    raise LimitRefusal(message) from None
+                if is_limit_refusal(message):  # those already in stay in: the rest wait for room
+                    raise LimitRefusal(message, submitted=job_ids) from None
                 raise
             remember_jobs(sweep_dir, {task.key: job_id for task in allocation.order})
             log.info("allocation %d: job %s, %d points on %d nodes", allocation.index, job_id,
@@ -322,18 +368,26 @@ def submit_packed_sweep(
 ) -> list[tuple[Allocation, str]]:
     """Plan, check against the live cluster, write and submit the points' allocations; wait for them
     unless `wait` is false (`on_poll` gets each poll's queue). Each line of the plan and each job goes to `say`."""
-    from ddlbench.launch.slurm import check_cluster, query_cluster
+    from ddlbench.launch.admission import check_allocations, check_submission
+    from ddlbench.launch.limits import read_limits
+    from ddlbench.launch.slurm import query_cluster
     from ddlbench.launch.submission import plan_resources
 
     planned = plan_resources(points, site, sweep=config)
-    check_cluster(list(planned.items()), account_required=True if site.require_account else None)
-    partition = query_cluster().partitions[next(iter(planned.values())).partition]
-    budget_s = partition.max_time_min * 60 - site.time_margin_s - DISPATCH_SLACK_S if partition.max_time_min else None
+    check_submission(list(planned.items()), account_required=True if site.require_account else None)
+    first = next(iter(planned.values()))
+    facts = query_cluster()
+    partition = facts.partitions[first.partition]
+    limits = read_limits(facts, account=first.account, qos=first.qos, partition=first.partition)
+    bounds = packing_bounds(points, planned, site, pack_arg, limits=limits, partition=partition)
     serial = bool(getattr(config, "slurm_pinned_one_at_a_time", False))
     expected, source = expected_times(points, getattr(config, "machine_path", None))
     tasks = tasks_for(points, expected_s=expected)
-    packing = pack(tasks, pack_width(points, pack_arg), max_time_s=budget_s, pinned_serial=serial)
-    for line in [*describe(packing), source]:
+    packing = pack(tasks, bounds.width, max_time_s=bounds.max_time_s, pinned_serial=serial)
+    requests = [request_for(a, planned, site, name=f"ddlbench-{config.name}-packed") for a in packing.allocations]
+    # each allocation as the N-node job it is, not point by point
+    check_allocations(packing.allocations, requests, planned, facts=facts, limits=limits)
+    for line in [*describe(packing), *bounds.notes, source]:
         say(line)
     submitted = submit_allocations(packing, planned, points, site, sweep_dir=config.sweep_dir, name=config.name)
     for allocation, job_id in submitted:

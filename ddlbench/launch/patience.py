@@ -4,11 +4,12 @@ between tries, how long to keep trying, and who is told meanwhile.
 A busy production controller answers "Socket timed out on send/recv operation" or "Unable to contact
 slurm controller" now and then, and is restarted for upgrades and configuration changes (minutes).
 Hours of waves must outlive that: every scheduler call ddlbench makes is tried again on such an answer
-(ddlbench.launch.slurm.run_slurm; the sbatch guard, ddlbench.launch.submit_once, for the submissions
-Snakemake's plugin and submitit make), with capped exponential backoff and full jitter (AWS
-Architecture Blog, "Exponential Backoff And Jitter", 2015: clients retrying in step hammer a controller
-as it comes back), for as long as the site's `controller_patience_s` (default 30 min: a controller
-restart with its state reloaded). A failure that is not transient (a refusal, a bad option) is raised at
+(ddlbench.launch.slurm_call.run_slurm; the sbatch guard, ddlbench.launch.submit_once, for the
+submissions Snakemake's plugin and submitit make), with capped exponential backoff and "equal" jitter
+(AWS Architecture Blog, "Exponential Backoff And Jitter", 2015: clients retrying in step hammer a
+controller as it comes back; half of each wait is kept, so no retry comes at once), for as long as the
+site's `controller_patience_s` (default 30 min: a controller restart with its state reloaded). A failure
+that is not transient (a refusal, a bad option) is raised at
 once. Torch-free.
 """
 
@@ -47,10 +48,22 @@ def is_transient(message: str) -> bool:
     return bool(_TRANSIENT.search(message))
 
 
+def why_transient(message: str) -> str:
+    """The words of a transient failure from where they say what happened ("Unable to contact slurm
+    controller (connect failure)"), without the client's own prefix ("Batch job submission failed:"): a
+    caller that reads a command's stderr for "submission failed" (Snakemake's SLURM plugin does, even
+    when sbatch exits 0) must not take a retry that went through for a refusal."""
+    for line in reversed(message.splitlines()):
+        found = _TRANSIENT.search(line)
+        if found:
+            return line[found.start() :].strip()
+    return message.strip().splitlines()[-1] if message.strip() else ""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Patience:
-    """How long a scheduler call keeps trying, and the waits between tries: try k (k = 1, 2, ...) waits a
-    uniform random time in [0, min(max_wait_s, first_wait_s × 2^(k−1))] (full jitter)."""
+    """How long a scheduler call keeps trying, and the waits between tries: after failed try k (k = 1, 2, ...)
+    a uniform random time in [c/2, c] with c = min(max_wait_s, first_wait_s × 2^(k−1)) (equal jitter)."""
 
     patience_s: float = DEFAULT_PATIENCE_S
     first_wait_s: float = 2.0

@@ -50,10 +50,12 @@ class StderrTee(threading.Thread):
         self.step = step  # its first group names the job step (srun -v: "launching StepId=12.3 on host n1")
         self.matches: list[str] = []
         self.step_id: str | None = None
+        self.tail: list[str] = []  # the last lines, for a failure's cause (a step the controller never made)
 
     def run(self) -> None:
         for line in self.stream:
             sys.stderr.write(line)
+            self.tail = [*self.tail[-19:], line.strip()]
             if self.pattern.search(line):
                 self.matches.append(line.strip())
             if self.step is not None and self.step_id is None:

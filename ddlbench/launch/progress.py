@@ -34,8 +34,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from ddlbench.launch.patience import listen
 from ddlbench.launch.slurm import PENDING_STATES, RUNNING_STATES, QueuedJob
-from ddlbench.launch.status import STATES, PointStatus, points_of_job, sweep_status
+from ddlbench.launch.status import STATES, PointStatus, StatusReader, points_of_job
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +202,30 @@ class Progress:
         self.timeline = Timeline(predicted_s)
         self.counts: Counts | None = None  # of the last update
         self.line = ""  # of the last update
-        self._lock = threading.Lock()
+        self._base = ""  # the last update's line, without the controller's silence
+        self._lock = threading.RLock()  # the controller listener may be told from inside an update
         self._shown: tuple[Counts, str, float] | None = None  # counts, line, when: what was last written
         self._open = False  # a terminal line written without its newline
+        # since when the SLURM controller has not answered a scheduler call (ddlbench.launch.patience), or None
+        self._silent_since: float | None = None
+        self._unlisten = listen(self._controller)
+
+    def _controller(self, line: str | None) -> None:
+        """Told by ddlbench.launch.patience: the line says the controller is not answering (None: it answers)."""
+        with self._lock:
+            now = self.clock()
+            if (line is None) == (self._silent_since is None):
+                return  # nothing new: the line was already said, or there was nothing to take back
+            self._silent_since = None if line is None else now
+            if self.counts is not None:
+                self.line = self._compose(self._base)
+                self._write(self.line, self.counts, now, end=not self.terminal)
+
+    def _compose(self, base: str) -> str:
+        if self._silent_since is None:
+            return base
+        since = time.strftime("%H:%M:%S", time.localtime(time.time() - (self.clock() - self._silent_since)))
+        return f"{base}; the SLURM controller is not answering since {since}: waiting for it"
 
     def update(self, statuses: States, *, now: float | None = None) -> Counts:
         """Report `statuses` (all the points, or those so far with `total`); their counts."""
@@ -213,7 +235,8 @@ class Progress:
         with self._lock:
             self.timeline.observe(states, now)
             done = "all ended" if not counts.left else self.timeline.estimate(states, counts, now).text()
-            self.counts, self.line = counts, f"{self.title}: {counts.text()}; {done}"
+            self._base = f"{self.title}: {counts.text()}; {done}"
+            self.counts, self.line = counts, self._compose(self._base)
             shown_counts, shown_line, shown_at = self._shown or (None, None, -float("inf"))
             changed = counts != shown_counts
             if self.terminal and not counts.left:
@@ -228,6 +251,7 @@ class Progress:
 
     def close(self, note: str | None = None) -> None:
         """Leave the last line standing (with `note` added: why the watching stopped, say)."""
+        self._unlisten()
         with self._lock:
             if self.counts is None:
                 if note:
@@ -255,19 +279,33 @@ def watch(
     *,
     progress: Progress,
     interval_s: float = 10.0,
+    max_interval_s: float | None = None,
+    growth: float = 1.5,
     until: Callable[[Counts], bool] | None = None,
     idle_polls: int = 3,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Counts:
-    """Report `poll()` every `interval_s` until `until(counts)` is true, by default until every point
-    ended, or none ran or waited in the queue for `idle_polls` polls in a row (the workflow stopped with
-    points not started; one poll alone would stop between two jobs); or until Ctrl-C. The last line stays,
-    saying why the watching stopped when the work did not end. The last counts."""
+    """Report `poll()` until `until(counts)` is true, by default until every point ended, or none ran or
+    waited in the queue for `idle_polls` polls in a row (the workflow stopped with points not started; one
+    poll alone would stop between two jobs); or until Ctrl-C. The last line stays, saying why the watching
+    stopped when the work did not end. The last counts.
+
+    Polls are `interval_s` apart; with `max_interval_s`, as submit's wait polls (ddlbench.launch.waves.
+    QueueWatch): `interval_s` after a poll that saw a point end or enter or leave the queue, else the
+    last pause × `growth`, up to `max_interval_s`. A point that starts running changes nothing waited for."""
+    if not 0 < interval_s <= (max_interval_s or interval_s) or growth < 1:
+        raise ValueError(
+            f"poll {interval_s} s up to {max_interval_s} s by ×{growth}: need 0 < poll <= max, growth >= 1"
+        )
     idle = 0
     counts = Counts()
+    pause, seen = interval_s, None
     try:
         while True:
             counts = progress.update(poll())
+            now = (counts.ended, counts.failed, counts.running + counts.pending)
+            grow = max_interval_s is not None and now == seen
+            pause, seen = (min(pause * growth, max_interval_s) if grow else interval_s), now
             if until is not None:
                 if until(counts):
                     break
@@ -278,7 +316,7 @@ def watch(
                 if idle >= idle_polls:
                     progress.close(f"none running or queued at {idle} looks in a row: stopped watching")
                     return counts
-            sleep(interval_s)
+            sleep(pause)
     except KeyboardInterrupt:
         progress.close("stopped watching (Ctrl-C); the work goes on")
         return counts
@@ -317,18 +355,27 @@ def _look(poll: Callable[[], States], progress: Progress) -> bool:
 
 
 def sweep_states(
-    plan: Any, *, sweep_dir: Path, only: Collection[str] | None = None
+    plan: Any,
+    *,
+    sweep_dir: Path,
+    only: Collection[str] | None = None,
+    every_s: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Callable[[list[QueuedJob]], list[PointStatus]]:
     """A queue → the PointStatus of the plan's points (`only` those, where given), as `ddlbench status`
-    reads them (ddlbench.launch.status.sweep_status, the jobs index read again each time): for
-    wait_for's `on_poll` with the queue it polled anyway, or for `status --watch` with query_queue()."""
+    reads them (ddlbench.launch.status.StatusReader, the jobs index read again each time): for
+    wait_for's `on_poll` with the queue it polled anyway, or for `status --watch` with query_queue().
+    A record is read again when its job leaves the queue and, with `every_s`, at least that often (for
+    jobs that came and went between two polls: Snakemake's); a wait that submitted the points itself
+    sees each of their jobs in the queue and needs no `every_s`."""
     from ddlbench.launch.submission import read_jobs_index
 
-    if only is not None:  # only their records are read at each poll
+    if only is not None:  # only their records are read
         plan = replace(plan, points=tuple(point for point in plan.points if point.point_id in only))
+    reader = StatusReader(plan, sweep_dir=sweep_dir, every_s=every_s, clock=clock)
 
     def states(queue: list[QueuedJob]) -> list[PointStatus]:
-        return sweep_status(plan, queue=queue, jobs_index=read_jobs_index(sweep_dir), sweep_dir=sweep_dir)
+        return reader.look(queue, read_jobs_index(sweep_dir))
 
     return states
 

@@ -7,11 +7,15 @@ care which launcher started it.
 
 from __future__ import annotations
 
+import logging
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from ddlbench.errors import DdlbenchError
+
+log = logging.getLogger(__name__)
 
 INIT_METHOD_VAR = "DDLBENCH_INIT_METHOD"
 # Set to 1 by the mpirun launcher. An explicit mark rather than OMPI_COMM_WORLD_RANK or PMI_RANK: those
@@ -132,12 +136,73 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def slurm_master_port(job_id: str, *, base: int = 20000, span: int = 20000) -> int:
-    """A port that every rank of a job derives alike and that differs between concurrent jobs."""
-    return base + int(job_id) % span
+# Rendezvous ports that ddlbench derives (rather than asks the kernel for) stay below Linux's ephemeral
+# range (net.ipv4.ip_local_port_range, 32768–60999 by default), from which the kernel picks the source port
+# of every outgoing connection: a derived port inside it can be taken by any client on the host. "Free" is
+# checked where the port is chosen (the launcher; a packed allocation's dispatcher), which is the master's
+# host when the master is the allocation's first node (as srun runs the batch script and Snakemake's job
+# step there); a master elsewhere is not probed from here, and a port taken there fails the rendezvous.
+MASTER_PORTS = range(20000, 24000)  # slurm_master_port: a job's ranks meet here
+STEP_PORTS = range(24000, 32768)  # step_port: the steps of a packed allocation
+STEP_LANES = 128  # steps of one allocation running at once that never share a port
+PORT_TRIES = 32  # candidates looked at before giving up on finding one free
+DEFAULT_EPHEMERAL = (32768, 60999)
 
 
-def step_port(job_id: str, sequence: int, *, base: int = 20000) -> int:
-    """A rendezvous port for the `sequence`-th step of a packed job: steps running at once on one host (the
-    test cluster's nodes share one) differ as long as fewer than 64 run at once."""
-    return base + (int(job_id) % 300) * 64 + sequence % 64
+def slurm_master_port(job_id: str, *, check: bool = True) -> int:
+    """A port that differs between concurrent jobs, outside the ephemeral range and free on this host.
+
+    One process picks it (the launcher, which runs on the job's first node) and hands it to every rank
+    in MASTER_PORT, so the ranks agree whatever the check chose. The candidates are fixed by the job id:
+    a port already bound here moves the choice to the next candidate, not to a random one."""
+    span, job = len(MASTER_PORTS), int(job_id)
+    candidates = (MASTER_PORTS.start + (job + k * 997) % span for k in range(PORT_TRIES))
+    return _first_free(candidates, check=check, what=f"job {job_id}")
+
+
+def step_port(job_id: str, lane: int, *, check: bool = True) -> int:
+    """A rendezvous port for a step of packed job `job_id` running in `lane` (a number no other step of
+    the job running at that moment holds, below STEP_LANES): outside the ephemeral range, free on this
+    host. Steps in different lanes never share a port, whichever candidates the check skips: every
+    candidate of a lane is `lane` modulo STEP_LANES."""
+    slots, job = len(STEP_PORTS) // STEP_LANES, int(job_id)
+    candidates = (STEP_PORTS.start + ((job + k) % slots) * STEP_LANES + lane % STEP_LANES for k in range(PORT_TRIES))
+    return _first_free(candidates, check=check, what=f"step lane {lane} of job {job_id}")
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a TCP listener could bind `port` on this host now (as torch's store does: SO_REUSEADDR, so a
+    port whose last connection lingers in TIME_WAIT counts as free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def ephemeral_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """This host's ephemeral ports (first, last); Linux's default where the file cannot be read."""
+    try:
+        low, high = (int(word) for word in path.read_text().split())
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL
+    return low, high
+
+
+def _first_free(candidates: Iterable[int], *, check: bool, what: str) -> int:
+    """The first candidate outside this host's ephemeral range and free now; where the site's range
+    covers them all, the first free one; where none is free, the first (its rendezvous then says so)."""
+    ports = list(candidates)
+    if not check:
+        return ports[0]
+    low, high = ephemeral_range()
+    outside = [port for port in ports if not low <= port <= high]
+    if not outside:
+        log.warning("every rendezvous port for %s lies in this host's ephemeral range %d-%d", what, low, high)
+    for port in outside or ports:
+        if port_is_free(port):
+            return port
+    log.warning("no free rendezvous port for %s among %d candidates; using %d", what, len(ports), ports[0])
+    return ports[0]

@@ -6,15 +6,17 @@ allocation whichever way it is submitted. Torch-free: the Snakefile imports it o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ddlbench.errors import ConfigError
+from ddlbench.errors import ConfigError, DdlbenchError
 from ddlbench.point import Point
 
 # The batch step on the first node holds the point's launcher (run-point: supervision, the record) and,
@@ -214,6 +216,31 @@ def _mem_per_rank(point: Point, site: Site, sweep_mb: int | None, defaults: Memo
     raise ConfigError(
         "mem_per_rank_mb",
         f"{where} sets no default memory and its nodes' memory is unknown; give mem_per_rank_mb in the site or sweep",
+    )
+
+
+def calibration_job(points: Sequence[Any], sweep: Mapping[str, Resources], site: Site) -> Resources:
+    """One job running a calibration suite's points one after another (`ddlbench calibrate` under
+    Snakemake), where the sweep's points run: their partition, account, QOS, constraint and whole-node
+    setting, as many GPUs and as much memory per node as the sweep's largest point (a GPU sweep is
+    calibrated on a GPU node); the nodes, ranks per node and cores per rank of the suite's widest point;
+    a time limit of every point at its timeout, one after another, plus the site's margin."""
+    shapes = list(sweep.values())
+    if not shapes or not points:
+        raise DdlbenchError("a calibration job needs the sweep's points and the suite's points")
+    first = shapes[0]
+    seconds = sum(point.timeout_s for point in points) + site.time_margin_s
+    return dataclasses.replace(
+        first,
+        nodes=max(point.nodes for point in points),
+        tasks_per_node=max(point.ranks_per_node for point in points),
+        cpus_per_task=max(point.cores_per_rank for point in points),
+        gpus_per_node=max(r.gpus_per_node for r in shapes),
+        mem_per_node_mb=max(r.mem_per_node_mb for r in shapes),
+        time_min=math.ceil(seconds / 60),
+        mem_source="the sweep's largest point's",
+        node="",
+        after_earlier_jobs=False,
     )
 
 

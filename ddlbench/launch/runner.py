@@ -152,8 +152,18 @@ def local_host_names() -> set[str]:
     return {name, name.split(".")[0]}
 
 
-def write_unfinished_record(point: Point, *, out: Path, status: Status, reason: str) -> PointRecord:
-    """The record of a point whose run was cut short from outside (the scheduler gave up on it)."""
+def write_unfinished_record(
+    point: Point,
+    *,
+    out: Path,
+    status: Status,
+    reason: str,
+    allocation: SlurmJob | None = None,
+    start_time: str | None = None,
+) -> PointRecord:
+    """The record of a point whose run was cut short from outside (the scheduler gave up on it, or its
+    packed allocation ended before or while it ran). `allocation`: the SLURM job, where the caller knows
+    it already (else the controller is asked); `start_time`: when the point started, if it did."""
     now = utc_now()
     record = PointRecord(
         point_id=point.point_id,
@@ -165,9 +175,9 @@ def write_unfinished_record(point: Point, *, out: Path, status: Status, reason: 
             launcher="srun",
             ranks=[],
             config_hash=point.spec_hash,
-            start_time=now,
+            start_time=start_time or now,
             end_time=now,
-            slurm=current_allocation(),
+            slurm=allocation or current_allocation(),
         ),
         measurement_version=MEASUREMENT_VERSION,
     )
@@ -244,12 +254,16 @@ def _read_rank_files(rank_dir: Path, world_size: int) -> tuple[list[RankResult],
 
 
 class stop_on_signals:
-    """Turn SIGTERM/SIGINT into Interrupted while ranks run, so they are stopped rather than orphaned."""
+    """Turn SIGTERM/SIGINT into Interrupted while ranks run, so they are stopped rather than orphaned.
+
+    Only the first signal interrupts: the stop of the ranks it starts is not cut short by a second one
+    (in a packed allocation that ends, SLURM and the dispatcher both send SIGTERM)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __enter__(self) -> None:
         self.previous = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
+        self.interrupted = False
         for sig in self.SIGNALS:
             signal.signal(sig, self._raise)
 
@@ -257,6 +271,9 @@ class stop_on_signals:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
-    @staticmethod
-    def _raise(signum: int, frame: object) -> None:
+    def _raise(self, signum: int, frame: object) -> None:
+        if self.interrupted:
+            log.warning("%s while the ranks are being stopped: ignored", signal.Signals(signum).name)
+            return
+        self.interrupted = True
         raise Interrupted(f"stopped by {signal.Signals(signum).name}")

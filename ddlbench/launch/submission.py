@@ -11,18 +11,22 @@ point's record says `timeout`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.limits import UserLimits, is_limit_refusal, read_limits
-from ddlbench.launch.resources import Resources, Site, resources_for, submitit_parameters
+from ddlbench.launch.patience import set_patience
+from ddlbench.launch.resources import MemoryDefaults, Resources, Site, resources_for, submitit_parameters
+from ddlbench.launch.result_watch import ResultNap  # QueueWatch's sleep: noticed job ends
 from ddlbench.launch.slurm import ClusterFacts, QueuedJob, SlurmError, query_cluster
 from ddlbench.launch.waves import LimitRefusal, QueueWatch, submit_in_waves, wait_for_jobs
 from ddlbench.point import Point
@@ -42,23 +46,32 @@ def plan_resources(
     mem_factor: float = 1.0,
     time_factor: float = 1.0,
     facts: ClusterFacts | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> dict[str, Resources]:
     """point id → allocation, with the sweep's own partition and memory (its `slurm` section) over the site's.
-    Where neither names the memory per rank, the partition's defaults come from `facts` (else the live
-    cluster, asked once)."""
+    Where neither names the memory per rank, the partition's defaults come from `facts`, else from what the
+    login node passed on to the job (MEMORY_DEFAULTS_VAR: a job does not ask the controller again), else
+    from the live cluster, asked once and passed on to every process started from here. This process
+    waits for the controller as long as the site says (ddlbench.launch.patience)."""
+    environ = os.environ if environ is None else environ
+    set_patience(site.controller_patience_s)
     points = list(points)
     partition = getattr(sweep, "slurm_partition", None) or site.partition
     sweep_mem = getattr(sweep, "slurm_mem_per_rank_mb", None)
     defaults = None
     if sweep_mem is None and site.mem_per_rank_mb is None:
-        facts = facts or query_cluster()
-        defaults = facts.memory_defaults(partition)
-        if defaults is None and points:
-            others = f" (and the {len(points) - 1} other points)" if len(points) > 1 else ""
-            raise DdlbenchError(
-                f"point {points[0].point_id}{others}: partition {partition!r} does not exist; "
-                f"partitions of this cluster: {', '.join(sorted(facts.partitions)) or 'none'}"
-            )
+        defaults = None if facts else _passed_on(environ, partition)
+        if defaults is None:
+            facts = facts or query_cluster()
+            defaults = facts.memory_defaults(partition)
+            if defaults is None and points:
+                others = f" (and the {len(points) - 1} other points)" if len(points) > 1 else ""
+                raise DdlbenchError(
+                    f"point {points[0].point_id}{others}: partition {partition!r} does not exist; "
+                    f"partitions of this cluster: {', '.join(sorted(facts.partitions)) or 'none'}"
+                )
+            if defaults is not None and environ is os.environ:
+                os.environ[MEMORY_DEFAULTS_VAR] = json.dumps(asdict(defaults), sort_keys=True)
     return {
         point.point_id: resources_for(
             point,
@@ -72,6 +85,24 @@ def plan_resources(
         )
         for point in points
     }
+
+
+# a partition's memory defaults as the login node read them, passed on to the jobs it submits (sbatch
+# exports the environment), so that the workflow planned again inside each job asks the controller nothing
+MEMORY_DEFAULTS_VAR = "DDLBENCH_MEMORY_DEFAULTS"
+
+
+def _passed_on(environ: Mapping[str, str], partition: str) -> MemoryDefaults | None:
+    """The memory defaults passed on by the login node, inside a job and for the same partition only."""
+    text = environ.get(MEMORY_DEFAULTS_VAR)
+    if not text or not environ.get("SLURM_JOB_ID"):
+        return None
+    try:
+        defaults = MemoryDefaults(**json.loads(text))
+    except (TypeError, ValueError) as exc:
+        log.warning("%s is not readable (%s); asking the controller", MEMORY_DEFAULTS_VAR, exc)
+        return None
+    return defaults if defaults.partition == partition else None
 
 
 class PointJob:
@@ -157,10 +188,16 @@ def submit_points(
     import submitit
     from submitit.core.utils import FailedJobError
 
+    from ddlbench.launch.submit_once import guard_sbatch
+
+    guard_sbatch(sweep_dir / "logs" / "sbatch-guard.log")  # outlives a controller outage, never submits twice
     groups: dict[Resources, list[Point]] = {}
     for point in points:
         groups.setdefault(planned[point.point_id], []).append(point)
-    folder = sweep_dir / "submitit" / "%j"
+    # one folder per array, made before its sbatch: submitit's own per-job folder (%j) is made only once
+    # sbatch has answered, and a task that starts before that cannot open its output and fails at once
+    batches = itertools.count()
+    stamp = time.strftime("%Y%m%dT%H%M%S")
     jobs_by_point: dict[str, Any] = {}
     facts = facts or query_cluster()
     read: dict[tuple[str | None, str | None, str], UserLimits] = {}
@@ -172,6 +209,8 @@ def submit_points(
         return read[key]
 
     def submit(resources: Resources, members: list[Point]) -> list[str]:
+        folder = sweep_dir / "submitit" / f"{stamp}-{next(batches)}"
+        folder.mkdir(parents=True, exist_ok=True)
         executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
         executor.update_parameters(
             name=f"ddlbench-{name}",
@@ -231,33 +270,6 @@ def read_jobs_index(sweep_dir: Path) -> dict[str, list[str]]:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise DdlbenchError(f"{path} is not valid JSON: {exc}") from None
-
-
-class ResultNap:
-    """QueueWatch's sleep: the pause, cut short once a job has written its result file (no scheduler
-    call), though never under `least_s`. squeue is then asked soon after a job ends even when the
-    interval has grown long, and never more often than every `least_s` however many jobs end."""
-
-    def __init__(self, jobs: Callable[[], Iterable[Any]], *, least_s: float = 10.0, check_s: float = 1.0):
-        self.jobs, self.least_s, self.check_s = jobs, least_s, check_s
-        self.finished: set[str] = set()
-
-    def _new_result(self) -> bool:
-        found = False
-        for job in list(self.jobs()):
-            if job.job_id not in self.finished and job.paths.result_pickle.exists():
-                self.finished.add(job.job_id)
-                found = True
-        return found
-
-    def __call__(self, seconds: float) -> None:
-        began = time.monotonic()
-        time.sleep(min(seconds, self.least_s))
-        while (left := seconds - (time.monotonic() - began)) > 0:
-            if self._new_result():
-                time.sleep(min(left, 2 * self.check_s))  # SLURM ends the job just after its result is written
-                return
-            time.sleep(min(left, self.check_s))
 
 
 def wait_for(

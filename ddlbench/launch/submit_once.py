@@ -29,12 +29,15 @@ from pathlib import Path
 
 from ddlbench.atomic import write_text_atomic
 from ddlbench.launch.patience import UNKNOWN, Patience
-from ddlbench.launch.slurm import SlurmError, run_slurm
+from ddlbench.launch.slurm_call import SlurmError, run_slurm
 
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "ddlbench-submission="
 REAL_SBATCH_VAR = "DDLBENCH_REAL_SBATCH"  # the sbatch the guard runs (found once, before PATH changed)
+# where the guard also writes what it waited for: Snakemake's plugin shows nothing of a successful sbatch's
+# stderr, so an outage it outlived would otherwise leave no trace
+GUARD_LOG_VAR = "DDLBENCH_SBATCH_GUARD_LOG"
 GUARD_DIR_NAME = "ddlbench-sbatch-guard"
 
 
@@ -115,9 +118,12 @@ def real_sbatch() -> str:
     return found
 
 
-def guard_sbatch() -> Path | None:
+def guard_sbatch(log_file: Path | None = None) -> Path | None:
     """Put the guard's `sbatch` first on this process's PATH (so that Snakemake's plugin and submitit,
-    and every process started from here, submit through it); its directory, or None without sbatch."""
+    and every process started from here, submit through it); its directory, or None without sbatch.
+    `log_file`: where the guard also says what it waited for."""
+    if log_file is not None:
+        os.environ[GUARD_LOG_VAR] = str(log_file)
     path = os.environ.get("PATH", "")
     folder = Path(tempfile.gettempdir()) / f"{GUARD_DIR_NAME}-{os.getuid()}"
     if str(folder) in path.split(os.pathsep):
@@ -143,7 +149,16 @@ def guard_sbatch() -> Path | None:
 
 def main(argv: list[str]) -> int:
     """`python -m ddlbench.launch.submit_once ARGS`: sbatch ARGS, guarded; exits as sbatch would."""
-    logging.basicConfig(level=logging.WARNING, format="ddlbench sbatch guard: %(message)s")
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if os.environ.get(GUARD_LOG_VAR):
+        try:
+            Path(os.environ[GUARD_LOG_VAR]).parent.mkdir(parents=True, exist_ok=True)
+            handlers.append(logging.FileHandler(os.environ[GUARD_LOG_VAR]))
+        except OSError:
+            pass  # the log is a courtesy; the submission is not
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s ddlbench sbatch guard: %(message)s", handlers=handlers
+    )
     stdin = sys.stdin.read() if "/dev/stdin" in argv or "-" in argv else None
     try:
         sys.stdout.write(submit_once(argv, stdin=stdin, sbatch=real_sbatch()))

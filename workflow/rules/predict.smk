@@ -11,6 +11,9 @@ if CALIBRATE_SUITE:
         log:
             f"{SWEEP_DIR}/logs/calibrate_machine.log",
         threads: CALIBRATE_CORES
+        resources:
+            # on SLURM, where the sweep's points run: their partition, GPUs and memory (preflight)
+            **CALIBRATE_RESOURCES,
         conda:
             "../../envs/compute.yaml"
         shell:

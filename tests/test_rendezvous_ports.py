@@ -1,0 +1,51 @@
+"""The rendezvous ports ddlbench derives for SLURM jobs and packed steps (ddlbench.launch.rendezvous)."""
+
+from __future__ import annotations
+
+import socket
+
+from ddlbench.launch import rendezvous
+from ddlbench.launch.rendezvous import STEP_LANES, port_is_free, slurm_master_port, step_port
+
+
+def _listen(port: int) -> socket.socket:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("", port))
+    listener.listen()
+    return listener
+
+
+def test_derived_ports_stay_below_the_ephemeral_range(monkeypatch):
+    monkeypatch.setattr(rendezvous, "port_is_free", lambda port: True)
+    monkeypatch.setattr(rendezvous, "ephemeral_range", lambda: rendezvous.DEFAULT_EPHEMERAL)
+    ports = [slurm_master_port(str(job)) for job in range(0, 200_000, 7)]
+    ports += [step_port(str(job), lane) for job in range(0, 5_000, 13) for lane in range(0, 300, 17)]
+    assert min(ports) >= 20000 and max(ports) < 32768  # Linux hands out 32768-60999 to outgoing connections
+
+
+def test_a_port_in_use_moves_the_choice_to_the_next_candidate_alike_each_time():
+    job = "31337"
+    first = slurm_master_port(job, check=False)
+    if not port_is_free(first):  # taken on this host by something else already: the check moved past it
+        assert slurm_master_port(job) != first
+        return
+    with _listen(first):
+        moved = slurm_master_port(job)
+        assert moved != first and slurm_master_port(job) == moved  # deterministic: one launcher, one answer
+        assert 20000 <= moved < 32768
+    assert slurm_master_port(job) == first
+
+
+def test_steps_in_different_lanes_never_share_a_port_even_when_one_moves():
+    job = "4242"
+    taken = step_port(job, 0, check=False)
+    with _listen(taken):
+        ports = [step_port(job, lane) for lane in range(STEP_LANES)]
+    assert taken not in ports
+    assert len(set(ports)) == STEP_LANES
+
+
+def test_a_site_whose_ephemeral_range_reaches_lower_is_avoided_too(monkeypatch):
+    monkeypatch.setattr(rendezvous, "ephemeral_range", lambda: (20000, 21999))
+    monkeypatch.setattr(rendezvous, "port_is_free", lambda port: True)
+    assert all(not 20000 <= slurm_master_port(str(job)) <= 21999 for job in range(100))
