@@ -85,6 +85,9 @@ def test_partitions_that_leave_out_the_qos_or_account_refuse_it():
 def test_maxjobs_zero_means_never():
     zero = (Limit(name="association proj/ana MaxJobs", value=0, account="proj"),)
     assert "MaxJobs is 0" in never_starts(SHAPE, partition=PARTITION, limits=limits(running=zero))
+    none_queued = (Limit(name="QOS 'normal' MaxSubmitJobsPerUser", value=0, qos="normal"),)
+    no_room = UserLimits(user="ana", account="proj", qos="normal", submit=none_queued)
+    assert "MaxSubmitJobsPerUser is 0" in never_starts(SHAPE, partition=PARTITION, limits=no_room)
 
 
 def test_qos_and_association_rows_give_the_per_job_limits():

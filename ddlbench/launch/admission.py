@@ -85,7 +85,7 @@ def never_starts(shape: JobShape, *, partition: Partition | None, limits: UserLi
     problem = _not_allowed(partition, limits)
     if problem:
         return problem
-    for limit in limits.running:
+    for limit in (*limits.running, *limits.submit):
         if limit.value == 0:
             return (
                 f"{limit.name} is 0: no job of yours may run under it; ask your administrator, "

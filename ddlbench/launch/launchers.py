@@ -128,6 +128,13 @@ def step_environment(environ: Mapping[str, str]) -> dict[str, str]:
 STEP_NODES_VAR = "DDLBENCH_STEP_NODES"
 STEP_PORT_VAR = "DDLBENCH_STEP_PORT"
 SRUN_STEP_ID = re.compile(r"launching StepId=(\d+(?:\.\d+)?)")
+# srun could not make the step because resources of the allocation are still held, e.g. by a step that
+# ended while the controller was away and whose end it has not taken in yet: it passes, as an outage does
+STEP_NOT_YET = re.compile(
+    r"Unable to create step.*(?:Memory required by task is not available|Requested nodes are busy"
+    r"|temporarily unavailable)",
+    re.IGNORECASE,
+)
 
 
 class SrunLauncher:
@@ -212,11 +219,13 @@ class SrunLauncher:
             outcome = supervise([process], ranks_of_process=[tuple(range(point.world_size))], timeout_s=left)
             tee.join(timeout=10)
             last["outcome"] = dataclasses.replace(outcome, launcher_messages=tuple(tee.matches), step_id=tee.step_id)
-            # the controller never made the step (it did not answer): no rank ran, so it is started again
+            # the controller never made the step (it did not answer, or still held the step's resources for
+            # one that had ended): no rank ran, so it is started again
+            said = "\n".join(tee.tail)
             never_made = (
                 any(code != 0 for code in outcome.returncodes)
                 and not outcome.timed_out
-                and is_transient("\n".join(tee.tail))
+                and (is_transient(said) or bool(STEP_NOT_YET.search(said)))
                 and not any(rank_dir.glob("rank-*.json"))
             )
             return (False, tee.tail[-1] if tee.tail else "srun failed") if never_made else (True, last["outcome"])
