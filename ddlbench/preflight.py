@@ -85,7 +85,8 @@ def prepare_workflow(
     calibration: Resources | None = None
     if site_file:
         site = load_site(site_file)
-        planned = plan_resources(prepared.points, site, sweep=prepared.plan.config if prepared.plan else None)
+        config = prepared.plan.config if prepared.plan else None
+        planned = plan_resources(prepared.points, site, sweep=config, environ=environ)
         calibration = _calibration_job(prepared, planned, site)
         if not environ.get("SLURM_JOB_ID"):  # on the login node, once, before any submission
             to_check = list(planned.items()) + ([("calibrate_machine", calibration)] if calibration else [])

@@ -239,3 +239,13 @@ def test_the_progress_line_says_when_the_controller_is_not_answering():
     progress.close()
     _tell("the SLURM controller is not answering")  # a closed line no longer listens
     assert "not answering" not in stream.getvalue().splitlines()[-1]
+
+
+def test_status_reads_a_snakemake_jobs_point_from_a_guarded_comment():
+    """The guard's key follows the plugin's comment; status still finds the point the job runs."""
+    from ddlbench.launch.slurm import QueuedJob
+    from ddlbench.launch.status import points_of_job
+
+    comment = with_key(["--comment", "rule_run_point_wildcards_resnet8-x-r0-1234abcd", "job.sh"], "k9")[1]
+    job = QueuedJob(job_id="139", state="RUNNING", name="uuid", comment=comment)
+    assert points_of_job(job, {}) == ["resnet8-x-r0-1234abcd"]

@@ -200,8 +200,11 @@ def _check_factors(args: argparse.Namespace) -> None:
 
 
 def _submit_and_wait(args, config, points, *, mem_factor: float = 1.0, time_factor: float = 1.0) -> int:
+    import shlex
+
     from ddlbench.launch.admission import check_submission
-    from ddlbench.launch.submission import plan_resources, submit_points, wait_for
+    from ddlbench.launch.submission import lost_before_running, plan_resources, submit_points, wait_for
+    from ddlbench.records import record_path
 
     site = _site(args)
     planned = plan_resources(points, site, sweep=config, mem_factor=mem_factor, time_factor=time_factor)
@@ -220,8 +223,26 @@ def _submit_and_wait(args, config, points, *, mem_factor: float = 1.0, time_fact
         return 0
     progress, states = _progress(config, points)
     wait_for(jobs, on_poll=lambda queue: progress.update(states(queue)))
+    lost = lost_before_running(points, jobs, config.sweep_dir)
+    if lost:  # once: a job that failed before its point ran is not the point's failure
+        named = ", ".join(f"{point.point_id} ({state})" for point, state in lost)
+        print(f"{len(lost)} point(s) whose job failed before the point ran, submitted once more: {named}")
+        again = [point for point, _ in lost]
+        kept = dict(zip((point.point_id for point in points), jobs, strict=True))
+        retried = submit_points(again, planned, sweep_dir=config.sweep_dir, name=config.name,
+                                timeout_factor=time_factor, max_requeues=args.max_requeues)  # fmt: skip
+        for point, job in zip(again, retried, strict=True):
+            print(f"{point.point_id}\tjob {job.job_id} (was {kept[point.point_id].job_id})")
+        wait_for(retried, on_poll=lambda queue: progress.update(states(queue)))
     progress.close()
-    return _refresh_outputs(config)
+    code = _refresh_outputs(config)
+    missing = [point.point_id for point in points if not record_path(config.sweep_dir, point.point_id).exists()]
+    if missing:
+        sweep = f"--configfile {shlex.quote(str(args.configfile))}" if args.configfile else "--config-json …"
+        print(f"{len(missing)} point(s) have no record (their job ended before they ran): {', '.join(missing)}")
+        print(f"run exactly them again with:  ddlbench rerun {sweep} --status missing")
+        return 3
+    return code
 
 
 def _progress(config, points):

@@ -142,7 +142,8 @@ def summarize_record(path: Path) -> RecordSummary:
 def points_of_job(job: QueuedJob, job_points: Mapping[str, list[str]]) -> list[str]:
     """The points a queued job runs: one (Snakemake's comment, a submitit task), or a packed allocation's."""
     if job.comment.startswith(SNAKEMAKE_COMMENT_PREFIX):
-        return [job.comment[len(SNAKEMAKE_COMMENT_PREFIX) :]]
+        # the point id, up to the sbatch guard's key that follows it (ddlbench.launch.submit_once)
+        return job.comment[len(SNAKEMAKE_COMMENT_PREFIX) :].split()[:1]
     return job_points.get(job.job_id, [])
 
 

@@ -70,7 +70,7 @@ def plan_resources(
                     f"point {points[0].point_id}{others}: partition {partition!r} does not exist; "
                     f"partitions of this cluster: {', '.join(sorted(facts.partitions)) or 'none'}"
                 )
-            if defaults is not None and environ is os.environ:
+            if defaults is not None and environ is os.environ:  # passed on to the jobs this process submits
                 os.environ[MEMORY_DEFAULTS_VAR] = json.dumps(asdict(defaults), sort_keys=True)
     return {
         point.point_id: resources_for(
@@ -285,3 +285,26 @@ def wait_for(
             job.result()
         except Exception as exc:
             log.warning("job %s ended without a result: %s", job.job_id, str(exc).strip().splitlines()[-1][:500])
+
+
+# SLURM's states of a job that ended before its point could run or write anything (its launcher step
+# refused, say, by a controller that had just come back): the point is submitted once more
+LOST_STATES = ("FAILED", "NODE_FAIL", "BOOT_FAIL")
+
+
+def lost_before_running(points: list[Point], jobs: list[Any], sweep_dir: Path) -> list[tuple[Point, str]]:
+    """(point, its job's state) for each point without a record whose job ended in a LOST_STATES state
+    (submitit's job.state, from sacct): its job failed before the point ran. A cancelled job is the user's
+    choice, and a timed-out or preempted one was requeued (PointJob): neither is taken here."""
+    lost = []
+    for point, job in zip(points, jobs, strict=True):
+        if record_path(sweep_dir, point.point_id).exists():
+            continue
+        try:
+            state = str(job.state).split()[0].upper()
+        except Exception as exc:  # submitit's sacct reading: a state not known is not taken as lost
+            log.warning("state of job %s not known: %s", job.job_id, exc)
+            continue
+        if state.startswith(LOST_STATES):
+            lost.append((point, state))
+    return lost
