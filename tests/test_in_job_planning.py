@@ -21,6 +21,8 @@ def test_a_job_plans_its_points_without_asking_the_controller(tmp_path, fake_clu
     monkeypatch.delenv(MEMORY_DEFAULTS_VAR, raising=False)
     monkeypatch.setenv(MEMORY_DEFAULTS_VAR, "")  # put back as it was after the test
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    for name in ("DDLBENCH_REAL_SBATCH", "DDLBENCH_SBATCH_GUARD_LOG"):  # the login side puts its guard in place
+        monkeypatch.setenv(name, "")  # and both are put back as they were after the test
     login = prepare_workflow("sweep", sweep(tmp_path), site_file=str(site), cores=1, environ=os.environ)
     passed_on = os.environ[MEMORY_DEFAULTS_VAR]  # what sbatch's exported environment carries to the jobs
     assert '"per_cpu_mb": 1000' in passed_on
