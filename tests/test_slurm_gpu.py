@@ -186,7 +186,7 @@ def test_a_gpu_sweeps_calibration_job_runs_where_its_points_run(gpu_env, write_s
     """The calibrate_machine rule's job takes the partition, GPUs and memory of the sweep's points (2 ranks
     per node, a GPU each), not the profile's defaults: a GPU sweep is calibrated on a GPU node."""
     suite = tmp_path / "suite.yaml"
-    suite.write_text(TINY_SUITE)
+    suite.write_text(TINY_SUITE + f"results_dir: {tmp_path / 'results'}\n")  # not the repository's results/
     sweep_file = sweep(write_sweep, "gpucal", nodes=[1], ranks_per_node=[2], oversubscribe=True, calibrate=str(suite))
     result = run_snakemake("--profile", "slurm", "--configfile", str(sweep_file), "--until", "calibrate_machine",
                            env=gpu_env)  # fmt: skip

@@ -190,30 +190,15 @@ def describe_allocation(job_id: str, environ: dict[str, str]) -> tuple[SlurmJob,
     UNIX time; one `scontrol show job` call, tried again for a short while only (the points wait for it).
     Where it fails, the job from SLURM_* variables and no end time."""
     from ddlbench.launch.patience import Patience
-    from ddlbench.launch.slurm import SlurmError, parse_allocation, parse_oneliner, run_slurm
+    from ddlbench.launch.slurm import SlurmError, job_from_environment, parse_allocation, parse_oneliner, run_slurm
 
     try:
         text = run_slurm(["scontrol", "show", "job", "-o", job_id], timeout_s=20, patience=Patience(patience_s=30))
     except SlurmError as exc:
         log.warning("cannot describe allocation %s: %s", job_id, exc)
-        return _job_from(environ, job_id), None
+        return job_from_environment(environ, job_id), None
     line = text.strip().splitlines()[0] if text.strip() else ""
     return parse_allocation(job_id, text), parse_end_time(parse_oneliner(line).get("EndTime", ""))
-
-
-def _job_from(environ: dict[str, str], job_id: str) -> SlurmJob:
-    nodes = environ.get("SLURM_JOB_NUM_NODES", "")
-    return SlurmJob(
-        job_id=job_id,
-        array_job_id=environ.get("SLURM_ARRAY_JOB_ID"),
-        array_task_id=environ.get("SLURM_ARRAY_TASK_ID"),
-        partition=environ.get("SLURM_JOB_PARTITION"),
-        node_list=environ.get("SLURM_JOB_NODELIST"),
-        num_nodes=int(nodes) if nodes.isdigit() else None,
-        num_cpus=None,
-        num_gpus=0,
-        restarts=int(environ.get("SLURM_RESTART_COUNT", "0") or 0),
-    )
 
 
 def parse_end_time(text: str) -> float | None:

@@ -401,17 +401,23 @@ def current_allocation(environ: Mapping[str, str] | None = None) -> SlurmJob | N
         return parse_allocation(job_id, _describe_job(query))
     except SlurmError as exc:
         log.warning("cannot describe SLURM job %s: %s", job_id, exc)
-        return SlurmJob(
-            job_id=job_id,
-            array_job_id=environ.get("SLURM_ARRAY_JOB_ID"),
-            array_task_id=environ.get("SLURM_ARRAY_TASK_ID"),
-            partition=environ.get("SLURM_JOB_PARTITION"),
-            node_list=environ.get("SLURM_JOB_NODELIST"),
-            num_nodes=None,
-            num_cpus=None,
-            num_gpus=0,
-            restarts=int(environ.get("SLURM_RESTART_COUNT", "0")),
-        )
+        return job_from_environment(environ, job_id)
+
+
+def job_from_environment(environ: Mapping[str, str], job_id: str) -> SlurmJob:
+    """The job as its SLURM_* variables describe it, where the controller does not (CPUs and GPUs unknown)."""
+    nodes = environ.get("SLURM_JOB_NUM_NODES", "")
+    return SlurmJob(
+        job_id=job_id,
+        array_job_id=environ.get("SLURM_ARRAY_JOB_ID"),
+        array_task_id=environ.get("SLURM_ARRAY_TASK_ID"),
+        partition=environ.get("SLURM_JOB_PARTITION"),
+        node_list=environ.get("SLURM_JOB_NODELIST"),
+        num_nodes=int(nodes) if nodes.isdigit() else None,
+        num_cpus=None,
+        num_gpus=0,
+        restarts=int(environ.get("SLURM_RESTART_COUNT", "0") or 0),
+    )
 
 
 @functools.cache
