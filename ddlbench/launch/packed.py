@@ -275,20 +275,19 @@ def write_allocation(
 
 def submit_allocations(
     packing: Packing,
-    planned: Mapping[str, Resources],
     points: Sequence[Point],
-    site: Site,
     *,
+    requests: Sequence[Request],
+    limits: Any,
     sweep_dir: Path,
-    name: str,
     watch: Any = None,
 ) -> list[tuple[Allocation, str]]:
     """Write every allocation's plan and job script, then sbatch them under the user's limits
     (ddlbench.launch.waves: as many as the room allows, the rest as earlier jobs end; a refusal for a
     limit is tried again, never a point's failure); (allocation, job id) in order. The jobs index records
-    each point's allocation (ddlbench.launch.submission.remember_jobs)."""
-    from ddlbench.launch.limits import is_limit_refusal, read_limits
-    from ddlbench.launch.slurm import query_cluster
+    each point's allocation (ddlbench.launch.submission.remember_jobs). `requests`: each allocation's
+    (request_for), `limits`: the user's (ddlbench.launch.limits.read_limits), both as checked already."""
+    from ddlbench.launch.limits import is_limit_refusal
     from ddlbench.launch.submission import remember_jobs
     from ddlbench.launch.submit_once import submit_once
     from ddlbench.launch.waves import LimitRefusal, QueueWatch, submit_in_waves
@@ -296,14 +295,9 @@ def submit_allocations(
     by_id = {point.point_id: point for point in points}
     stamp = time.strftime("%Y%m%dT%H%M%S")
     scripts = []
-    for allocation in packing.allocations:
-        request = request_for(allocation, planned, site, name=f"ddlbench-{name}-packed")
+    for allocation, request in zip(packing.allocations, requests, strict=True):
         script = write_allocation(allocation, request, by_id, sweep_dir=sweep_dir, stamp=stamp)
         scripts.append((allocation, script))
-    first = planned[packing.allocations[0].order[0].key] if packing.allocations else None
-    limits = (
-        read_limits(query_cluster(), account=first.account, qos=first.qos, partition=first.partition) if first else None
-    )
 
     def submit(_key: object, items: list[tuple[Allocation, Path]]) -> list[str]:
         job_ids = []
@@ -389,7 +383,7 @@ def submit_packed_sweep(
     check_allocations(packing.allocations, requests, planned, facts=facts, limits=limits)
     for line in [*describe(packing), *bounds.notes, source]:
         say(line)
-    submitted = submit_allocations(packing, planned, points, site, sweep_dir=config.sweep_dir, name=config.name)
+    submitted = submit_allocations(packing, points, requests=requests, limits=limits, sweep_dir=config.sweep_dir)
     for allocation, job_id in submitted:
         say(f"allocation {allocation.index}\tjob {job_id}\t{len(allocation.order)} points")
     if wait:
