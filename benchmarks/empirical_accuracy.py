@@ -44,6 +44,7 @@ from ddlbench.analysis.empirical.candidates import FAMILIES, candidate  # noqa: 
 from ddlbench.analysis.empirical.extrapolation import BAND_SPREAD, DEFAULT_SEARCH, search_ddlbench  # noqa: E402
 from ddlbench.analysis.empirical.holdout import HeldOut, hold_out  # noqa: E402
 from ddlbench.analysis.empirical.selection import (  # noqa: E402
+    ALPHA,
     PublicSeries,
     calibrate,
     holds,
@@ -138,7 +139,8 @@ def print_selection(series, scored, real: list[list[HeldOut]] | None) -> list[st
     print()
     print("the default chosen out of sample: leave one collection out (ddlbench.analysis.empirical.selection)")
     print("rule: Extra-P's search unless a candidate's mean accuracy on the other collections is at least")
-    print("      Extra-P's at 2× and at 4×; among those, the highest mean of the two")
+    print("      Extra-P's at 2× and at 4× and its per-series gain passes a one-sided paired sign-flip test at")
+    print(f"      p ≤ {ALPHA}; among those, the highest mean of the two")
     for family in FAMILIES:
         chosen = select(series, scored, family)
         print()

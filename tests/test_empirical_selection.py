@@ -19,12 +19,16 @@ from ddlbench.analysis.empirical.holdout import HeldOut
 from ddlbench.analysis.empirical.regression import fit_hypothesis
 from ddlbench.analysis.empirical.search import search_extrap
 from ddlbench.analysis.empirical.selection import (
+    ALPHA,
+    EXACT,
+    FLIPS,
     PublicSeries,
     Scored,
     calibrate,
     calibrate_spread,
     load_collection,
     means,
+    paired_gain_p,
     pick,
     score,
     select,
@@ -36,16 +40,36 @@ from tests.conftest import REPO
 LINE = ((Factor(0, Fraction(1)),),)
 
 
-def test_the_rule_keeps_extra_ps_search_unless_a_candidate_beats_it_at_both_scales():
+def test_the_rule_keeps_extra_ps_search_unless_a_candidate_beats_it_at_both_scales_beyond_chance():
     names = ("extrap", "forward", "extrap+forward")
+    n = 8
     accuracy = {
-        "extrap": [(0.95, 0.90), (0.93, 0.88)],
-        "forward": [(0.99, 0.80), (0.99, 0.80)],  # far better at 2×, worse at 4×: not taken
-        "extrap+forward": [(0.96, 0.90), (0.94, 0.88)],  # better at 2×, equal at 4×: taken
+        "extrap": [(0.95, 0.90)] * n,
+        "forward": [(0.99, 0.80)] * n,  # far better at 2×, worse at 4×: not taken
+        "extrap+forward": [(0.96, 0.90)] * n,  # better at 2× on every series, equal at 4×: taken
     }
-    assert pick(accuracy, names) == "extrap+forward"
-    accuracy["extrap+forward"] = [(0.96, 0.89), (0.94, 0.88)]
+    assert pick(accuracy, names) == "extrap+forward"  # all 8 gains positive: p = 1/256
+    accuracy["extrap+forward"] = [(0.96, 0.89)] * n  # worse at 4×
     assert pick(accuracy, names) == "extrap"
+    # a higher mean at both scales, but from one series of 8 while the others lose a little: chance
+    accuracy["extrap+forward"] = [(0.99, 0.94)] + [(0.949, 0.899)] * (n - 1)
+    assert all(m > b for m, b in zip(means(accuracy["extrap+forward"]), means(accuracy["extrap"]), strict=True))
+    assert pick(accuracy, names) == "extrap"
+
+
+def test_the_paired_sign_flip_p_counts_sign_patterns():
+    assert paired_gain_p([1.0] * 5) == pytest.approx(1 / 32)  # only the observed pattern is as large
+    assert paired_gain_p([0.0] * 5) == 1.0 and paired_gain_p([-1.0, 0.5]) == 1.0 and paired_gain_p([]) == 1.0
+    # ±3 ±1 ±1 sums to 5, 3, 3, 1, −1, −3, −3, −5: the observed 5 is reached by 1 pattern of 8, 3 by 3
+    assert paired_gain_p([3.0, 1.0, 1.0]) == pytest.approx(1 / 8)
+    assert paired_gain_p([3.0, -1.0, 1.0]) == pytest.approx(3 / 8)
+    # beyond the exact count, the drawn p agrees with the exact one within its sampling error
+    gains = [0.3, -0.1, 0.2, 0.05, 0.4, -0.2, 0.1, 0.15, 0.25, -0.05, 0.3, 0.1, 0.2, -0.15, 0.05, 0.1]
+    assert len(gains) == EXACT
+    exact = paired_gain_p(gains)
+    drawn = paired_gain_p([*gains, 0.0])  # a zero gain changes no pattern's sum, only the method
+    assert abs(drawn - exact) <= 4 * math.sqrt(exact * (1 - exact) / FLIPS)
+    assert 0 < exact < ALPHA
 
 
 def _held(predicted: tuple[float, float]) -> Scored:
@@ -63,7 +87,7 @@ def test_each_collection_is_scored_by_a_pick_made_without_it():
     # forward beats extrap in collections a and b, loses badly in c
     errors = {"a": (0.02, 0.04), "b": (0.02, 0.04), "c": (0.30, 0.50)}
     series, scored = [], []
-    for collection, (at2, at4) in errors.items():
+    for collection, (at2, at4) in [(c, e) for c, e in errors.items() for _ in range(3)]:  # 3 series each
         series.append(PublicSeries(name=collection, collection=collection, kind="throughput", data={}))
         scored.append(
             {
@@ -76,7 +100,7 @@ def test_each_collection_is_scored_by_a_pick_made_without_it():
     picks = {fold.collection: fold.chosen for fold in chosen.folds}
     # without c, forward looks best; with c in the training set, forward and the mean lose at 4×
     assert picks == {"a": "extrap", "b": "extrap", "c": "forward"}
-    assert chosen.out_of_sample[2] == pytest.approx((0.70, 0.50))  # c scored by the pick made on a and b
+    assert chosen.out_of_sample[6] == pytest.approx((0.70, 0.50))  # c scored by the pick made on a and b
     lost = zip(means(chosen.out_of_sample), means(chosen.baseline), strict=True)
     assert all(ours < theirs for ours, theirs in lost)  # the procedure lost to Extra-P, out of sample
     assert chosen.default == "extrap"

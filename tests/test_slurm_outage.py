@@ -64,10 +64,21 @@ def job_states() -> dict[str, str]:
     return {job: state.split()[0] for job, _, state in (line.partition("|") for line in text.splitlines())}
 
 
-def snakemake_job_completed(after: int) -> bool:
-    """Whether a job the Snakemake plugin submitted (comment rule_run_point_…) since job `after` has completed."""
-    return any(job > after and state == "COMPLETED" and "rule_run_point" in comment
+def snakemake_job_in(states: set[str], after: int) -> bool:
+    """Whether a job the Snakemake plugin submitted (comment rule_run_point_…) since job `after` is in one of
+    `states`."""
+    return any(job > after and state in states and "rule_run_point" in comment
                for job, state, comment in queue_of_all_states())  # fmt: skip
+
+
+def wait_for(condition, what: str, runs: dict[str, subprocess.Popen], timeout_s: float = 300) -> None:
+    """Poll `condition` every 0.5 s until it holds; fail if `timeout_s` passes or a road ends first."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
+        ended = {road: run.poll() for road, run in runs.items() if run.poll() is not None}
+        assert not ended, f"roads ended before the outage ({what}): {ended}"
+        time.sleep(0.5)
 
 
 def test_three_roads_survive_a_controller_outage(write_sweep, tmp_path):
@@ -90,41 +101,40 @@ def test_three_roads_survive_a_controller_outage(write_sweep, tmp_path):
         began = time.strftime("%Y-%m-%dT%H:%M:%S")
         newest = max((job for job, _, _ in queue_of_all_states()), default=0)
         ddlbench = str(BIN / "ddlbench")
+        # one job at a time: later points are submitted during the outage
         runs = {
-            # one job at a time: later points are submitted during the outage
             "smk": start(
                 [str(BIN / "snakemake"), "--profile", "slurm", "--configfile", str(sweeps["smk"])],
                 env,
                 tmp_path / "smk.log",
-            ),
-            # 3 of 4 points fit the submit limit: the last waits for room (squeue) through the outage
-            "waves": start(
+            )
+        }
+        try:
+            # the other two roads start once Snakemake's first job runs, so that when it has completed (and
+            # the outage starts) each still needs the controller: `submit` waits for room for its 4th point
+            # (3 fit the submit limit, none of them can have ended first) and the packed allocation has
+            # points left to start as srun steps; the plugin learns of the completion during the outage
+            # (from sacct: slurmdbd answers) and submits its next job then
+            running = {"RUNNING", "COMPLETING", "COMPLETED"}
+            wait_for(lambda: snakemake_job_in(running, newest), "Snakemake's first job running", runs)
+            runs["waves"] = start(
                 [ddlbench, "submit", "--configfile", str(sweeps["waves"]), *site, "--qos", qos],
                 env,
                 tmp_path / "waves.log",
-            ),
-            "pack": start(
+            )
+            runs["pack"] = start(
                 [ddlbench, "submit", "--configfile", str(sweeps["pack"]), *site, "--pack", "2"],
                 env,
                 tmp_path / "pack.log",
-            ),
-        }
-        try:
-            # the outage starts once Snakemake's first job has completed: its plugin learns so during the
-            # outage (from sacct: slurmdbd answers) and submits the next one then; the other roads still
-            # have points running, waiting for room (waves) or to be started (pack)
-            deadline = time.monotonic() + 300
-            while not snakemake_job_completed(after=newest):
-                assert time.monotonic() < deadline, "no job of Snakemake's completed within 300 s"
-                assert all(run.poll() is None for run in runs.values()), "a road ended before the outage"
-                time.sleep(0.5)
+            )
+            wait_for(lambda: snakemake_job_in({"COMPLETED"}, newest), "Snakemake's first job completed", runs)
             subprocess.run([str(SLURM_SH), "ctld-stop"], check=True, timeout=60)
             stopped = time.monotonic()
             try:
                 time.sleep(OUTAGE_S)
-                assert all(run.poll() is None for run in runs.values()), {
-                    road: (tmp_path / f"{road}.log").read_text()[-2000:] for road, run in runs.items() if run.poll()
-                }
+                # a road may finish during the outage (its last results came in), never fail in it
+                failed = {road: run.poll() for road, run in runs.items() if run.poll() not in (None, 0)}
+                assert not failed, (failed, {road: (tmp_path / f"{road}.log").read_text()[-2000:] for road in failed})
             finally:
                 subprocess.run([str(SLURM_SH), "ctld-start"], check=True, timeout=120)
             outage = time.monotonic() - stopped
