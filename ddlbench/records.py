@@ -355,9 +355,12 @@ class PointRecord:
         )
 
 
+POINTS_DIR, RECORD_FILE = "points", "record.json"  # a record's place: <sweep>/points/<point id>/record.json
+
+
 def record_path(sweep_dir: Path, point_id: str) -> Path:
     """Where the record of a point lives: the one place that spells the layout of a sweep's folder."""
-    return sweep_dir / "points" / point_id / "record.json"
+    return sweep_dir / POINTS_DIR / point_id / RECORD_FILE
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

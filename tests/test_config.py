@@ -18,6 +18,16 @@ def test_shipped_configs_validate(path):
     assert config.models and config.nodes
 
 
+def test_the_sweep_schema_is_valid_json_schema_and_rejects_what_it_should():
+    import jsonschema
+
+    from ddlbench.config.schema import sweep_schema
+
+    jsonschema.Draft202012Validator.check_schema(sweep_schema())  # raises SchemaError on a broken schema
+    with pytest.raises(ConfigError, match="no-such-model"):  # the registries' names were filled in
+        sweep_config_from_mapping(VALID | {"models": ["no-such-model"]})
+
+
 def test_defaults_are_filled_in():
     config = sweep_config_from_mapping(VALID)
     assert config.ranks_per_node == (1,)

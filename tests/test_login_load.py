@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from ddlbench.launch.disk_status import DiskWatch, states_on_disk, sweep_files
+from ddlbench.launch.planned import IDS_FILE, code_fingerprint, planned_point_ids
 from ddlbench.launch.progress import Counts, Progress, sweep_states, watch
 from ddlbench.launch.result_watch import ResultNap
 from ddlbench.launch.runner import write_unfinished_record
@@ -22,6 +23,7 @@ from ddlbench.launch.slurm import QueuedJob
 from ddlbench.launch.status import CACHE_FILE, RecordCache, StatusReader, summarize, sweep_status
 from ddlbench.records import record_path
 from ddlbench.sweep import expand_sweep, plan_sweep
+from tests.conftest import run_cli
 
 
 class FakeClock:
@@ -106,6 +108,55 @@ def test_status_of_a_large_sweep_counts_right_and_a_second_status_reads_no_recor
     by_id = {status.point_id: status for status in statuses}
     assert (by_id[ids[1]].state, by_id[ids[1]].reason) == ("failed", "failed here")
     assert by_id[ids[1650]].job_ids == ("7_50",)
+
+
+def test_planned_ids_are_kept_in_the_sweep_folder_and_made_again_when_the_config_or_code_changes(tmp_path):
+    plan = big_plan(tmp_path, repetitions=3)
+    config, sweep_dir = plan.config, plan.config.sweep_dir
+    expanded = [point.point_id for point in plan.points]
+    assert planned_point_ids(config) == expanded  # no folder yet: expanded, nothing kept
+    assert not (sweep_dir / IDS_FILE).exists()
+    sweep_dir.mkdir(parents=True)
+    assert planned_point_ids(config) == expanded
+    kept = json.loads((sweep_dir / IDS_FILE).read_text())
+    assert kept["ids"] == expanded
+    # a kept file is what the next status uses: proven by planting other ids under the same key
+    (sweep_dir / IDS_FILE).write_text(json.dumps({"key": kept["key"], "ids": ["planted"]}))
+    assert planned_point_ids(config) == ["planted"]
+    # another config (one more repetition) has another key: expanded again, and the file rewritten
+    more = big_plan(tmp_path, repetitions=4).config
+    assert more.sweep_dir == sweep_dir
+    assert planned_point_ids(more) == [point.point_id for point in expand_sweep(more).points] != expanded
+    assert json.loads((sweep_dir / IDS_FILE).read_text())["key"] != kept["key"]
+    # a garbled file is replaced
+    (sweep_dir / IDS_FILE).write_text("{not json")
+    assert planned_point_ids(config) == expanded
+
+
+def test_the_code_fingerprint_changes_with_any_source_file(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    (package / "sub" / "b.yaml").write_text("y: 2\n")
+    (package / "notes.txt").write_text("not code")
+    first = code_fingerprint(package)
+    (package / "notes.txt").write_text("not code, changed")
+    assert code_fingerprint(package) == first
+    (package / "sub" / "b.yaml").write_text("y: 3\n")
+    os.utime(package / "sub" / "b.yaml", ns=(1, 1))  # same size, another time
+    assert code_fingerprint(package) != first
+
+
+def test_status_names_points_added_to_the_config_after_a_status_kept_its_ids(write_sweep, tmp_path):
+    shape = dict(models=["resnet8"], datasets=["cifar10"], strategies=["ddp"], nodes=[1])
+    config = write_sweep(name="ids_kept", batch_size=[4], **shape)
+    (tmp_path / "results" / "ids_kept").mkdir(parents=True)  # a sweep folder: the ids are kept there
+    first = run_cli("status", "--configfile", str(config), "--no-queue")
+    assert first.returncode == 0 and "1 points: 1 not started" in first.stdout, (first.stdout, first.stderr)
+    assert (tmp_path / "results" / "ids_kept" / IDS_FILE).exists()
+    write_sweep(name="ids_kept", batch_size=[4, 8], **shape)
+    second = run_cli("status", "--configfile", str(config), "--no-queue")
+    assert second.returncode == 0 and "2 points: 2 not started" in second.stdout, (second.stdout, second.stderr)
 
 
 def test_a_watcher_reads_a_record_again_only_when_its_job_leaves_the_queue_or_its_turn_comes(tmp_path):

@@ -254,6 +254,29 @@ def test_submit_runs_an_array_and_requeues_a_preempted_point(slurm_env, write_sw
     assert set(table["status"]) == {"ok"}
 
 
+def test_submit_resubmits_once_a_point_whose_job_was_lost_before_it_ran(slurm_env, write_sweep, tmp_path):
+    # the job of repetition 1 exits at once, before its point runs, the first time (DDLBENCH_INJECT_FAULT=lost):
+    # SLURM says FAILED and there is no record; submit submits that point once more, and only that one
+    sweep_file = sweep(write_sweep, "lost", nodes=[1], repetitions=2, timeout_s=120)
+    sweep_dir = tmp_path / "results" / "lost"
+    env = slurm_env | {"DDLBENCH_INJECT_FAULT": "lost@-r1-"}
+    done = run_cli("submit", "--configfile", str(sweep_file), env=env)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    lost = next(point for point in json.loads((sweep_dir / "slurm-jobs.json").read_text()) if "-r1-" in point)
+    assert f"1 point(s) whose job failed before the point ran, submitted once more: {lost} (FAILED)" in done.stdout
+    index = json.loads((sweep_dir / "slurm-jobs.json").read_text())
+    assert {point: len(ids) for point, ids in index.items()} == {point: 1 + (point == lost) for point in index}
+    states = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", ",".join(index[lost]), "--format=JobID,State"],
+        capture_output=True, text=True, check=True, env={**os.environ, **env},
+    ).stdout  # fmt: skip
+    by_job = dict(line.split("|")[:2] for line in states.splitlines())
+    assert [by_job[job].split()[0] for job in index[lost]] == ["FAILED", "COMPLETED"], by_job
+    records = records_of(sweep_dir)
+    assert {record.status for record in records.values()} == {"ok"} and len(records) == 2
+    assert records[lost].provenance.slurm_job_id.split("_")[0] == index[lost][1].split("_")[0]
+
+
 def _pending_for_begin_time(job_id: str) -> bool:
     queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T %r"], capture_output=True, text=True)
     return queued.stdout.split() == ["PENDING", "BeginTime"]

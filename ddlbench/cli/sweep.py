@@ -264,10 +264,10 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace, config) -> int:
+    from ddlbench.launch.planned import planned_point_ids
     from ddlbench.launch.slurm import SlurmError, query_queue
     from ddlbench.launch.status import CACHE_FILE, RecordCache, summarize, sweep_status
     from ddlbench.launch.submission import read_jobs_index
-    from ddlbench.sweep import expand_sweep
 
     if args.watch:
         return _watch(args, config)
@@ -281,7 +281,7 @@ def _status(args: argparse.Namespace, config) -> int:
     # when it changed, so a status of a large sweep costs a stat per record, not a read
     records = RecordCache.load(config.sweep_dir / CACHE_FILE)
     statuses = sweep_status(
-        expand_sweep(config),
+        planned_point_ids(config),  # kept in the sweep folder: a status does not expand the sweep again
         queue=queue,
         jobs_index=read_jobs_index(config.sweep_dir),
         sweep_dir=config.sweep_dir,

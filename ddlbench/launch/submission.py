@@ -138,6 +138,9 @@ class PointJob:
             from ddlbench.launch.calibration import run_calibration_point
 
             return run_calibration_point(point, out=Path(self.out), launcher="srun").status
+        from ddlbench.train.faults import lose_job_once
+
+        lose_job_once(point.point_id, Path(self.out).parent)  # DDLBENCH_INJECT_FAULT=lost: tests only
         return run_point(point, out=Path(self.out), launcher="srun", timeout_s=self.timeout_s).status
 
     def checkpoint(self) -> Any:

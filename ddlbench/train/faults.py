@@ -1,13 +1,15 @@
 """Fault injection for testing the failure paths for real: DDLBENCH_INJECT_FAULT=<fault>[,<fault>...],
 each <fault> being <kind>[~first][@<text>].
 
-<kind> is raise | oom | hang | nan | kill | slow:<seconds>. The fault strikes the last rank of every point
+<kind> is raise | oom | hang | nan | kill | slow:<seconds> | lost. The fault strikes the last rank of every point
 whose id contains <text> (all points without it); the first matching fault wins. raise, oom, hang, nan
 and kill strike once, at the first measured step; slow:<seconds> makes that rank a straggler: it sleeps
 that long at the start of every measured step, inside the step, outside every phase (so its record counts
 the delay as busy time, and its peers wait for it in their collectives). `~first` limits a fault to a
 job's first run (SLURM_RESTART_COUNT unset or 0), so a requeued job runs clean. Nothing happens when the
-variable is unset.
+variable is unset. `lost` strikes no rank: the job `ddlbench submit` made for the point exits at once with
+status 1, before the point runs and without a record (a job lost to the machine), the first time only
+(a marker in the point's folder, `lost.struck`, says it struck): what submit's resubmit-once is for.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
 
 ENV_VAR = "DDLBENCH_INJECT_FAULT"
-KINDS = ("raise", "oom", "hang", "nan", "kill", "slow:<seconds>")
+KINDS = ("raise", "oom", "hang", "nan", "kill", "slow:<seconds>", "lost")
+LOST_MARKER = "lost.struck"
 
 
 class InjectedFault(RuntimeError):
@@ -51,6 +56,21 @@ def _known(kind: str) -> bool:
             return False
         return math.isfinite(seconds) and seconds > 0
     return kind in KINDS
+
+
+def lose_job_once(point_id: str, folder: Path) -> None:
+    """The `lost` fault (see the module docstring): exit the job at once, unless `folder` (the point's) holds
+    the marker of a strike already."""
+    if planned_fault(point_id) != "lost":
+        return
+    marker = folder / LOST_MARKER
+    if marker.exists():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    sys.stderr.write(f"{ENV_VAR}: the job of {point_id} lost before the point ran\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def delay_s(kind: str | None) -> float:
