@@ -342,6 +342,29 @@ def test_faults_can_target_points_and_first_runs_only():
         planned_fault("x", {"DDLBENCH_INJECT_FAULT": "hang~later"})
 
 
+def test_the_lost_fault_exits_the_job_once_and_leaves_a_marker(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = "import sys; from pathlib import Path; from ddlbench.train.faults import lose_job_once; " \
+        "lose_job_once(sys.argv[1], Path(sys.argv[2])); print('ran')"  # fmt: skip
+    env = {**os.environ, "DDLBENCH_INJECT_FAULT": "lost@-r1-"}
+    folder = tmp_path / "points" / "p-r1-x"
+
+    def job(point_id: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", code, point_id, str(folder)], env=env, capture_output=True, text=True
+        )
+
+    other = job("p-r0-x")  # not targeted
+    assert (other.returncode, other.stdout.strip()) == (0, "ran")
+    first, second = job("p-r1-x"), job("p-r1-x")
+    assert (first.returncode, first.stdout) == (1, "") and "lost before the point ran" in first.stderr
+    assert (folder / "lost.struck").exists()
+    assert (second.returncode, second.stdout.strip()) == (0, "ran")
+
+
 def test_the_default_profile_leaves_memory_to_the_partition_and_asks_for_whole_nodes(tmp_path):
     from conftest import run_cli
 
