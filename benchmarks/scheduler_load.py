@@ -24,7 +24,9 @@ plugin, and through `ddlbench submit` with submitit) calls sbatch, squeue, sacct
 23's target: at most 0.05). Every SLURM client command is shadowed by a shim on PATH that logs the call
 (and whether it came from inside a job) and then runs the real command. The points are the cheapest that
 still run as real jobs: resnet8 on one rank, one measured step, repeated; nodes are shared
-(--no-exclusive), so each virtual node runs two points at once.
+(--no-exclusive), so each virtual node runs two points at once. Each road runs twice: with today's code
+and, beside it, with BASELINE's (a git worktree of it, first on PYTHONPATH and exported to the jobs,
+its Snakefile, today's venv; --no-baseline leaves it out).
 
     python benchmarks/scheduler_load.py --simulate 10000        # issue 29's figures, no cluster
     python benchmarks/scheduler_load.py [--points 200]           # on the test cluster
@@ -120,10 +122,10 @@ def statuses(sweep_dir: Path) -> dict[str, int]:
     return dict(sorted(found.items()))
 
 
-def run(label: str, command: list[str], env: dict[str, str], log: Path, sweep_dir: Path) -> dict:
+def run(label: str, command: list[str], env: dict[str, str], log: Path, sweep_dir: Path, cwd: Path = REPO) -> dict:
     log.unlink(missing_ok=True)
     began = time.monotonic()
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     wall = time.monotonic() - began
     if result.returncode != 0:
         sys.exit(f"{label} failed ({result.returncode}):\n{result.stderr[-3000:]}")
@@ -415,6 +417,7 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=200, help="cluster mode: points of each sweep (200)")
     parser.add_argument("--simulate", type=int, metavar="N", help="no cluster: a simulated sweep of N points")
     parser.add_argument("--repeats", type=int, default=3, help="with --simulate: runs of each status timing (3)")
+    parser.add_argument("--no-baseline", action="store_true", help="cluster mode: today's code only")
     args = parser.parse_args()
     if args.simulate is not None:
         main_simulated(args.simulate, args.repeats)
@@ -423,38 +426,18 @@ def main() -> None:
         folder = Path(tmp)
         log = folder / "calls.log"
         make_shims(folder / "shims", log)
-        env = {
-            **os.environ,
-            "PATH": f"{folder / 'shims'}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}",
-            "XDG_CONFIG_HOME": str(folder / "xdg"),
-        }
-        subprocess.run(
-            [BIN / "ddlbench", "profile", "slurm", "--partition", "cpu", "--mem-per-rank-mb", "600",
-             "--time-margin-s", "60", "--no-exclusive"],
-            env=env, check=True, capture_output=True,
-        )  # fmt: skip
-        smk_sweep = sweep_file(folder, "smk", args.points)
-        runs = [
-            run(
-                "snakemake --profile slurm",
-                [str(BIN / "snakemake"), "--profile", "slurm", "--configfile", str(smk_sweep)],
-                env,
-                log,
-                folder / "results" / "smk",
-            ),
-            run(
-                "ddlbench submit (submitit arrays)",
-                [str(BIN / "ddlbench"), "submit", "--configfile", str(sweep_file(folder, "sub", args.points))],
-                env,
-                log,
-                folder / "results" / "sub",
-            ),
-        ]
-    print(f"scheduler calls for a {args.points}-point sweep (login node; calls from inside jobs in brackets)")
-    print(f"{'way':<36} {'wall s':>7} " + " ".join(f"{c:>13}" for c in COMMANDS))
+        runs = []
+        codes = ["today"] if args.no_baseline else ["today", "baseline"]
+        for code in codes:
+            root = REPO if code == "today" else baseline_tree(folder / "baseline")
+            runs += cluster_roads(code, root, folder / code, log, args.points)
+    subprocess.run(["git", "-C", str(REPO), "worktree", "prune"], check=False, capture_output=True)
+    print(f"scheduler calls for a {args.points}-point sweep (login node; calls from inside jobs in brackets); "
+          f"baseline: {BASELINE}")  # fmt: skip
+    print(f"{'way':<46} {'wall s':>7} " + " ".join(f"{c:>13}" for c in COMMANDS))
     for result in runs:
         cells = " ".join(f"{result['login'][c]:>6} [{result['jobs'][c]:>4}]" for c in COMMANDS)
-        print(f"{result['label']:<36} {result['wall_s']:>7.1f} {cells}")
+        print(f"{result['label']:<46} {result['wall_s']:>7.1f} {cells}")
     for result in runs:
         per_point = {c: round(result["login"][c] / args.points, 2) for c in ("sbatch", "squeue", "sacct")}
         print(f"{result['label']}: per point on the login node {per_point}; records {result['records']}")
@@ -465,8 +448,52 @@ def main() -> None:
         every = sum(login.values()) / args.points / minutes
         print(
             f"{result['label']}: {status:.4f} status queries and {every:.4f} scheduler calls per point per minute "
-            f"({args.points} points in {minutes:.1f} min; target <= 0.05)"
+            f"({args.points} points in {minutes:.1f} min; target <= 0.05); "
+            f"{sum(login.values()) / minutes:.2f} login-node scheduler calls a minute for the whole sweep"
         )
+
+
+def baseline_tree(folder: Path) -> Path:
+    """BASELINE's code, checked out (git worktree, detached) into `folder`: its package goes first on
+    PYTHONPATH and its Snakefile is run, with today's venv."""
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--force", str(folder), BASELINE],
+                   check=True, capture_output=True)  # fmt: skip
+    return folder
+
+
+def cluster_roads(code: str, root: Path, folder: Path, log: Path, points: int) -> list[dict]:
+    """The two roads over a `points`-point sweep each, with the code at `root` (REPO, or BASELINE's tree)."""
+    folder.mkdir(parents=True)
+    env = {
+        **os.environ,
+        "PATH": f"{log.parent / 'shims'}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}",
+        "XDG_CONFIG_HOME": str(folder / "xdg"),
+    }
+    if root != REPO:  # the jobs inherit it (sbatch exports the environment)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    subprocess.run(
+        [BIN / "ddlbench", "profile", "slurm", "--partition", "cpu", "--mem-per-rank-mb", "600",
+         "--time-margin-s", "60", "--no-exclusive"],
+        env=env, check=True, capture_output=True, cwd=root,
+    )  # fmt: skip
+    return [
+        run(
+            f"snakemake --profile slurm ({code})",
+            [str(BIN / "snakemake"), "--profile", "slurm", "--configfile", str(sweep_file(folder, "smk", points))],
+            env,
+            log,
+            folder / "results" / "smk",
+            cwd=root,
+        ),
+        run(
+            f"ddlbench submit (submitit arrays) ({code})",
+            [str(BIN / "ddlbench"), "submit", "--configfile", str(sweep_file(folder, "sub", points))],
+            env,
+            log,
+            folder / "results" / "sub",
+            cwd=root,
+        ),
+    ]
 
 
 if __name__ == "__main__":
