@@ -429,7 +429,7 @@ def main() -> None:
         runs = []
         codes = ["today"] if args.no_baseline else ["today", "baseline"]
         for code in codes:
-            root = REPO if code == "today" else baseline_tree(folder / "baseline")
+            root = REPO if code == "today" else baseline_tree(folder / "baseline-tree")
             runs += cluster_roads(code, root, folder / code, log, args.points)
     subprocess.run(["git", "-C", str(REPO), "worktree", "prune"], check=False, capture_output=True)
     print(f"scheduler calls for a {args.points}-point sweep (login node; calls from inside jobs in brackets); "

@@ -209,8 +209,10 @@ def test_overhead_runs_ddlbench_and_the_bare_loop_on_the_same_job():
 def test_scheduler_load_counts_the_scheduler_calls_of_a_two_point_sweep():
     require_cluster()
     output = run_benchmark("scheduler_load.py", "--points", "2", timeout=900)
-    figure(output, r"scheduler calls for a 2-point sweep .*")
-    for label in ("snakemake --profile slurm", "ddlbench submit (submitit arrays)"):
+    figure(output, r"scheduler calls for a 2-point sweep .*; baseline: \w+")
+    roads = ("snakemake --profile slurm", "ddlbench submit (submitit arrays)")
+    # each road with today's code and with the baseline's, beside each other
+    for label in (f"{road} ({code})" for road in roads for code in ("today", "baseline")):
         counts = figure(output, rf"{re.escape(label)}\s+{NUMBER}((?:\s+\d+ \[\s*\d+\]){{7}})").group(1)
         assert int(re.findall(r"(\d+) \[", counts)[0]) >= 1, f"{label} called sbatch no time: {counts}"
         per_point = rf"{re.escape(label)}: per point on the login node \{{.*'sbatch': {NUMBER}.*\}}"
@@ -218,7 +220,8 @@ def test_scheduler_load_counts_the_scheduler_calls_of_a_two_point_sweep():
         rates = figure(
             output,
             rf"{re.escape(label)}: ({NUMBER}) status queries and ({NUMBER}) scheduler calls per point per minute "
-            rf"\(2 points in {NUMBER} min; target <= 0\.05\)",
+            rf"\(2 points in {NUMBER} min; target <= 0\.05\); {NUMBER} login-node scheduler calls a minute for the "
+            rf"whole sweep",
         )
         assert 0 < float(rates.group(1)) <= float(rates.group(2)), rates.group(0)
 
