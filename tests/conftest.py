@@ -26,6 +26,18 @@ def _history_outside_the_repository(tmp_path_factory):
         yield
 
 
+def pytest_collection_modifyitems(config, items):
+    """Groups for `pytest -n N --dist loadgroup` (what `make test` runs): every SLURM test in one group,
+    run one after another on one worker (they share the one test cluster, and the outage test stops its
+    controller), first, since it is the longest; every other module a group of its own, so a module's
+    tests never run beside each other (some look for processes their own tests started). Without
+    xdist the marks are inert."""
+    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)  # stable: SLURM tests first
+    for item in items:
+        group = "slurm" if item.get_closest_marker("slurm") else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO

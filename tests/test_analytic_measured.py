@@ -27,6 +27,9 @@ from ddlbench.analysis.verdicts import ALPHA, MIN_LAUNCHES, Contrast, contrast, 
 from ddlbench.statistics import student_t_quantile
 from tests.conftest import run_snakemake
 
+# predicted ratios judged against timed launches: alone on the machine (make test runs these after the parallel part)
+pytestmark = pytest.mark.serial
+
 STRATEGIES = ["ddp", "zero2", "fsdp", "gpipe", "1f1b"]
 # (strategy, per-replica batch, micro-batches) on 2 ranks: the data-parallel ones at batch 16 and the
 # pipelines (one replica over both ranks) at batch 32 all run a global batch of 32, so the oracle's pick

@@ -30,6 +30,9 @@ from tests.test_data import write_cifar
 from tests.test_records import sample_record
 from tests.test_report import sweep as report_sweep
 
+# bounds on measured waits: alone on the machine (make test runs these after the parallel part)
+pytestmark = pytest.mark.serial
+
 # samples of the tiny CIFAR-10 fixture: more than any test reads, so no sample repeats within a run
 SAMPLES = 200
 # seconds a slow source sleeps per batch; every bound on a wait below follows from it

@@ -22,7 +22,8 @@ from ddlbench.launch.runner import run_point
 from ddlbench.records import read_record, record_path
 from ddlbench.sweep import expand_sweep
 
-pytestmark = pytest.mark.slow
+# timed launches judged against each other: alone on the machine (make test runs these after the parallel part)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 STEPS = 30  # measured steps per launch, as the A/A pair used
 # Measured steps per launch of the slowdown pair. On these hosts a launch's throughput moves with its
