@@ -31,14 +31,18 @@ run: venv
 	$(BIN)/snakemake --cores $(CORES) --configfile $(SWEEP)
 	@echo "Report: $$($(BIN)/ddlbench plan --configfile $(SWEEP) --report-path | xargs realpath)"
 
-# Two parts: the tests in TEST_WORKERS processes (pytest-xdist; the SLURM tests one after another on one
-# of them, mostly waiting on the scheduler, while the other runs the CPU-bound ones), then the `serial`
-# ones (bounds on timed waits, verdicts over timed launches) alone. Exit code 5 (nothing selected) is
-# accepted in the second part only, where a -k in PYTEST_ARGS may select none of them.
+# Two parts: the tests in TEST_WORKERS processes (pytest-xdist; tests/conftest.py keeps a module's tests
+# together and runs the SLURM tests one after another on one worker, mostly waiting on the scheduler,
+# while the other runs the CPU-bound ones), then the `serial` ones (bounds on timed waits, verdicts over
+# timed launches) alone. Exit code 5 (nothing selected) is accepted in the second part only, where a
+# selection may leave none of them. Select by marker with TEST_MARKERS (e.g. TEST_MARKERS="not slow";
+# a -m in PYTEST_ARGS would replace each part's own).
 TEST_WORKERS ?= 2
+TEST_MARKERS ?=
+test_and = $(if $(TEST_MARKERS), and ($(TEST_MARKERS)))
 test: venv
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(PYTEST_ARGS)
-	$(BIN)/pytest -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/pytest -n $(TEST_WORKERS) -m "not serial$(test_and)" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "serial$(test_and)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The docs site (mkdocs.yml, docs/) into site/, strict: a broken link or anchor, a page left out of the nav, or a
 # reference page out of date with the code fails it (`python docs/gen_reference.py` rewrites those pages).

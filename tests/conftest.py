@@ -26,16 +26,36 @@ def _history_outside_the_repository(tmp_path_factory):
         yield
 
 
+SLURM_MODULES = "test_slurm_"  # the modules of the tests marked slurm: one group under xdist
+
+
+def pytest_itemcollected(item):
+    """A test marked slurm lives in a tests/test_slurm_*.py module, where `make test` runs it in the
+    SLURM group (pytest_xdist_make_scheduler below)."""
+    if item.get_closest_marker("slurm") and not item.path.name.startswith(SLURM_MODULES):
+        raise pytest.UsageError(f"{item.nodeid} is marked slurm: move it into a tests/{SLURM_MODULES}*.py module")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Groups for `pytest -n N --dist loadgroup` (what `make test` runs): every SLURM test in one group,
-    run one after another on one worker (they share the one test cluster, and the outage test stops its
-    controller), first, since it is the longest; every other module a group of its own, so a module's
-    tests never run beside each other (some look for processes their own tests started). Without
-    xdist the marks are inert."""
-    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)  # stable: SLURM tests first
-    for item in items:
-        group = "slurm" if item.get_closest_marker("slurm") else item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(group))
+    """The SLURM tests first (a stable sort): the longest group, started before the others."""
+    items.sort(key=lambda item: not item.path.name.startswith(SLURM_MODULES))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """How `pytest -n N` (what `make test` runs) shares the tests among its workers: a module's tests on
+    one worker, one after another (some look for processes their own tests started), and every
+    tests/test_slurm_*.py module as one group, so no two cluster tests run at once (they share the one
+    test cluster, and the outage test stops its controller), while the CPU-bound tests run beside them.
+    A hook of xdist's own: its xdist_group marks do not reach its scheduler under pytest 9.2, which
+    made a node's id read-only."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlurmTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "slurm" if Path(path).name.startswith(SLURM_MODULES) else path
+
+    return SlurmTogether(config, log)
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from tests.browser import find_chromium
-from tests.slurm_support import require_cluster
 from tests.test_extrap_crosscheck import VENV as EXTRAP_VENV
 from tests.test_extrap_crosscheck import require_extrap
 
@@ -45,7 +44,7 @@ TESTED = {
     "report_speed.py",
     "sampling_accuracy.py",
     "scheduler_load.py",
-}
+}  # the two run on the test cluster (scheduler_load.py, packed_wall.py) are in test_slurm_benchmarks.py
 
 
 def run_benchmark(script: str, *args: str, timeout: float = 600) -> str:
@@ -204,28 +203,6 @@ def test_overhead_runs_ddlbench_and_the_bare_loop_on_the_same_job():
     assert losses["ddlbench"] == losses["traced"] == losses["bare"], losses
 
 
-@pytest.mark.slow
-@pytest.mark.slurm
-def test_scheduler_load_counts_the_scheduler_calls_of_a_two_point_sweep():
-    require_cluster()
-    output = run_benchmark("scheduler_load.py", "--points", "2", timeout=900)
-    figure(output, r"scheduler calls for a 2-point sweep .*; baseline: \w+")
-    roads = ("snakemake --profile slurm", "ddlbench submit (submitit arrays)")
-    # each road with today's code and with the baseline's, beside each other
-    for label in (f"{road} ({code})" for road in roads for code in ("today", "baseline")):
-        counts = figure(output, rf"{re.escape(label)}\s+{NUMBER}((?:\s+\d+ \[\s*\d+\]){{7}})").group(1)
-        assert int(re.findall(r"(\d+) \[", counts)[0]) >= 1, f"{label} called sbatch no time: {counts}"
-        per_point = rf"{re.escape(label)}: per point on the login node \{{.*'sbatch': {NUMBER}.*\}}"
-        figure(output, rf"{per_point}; records \{{'ok': 2\}}")  # every point ran
-        rates = figure(
-            output,
-            rf"{re.escape(label)}: ({NUMBER}) status queries and ({NUMBER}) scheduler calls per point per minute "
-            rf"\(2 points in {NUMBER} min; target <= 0\.05\); {NUMBER} login-node scheduler calls a minute for the "
-            rf"whole sweep",
-        )
-        assert 0 < float(rates.group(1)) <= float(rates.group(2)), rates.group(0)
-
-
 def test_scheduler_load_simulates_its_smallest_sweep_beside_the_baseline():
     output = run_benchmark("scheduler_load.py", "--simulate", "100", "--repeats", "1")
     figure(output, r"simulated sweep: 100 points, records written in .*; baseline \w+")
@@ -251,19 +228,6 @@ def test_packing_plan_plans_its_sweep_in_allocations_of_each_width():
             rf"\s*{width}\s+(\d+)\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+({NUMBER})%\s+({NUMBER})\s+{NUMBER}%\s+(?:{NUMBER}%|-)",
         )
         assert int(row.group(1)) >= 1 and 0 <= float(row.group(2)) < 100 and float(row.group(3)) >= 1.0, row.group(0)
-
-
-@pytest.mark.slow
-@pytest.mark.slurm
-def test_packed_wall_runs_one_sweep_both_ways():
-    require_cluster()
-    output = run_benchmark("packed_wall.py", "--points", "2", "--rounds", "1", timeout=900)
-    for way, jobs in (("per_point", 2), ("packed", 1)):
-        figure(
-            output,
-            rf"round 0 {way}\s+{NUMBER} s wall, {jobs} SLURM job\(s\) holding \d+ node-s: 2 points \{{'ok': 2\}}.*",
-        )
-    figure(output, rf"median wall s over 1 round\(s\) of 2 points: per point {NUMBER}, packed {NUMBER}; .*")
 
 
 def test_every_benchmark_script_has_a_test_here():
