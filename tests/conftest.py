@@ -41,6 +41,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: not item.path.name.startswith(SLURM_MODULES))
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: inert where xdist is not installed
 def pytest_xdist_make_scheduler(config, log):
     """How `pytest -n N` (what `make test` runs) shares the tests among its workers: a module's tests on
     one worker, one after another (some look for processes their own tests started), and every
