@@ -85,16 +85,23 @@ def make_shims(folder: Path, log: Path) -> None:
         if real is None:
             sys.exit(f"{command} not found: run `make slurm-up` first")
         shim = folder / command
-        shim.write_text(f'#!/bin/sh\necho "{command} ${{SLURM_JOB_ID:+job}}" >> "{log}"\nexec "{real}" "$@"\n')
+        # a line a call: the command, where it ran (login, or inside a job) and its first two arguments
+        shim.write_text(
+            f'#!/bin/sh\nwhere=login; [ -n "$SLURM_JOB_ID" ] && where=job\n'
+            f'echo "{command} $where $1 $2" >> "{log}"\nexec "{real}" "$@"\n'
+        )
         shim.chmod(0o755)
 
 
-def count(log: Path) -> tuple[Counter, Counter]:
-    login, jobs = Counter(), Counter()
+def count(log: Path) -> tuple[Counter, Counter, Counter]:
+    """Calls by command on the login node and inside jobs, and inside jobs by command and first two arguments."""
+    login, jobs, in_jobs = Counter(), Counter(), Counter()
     for line in log.read_text().splitlines() if log.exists() else []:
-        parts = line.split()
-        (jobs if len(parts) > 1 else login)[parts[0]] += 1
-    return login, jobs
+        command, where, *arguments = line.split()
+        (jobs if where == "job" else login)[command] += 1
+        if where == "job":
+            in_jobs[" ".join([command, *arguments])] += 1
+    return login, jobs, in_jobs
 
 
 def sweep_file(folder: Path, name: str, points: int) -> Path:
@@ -129,8 +136,9 @@ def run(label: str, command: list[str], env: dict[str, str], log: Path, sweep_di
     wall = time.monotonic() - began
     if result.returncode != 0:
         sys.exit(f"{label} failed ({result.returncode}):\n{result.stderr[-3000:]}")
-    login, jobs = count(log)
-    return {"label": label, "wall_s": wall, "login": login, "jobs": jobs, "records": statuses(sweep_dir)}
+    login, jobs, in_jobs = count(log)
+    return {"label": label, "wall_s": wall, "login": login, "jobs": jobs, "in_jobs": in_jobs,
+            "records": statuses(sweep_dir)}  # fmt: skip
 
 
 # --- the simulated sweep: no cluster, a virtual clock --------------------------------------------------
@@ -441,6 +449,8 @@ def main() -> None:
     for result in runs:
         per_point = {c: round(result["login"][c] / args.points, 2) for c in ("sbatch", "squeue", "sacct")}
         print(f"{result['label']}: per point on the login node {per_point}; records {result['records']}")
+    for result in runs:
+        print(f"{result['label']}: inside the jobs {dict(sorted(result['in_jobs'].items()))}")
     for result in runs:
         minutes = result["wall_s"] / 60
         login = result["login"]

@@ -32,6 +32,10 @@ def test_scheduler_load_counts_the_scheduler_calls_of_a_two_point_sweep():
             rf"whole sweep",
         )
         assert 0 < float(rates.group(1)) <= float(rates.group(2)), rates.group(0)
+        # the checks meant for the login node (partitions, nodes, limits) are not made again inside a job
+        inside = figure(output, rf"{re.escape(label)}: inside the jobs (\{{.*\}})").group(1)
+        if label.endswith("(today)"):
+            assert "show partition" not in inside and "show node" not in inside and "sacctmgr" not in inside, inside
 
 
 @pytest.mark.slow
