@@ -63,7 +63,7 @@ test-equivalence-sse: venv
 	ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 $(BIN)/pytest -m "($(EQUIVALENCE_SSE)) and not slurm and not gpu" $(PYTEST_ARGS)
 
 # The lowest torch the code works with, read from pyproject.toml's "torch>=X" (one source of truth).
-# The unit tests (not slow, not SLURM, not GPU) and FLOOR_SLOW_TESTS (fsdp, zero2, dp_tp and pipelines
+# The unit tests (not slow, not SLURM, not GPU; in two parts as in `make test`) and FLOOR_SLOW_TESTS (fsdp, zero2, dp_tp and pipelines
 # against the single-process reference on real ranks: what older releases get wrong) run against it
 # in a venv of its own. PyPI's x86-64 wheels of older torch releases are CUDA builds (5.6 GB
 # installed): uv installs them in about 30 s, where pip takes 4 min.
@@ -83,7 +83,8 @@ $(FLOOR_VENV)/.installed: pyproject.toml | venv
 
 test-floor: $(FLOOR_VENV)/.installed
 	@$(FLOOR_VENV)/bin/python -c "import torch; v = torch.__version__.split('+')[0]; assert v == '$(TORCH_FLOOR)', v; print('torch', v)"
-	$(FLOOR_VENV)/bin/pytest -m "not slow and not slurm and not gpu" $(PYTEST_ARGS)
+	$(FLOOR_VENV)/bin/pytest -n $(TEST_WORKERS) -m "not slow and not slurm and not gpu and not serial" $(PYTEST_ARGS)
+	$(FLOOR_VENV)/bin/pytest -m "serial and not slow and not slurm and not gpu" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(FLOOR_VENV)/bin/pytest -m "not slurm and not gpu" $(PYTEST_ARGS) $(FLOOR_SLOW_TESTS)
 
 lint: venv
