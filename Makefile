@@ -63,7 +63,8 @@ test-equivalence-sse: venv
 	ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 $(BIN)/pytest -m "($(EQUIVALENCE_SSE)) and not slurm and not gpu" $(PYTEST_ARGS)
 
 # The lowest torch the code works with, read from pyproject.toml's "torch>=X" (one source of truth).
-# The unit tests (not slow, not SLURM, not GPU; in two parts as in `make test`) and FLOOR_SLOW_TESTS (fsdp, zero2, dp_tp and pipelines
+# The unit tests (not slow, not SLURM, not GPU; in two parts as in `make test`) and FLOOR_SLOW_TESTS
+# (fsdp, zero2, dp_tp and pipelines
 # against the single-process reference on real ranks: what older releases get wrong) run against it
 # in a venv of its own. PyPI's x86-64 wheels of older torch releases are CUDA builds (5.6 GB
 # installed): uv installs them in about 30 s, where pip takes 4 min.
