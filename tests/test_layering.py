@@ -3,7 +3,8 @@ off the planning and report path (login nodes plan fast, and the report env has 
 
 The layers, from the bottom up (LAYERS below; a module's layer is that of its longest listed prefix):
 
- 1. base: the package's version, errors, atomic writes, statistics, the templates' environment;
+ 1. base: the package's version, errors, atomic writes, work over forked processes, statistics, the
+    templates' environment;
  2. catalog: models, datasets, strategies by name, and their facts (a model's table of layers too);
  3. config: a sweep's schema and its validated, frozen form (the adaptive key included);
  4. plan: a point, why a combination cannot run, a sweep expanded into points;
@@ -38,7 +39,17 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ddlbench"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("ddlbench", "ddlbench.errors", "ddlbench.atomic", "ddlbench.statistics", "ddlbench.templating")),
+    (
+        "base",
+        (
+            "ddlbench",
+            "ddlbench.errors",
+            "ddlbench.atomic",
+            "ddlbench.parallel",
+            "ddlbench.statistics",
+            "ddlbench.templating",
+        ),
+    ),
     ("catalog", ("ddlbench.catalog",)),
     ("config", ("ddlbench.config",)),
     ("plan", ("ddlbench.point", "ddlbench.validity", "ddlbench.sweep")),

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,12 @@ from ddlbench.analysis.inside.figures import TABLE_STATS, anatomy_columns
 from ddlbench.analysis.inside.timeline import trace_path
 from ddlbench.analysis.keys import keys, point_columns
 from ddlbench.atomic import write_atomic
+from ddlbench.parallel import map_forked
 from ddlbench.point import Point
 from ddlbench.records import MEASUREMENT_VERSION, PointRecord, RecordError, Stats, read_record, record_path
 from ddlbench.sweep import Plan
+
+RECORDS_PER_WORKER = 500  # below this many records a worker process costs more than it saves (ddlbench.parallel)
 
 STATS_FIELDS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Stats))
 STEP_FIGURES = ("samples_per_s", "step_time_s")
@@ -91,22 +95,26 @@ def build_table(plan: Plan, *, include_other_versions: bool = False) -> pd.DataF
 
     Configuration figures (repetitions, speedup, vs ddp) leave out records of another measurement
     version unless `include_other_versions`."""
-    rows = []
-    for point in plan.points:
-        path = record_path(plan.config.sweep_dir, point.point_id)
-        try:
-            record = read_record(path)
-            if record.point == point:  # the plan's own point knows its id and spec already
-                record = dataclasses.replace(record, point=point)
-            row = record_row(record)
-            trace = trace_path(path)
-            # the point's Chrome/Perfetto trace, relative to the sweep's folder; empty when not traced
-            row["trace_file"] = str(trace.relative_to(plan.config.sweep_dir)) if trace.exists() else None
-            rows.append(row)
-        except RecordError as exc:
-            reason = "no record yet" if not path.exists() else str(exc)
-            rows.append(point_row(point) | {"status": "missing", "reason": reason})
+    sweep_dir = plan.config.sweep_dir
+    rows = map_forked(partial(_planned_row, sweep_dir), plan.points, least=RECORDS_PER_WORKER)
     return add_configuration_columns(pd.DataFrame(rows), include_other_versions=include_other_versions)
+
+
+def _planned_row(sweep_dir: Path, point: Point) -> dict[str, Any]:
+    """The point's row from its record; a `missing` row where it has no readable one."""
+    path = record_path(sweep_dir, point.point_id)
+    try:
+        record = read_record(path)
+        if record.point == point:  # the plan's own point knows its id and spec already
+            record = dataclasses.replace(record, point=point)
+        row = record_row(record)
+        trace = trace_path(path)
+        # the point's Chrome/Perfetto trace, relative to the sweep's folder; empty when not traced
+        row["trace_file"] = str(trace.relative_to(sweep_dir)) if trace.exists() else None
+        return row
+    except RecordError as exc:
+        reason = "no record yet" if not path.exists() else str(exc)
+        return point_row(point) | {"status": "missing", "reason": reason}
 
 
 def add_configuration_columns(

@@ -7,6 +7,10 @@ out of sample on public series; extrapolation.search_ddlbench applies the choice
 - forward: the normal form chosen by forward validation (laws.forward_search);
 - extrap+law, extrap+forward: the mean of the two predictions, their bands united (combine.py).
 
+A candidate may also say how its leave-one-out predictions are made faster than by refitting it once per
+point (`register_folds`): Extra-P's search and the law have such a way (search.single_fold_predictions,
+laws.amdahl_fold_predictions), the same numbers as refitting; the others are refitted (combine.fold_predictions).
+
 A family is the candidates for what is known of the figure: `law` where its kind is a throughput or a
 per-device rate, `unknown` where it is not (`ddlbench fit --x … --y …` without --kind).
 """
@@ -18,10 +22,10 @@ from functools import partial
 
 import numpy as np
 
-from ddlbench.analysis.empirical.combine import combine
-from ddlbench.analysis.empirical.laws import amdahl, forward_search
+from ddlbench.analysis.empirical.combine import combine, fold_predictions
+from ddlbench.analysis.empirical.laws import amdahl, amdahl_fold_predictions, forward_search
 from ddlbench.analysis.empirical.regression import Fit
-from ddlbench.analysis.empirical.search import search_extrap
+from ddlbench.analysis.empirical.search import search_extrap, single_fold_predictions
 from ddlbench.errors import DdlbenchError
 
 # a search over one parameter: its name, the points (one row each) and their repetitions -> the fit
@@ -34,6 +38,8 @@ FAMILIES = {
 BASELINE = "extrap"
 
 CANDIDATES: dict[str, Callable[[str], Search]] = {}
+# a candidate's leave-one-out predictions over one parameter, where they have a way of their own
+FOLDS: dict[str, Callable[[str], Callable[[np.ndarray, list[list[float]]], np.ndarray]]] = {}
 
 
 def register_candidate(name: str) -> Callable[[Callable[[str], Search]], Callable[[str], Search]]:
@@ -41,6 +47,16 @@ def register_candidate(name: str) -> Callable[[Callable[[str], Search]], Callabl
         if name in CANDIDATES:
             raise ValueError(f"candidate {name!r} registered twice")
         CANDIDATES[name] = build
+        return build
+
+    return add
+
+
+def register_folds(name: str):
+    def add(build):
+        if name in FOLDS:
+            raise ValueError(f"folds of {name!r} registered twice")
+        FOLDS[name] = build
         return build
 
     return add
@@ -74,13 +90,27 @@ def _forward(kind: str) -> Search:
     return partial(forward_search, kind="time" if kind == "time" else "other")
 
 
+@register_folds("extrap")
+def _extrap_folds(kind: str):
+    return single_fold_predictions
+
+
+@register_folds("law")
+def _law_folds(kind: str):
+    return partial(amdahl_fold_predictions, per_device=kind == "per_device")
+
+
 def _mean_of(*names: str) -> Callable[[str], Search]:
     def build(kind: str) -> Search:
         searches = [candidate(name, kind) for name in names]
 
         def search(names_: tuple[str, ...], x: np.ndarray, values: list[list[float]]) -> Fit:
             bound = [partial(s, names_) for s in searches]
-            return combine([s(x, values) for s in bound], x, values, searches=bound)
+            folds = [
+                FOLDS[name](kind) if name in FOLDS and len(names_) == 1 else fold_predictions(one)
+                for name, one in zip(names, bound, strict=True)
+            ]
+            return combine([s(x, values) for s in bound], x, values, folds=folds)
 
         return search
 

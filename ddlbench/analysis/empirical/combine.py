@@ -8,7 +8,9 @@ For members f_1 … f_m, each fitted by its own search to the same points:
   open in any member (NaN) open in the union; the mean lies between the members, so inside it. Beyond the
   fitted scales it is widened by the combination's `spread` as any fit's (regression.Fit);
 - smape: of the mean over the point means (percent, in-sample); cv_smape: leave-one-out, every member's
-  search refitted without each point in turn (percent), when the searches are given.
+  search refitted without each point in turn (percent), when the members' `folds` are given: for each
+  member, the predictions at every point k of its search fitted to the others (`fold_predictions` makes
+  them from any search; a search may have a faster way to the same numbers, candidates.py says which).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from ddlbench.analysis.empirical.regression import Fit, smape, union
 
 Search = Callable[[np.ndarray, list[list[float]]], Fit]
+Folds = Callable[[np.ndarray, list[list[float]]], np.ndarray]  # x, values -> each point's leave-one-out prediction
 
 
 def mean_of_finite(predictions: np.ndarray) -> np.ndarray:
@@ -59,11 +62,11 @@ def combine(
     x: np.ndarray,
     values: list[list[float]],
     *,
-    searches: Sequence[Search] = (),
+    folds: Sequence[Folds] = (),
     spread: float = 0.0,
 ) -> Combined:
     """The combination of fitted `members` (of the same points x, values); its leave-one-out SMAPE when the
-    `searches` that made them are given (one per member, in order) and there are 3 points or more."""
+    members' `folds` are given (one per member, in order) and there are 3 points or more."""
     x = np.atleast_2d(np.asarray(x, dtype=float))
     means = np.array([float(np.mean(v)) for v in values])
     first = members[0]
@@ -80,7 +83,10 @@ def combine(
         spread=spread,
     )
     fitted = shape.predict(x)
-    cv = _loo(searches, x, values, means) if searches and len(values) > 2 else None
+    cv = None
+    if folds and len(values) > 2:
+        predicted = mean_of_finite(np.vstack([member_folds(x, values) for member_folds in folds]))
+        cv = smape(np.nan_to_num(predicted, nan=0.0), means)
     return Combined(
         names=first.names,
         terms=(),
@@ -96,10 +102,14 @@ def combine(
     )
 
 
-def _loo(searches: Sequence[Search], x: np.ndarray, values: list[list[float]], means: np.ndarray) -> float:
-    predicted = np.empty(len(values))
-    for k in range(len(values)):
-        keep = [i for i in range(len(values)) if i != k]
-        each = np.array([search(x[keep], [values[i] for i in keep]).predict(x[k : k + 1])[0] for search in searches])
-        predicted[k] = mean_of_finite(each[:, None])[0]
-    return smape(np.nan_to_num(predicted, nan=0.0), means)
+def fold_predictions(search: Search) -> Folds:
+    """The leave-one-out predictions of any search: at each point k, `search` fitted to the others."""
+
+    def folds(x: np.ndarray, values: list[list[float]]) -> np.ndarray:
+        predicted = np.empty(len(values))
+        for k in range(len(values)):
+            keep = [i for i in range(len(values)) if i != k]
+            predicted[k] = search(x[keep], [values[i] for i in keep]).predict(x[k : k + 1])[0]
+        return predicted
+
+    return folds

@@ -26,8 +26,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from ddlbench.analysis.empirical.regression import Fit, design, fit_hypothesis, smape
-from ddlbench.analysis.empirical.search import loo_smape, search_extrap
+from ddlbench.analysis.empirical.regression import Fit, back_transform, design, fit_hypothesis, observations_of, smape
+from ddlbench.analysis.empirical.search import fold_indices, loo_smape, lstsq, search_extrap
 from ddlbench.analysis.empirical.terms import Factor, Term, extrap_building_blocks
 
 HORIZON = 4.0  # a time must stay positive this far beyond the largest measured scale
@@ -50,6 +50,22 @@ def amdahl(names: tuple[str, ...], x: np.ndarray, values: list[list[float]], *, 
     return replace(fit, cv_smape=loo)
 
 
+def amdahl_fold_predictions(x: np.ndarray, values: list[list[float]], *, per_device: bool = False) -> np.ndarray:
+    """At each point k, what `amdahl` fitted to every other point (their repetitions) predicts, every fold
+    solved at once, as fit_hypothesis fits each (the transformed repetitions' means weighted by their
+    counts)."""
+    x = np.atleast_2d(np.asarray(x, dtype=float))
+    per_unit = None if per_device else 0
+    counts, point, observed = observations_of(values)
+    units = np.ones(len(values)) if per_unit is None else x[:, per_unit]
+    transformed = np.bincount(point, weights=units[point] / observed, minlength=len(values)) / counts
+    root = np.sqrt(counts)
+    rows = design(LINEAR, x)
+    others = fold_indices(len(values))
+    coefficients = lstsq(rows[others] * root[others][..., None], transformed[others] * root[others])
+    return back_transform(np.sum(rows * coefficients, axis=-1), x, per_unit=per_unit, inverse=True)
+
+
 def serial_fraction(fit: Fit) -> float | None:
     """Amdahl's serial fraction b/(a + b) of a fit by `amdahl` (None for any other fit)."""
     if not fit.inverse or fit.terms != LINEAR:
@@ -59,14 +75,16 @@ def serial_fraction(fit: Fit) -> float | None:
 
 
 def _loo_back(fit: Fit, x: np.ndarray, means: np.ndarray) -> float:
-    """Leave-one-out SMAPE of a transformed fit, on the figure itself."""
-    predicted = np.empty(len(means))
-    for k in range(len(means)):
-        keep = np.arange(len(means)) != k
-        again = fit_hypothesis(
-            fit.names, fit.terms, x[keep], [[v] for v in means[keep]], per_unit=fit.per_unit, inverse=fit.inverse
-        )
-        predicted[k] = again.predict(x[k : k + 1])[0]
+    """Leave-one-out SMAPE of a transformed fit, on the figure itself: each point mean predicted by the fit,
+    transformed alike, to the other point means (one observation each), every fold solved at once."""
+    count = len(means)
+    units = np.ones(count) if fit.per_unit is None else x[:, fit.per_unit]
+    transformed = units / means if fit.inverse else means / units  # as fit_hypothesis transforms them
+    rows = design(fit.terms, x)
+    others = fold_indices(count)
+    coefficients = lstsq(rows[others], transformed[others])  # one fit per left-out point
+    g = np.sum(rows * coefficients, axis=-1)
+    predicted = back_transform(g, x, per_unit=fit.per_unit, inverse=fit.inverse)
     return smape(np.nan_to_num(predicted, nan=0.0), means)
 
 

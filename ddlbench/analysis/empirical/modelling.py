@@ -85,29 +85,27 @@ def predict(fit: Fit, measured: np.ndarray, at: list[tuple[float, ...]]) -> list
     if not at:
         return []
     points = np.asarray(at, dtype=float).reshape(len(at), len(fit.names))
-    values = fit.predict(points)
+    values = fit.predict(points).tolist()
     band = fit.band(points)
+    low, high = (None, None) if band is None else (_ends(band[0]), _ends(band[1]))
     largest = measured.max(axis=0)
-    out = []
-    for k, row in enumerate(points):
-        beyond = max(1.0, *(float(v / m) for v, m in zip(row, largest, strict=True) if m > 0))
-        out.append(
-            Prediction(
-                x=tuple(float(v) for v in row),
-                value=float(values[k]),
-                low=_end(band, 0, k),
-                high=_end(band, 1, k),
-                extrapolation=beyond,
-            )
+    ratios = np.divide(points, largest, out=np.ones_like(points), where=largest > 0)
+    beyond = np.maximum(1.0, ratios.max(axis=1)).tolist()
+    return [
+        Prediction(
+            x=tuple(row),
+            value=values[k],
+            low=None if low is None else low[k],
+            high=None if high is None else high[k],
+            extrapolation=beyond[k],
         )
-    return out
+        for k, row in enumerate(points.tolist())
+    ]
 
 
-def _end(band, side: int, k: int) -> float | None:
-    """One end of a band; None where it is open (a transformed band whose end is not finite)."""
-    if band is None or not np.isfinite(band[side][k]):
-        return None
-    return float(band[side][k])
+def _ends(end: np.ndarray) -> list[float | None]:
+    """One end of a band as numbers; None where it is open (a transformed band whose end is not finite)."""
+    return [float(v) if math.isfinite(v) else None for v in end.tolist()]
 
 
 def model_series(series: Series, *, method: str = "ddlbench", at: list[tuple[float, ...]] = ()) -> dict[str, Any]:

@@ -31,12 +31,38 @@ are then of the transformed figure z; rss and smape stay of y):
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
 from ddlbench.analysis.empirical.terms import Term, evaluate_term, term_text
 from ddlbench.statistics import student_t_quantile
+
+# pseudo-inverses by their matrix's exact bytes: the searches solve the same designs again and again (every
+# series of a sweep over the same scales, every fold of a leave-one-out), and only the right-hand sides change
+_PSEUDO_INVERSES: dict[tuple[tuple[int, ...], bytes], np.ndarray] = {}
+_KEPT_PSEUDO_INVERSES = 4096
+
+
+def pseudo_inverse(a: np.ndarray) -> np.ndarray:
+    """numpy.linalg.pinv of `a` (one matrix or a stack), remembered: the same bytes give the same answer."""
+    a = np.ascontiguousarray(a, dtype=float)
+    key = (a.shape, a.tobytes())
+    found = _PSEUDO_INVERSES.get(key)
+    if found is None:
+        if len(_PSEUDO_INVERSES) >= _KEPT_PSEUDO_INVERSES:
+            _PSEUDO_INVERSES.clear()
+        found = _PSEUDO_INVERSES[key] = np.linalg.pinv(a)
+        found.flags.writeable = False
+    return found
+
+
+def lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares of every stacked system a (..., n, q)·c = b (..., n) at once (..., q): the
+    minimum-norm solution, singular values below max(n, q)·eps of the largest counted as 0, as
+    numpy.linalg.lstsq's with rcond=None solves one."""
+    return (pseudo_inverse(a) @ np.asarray(b)[..., None])[..., 0]
 
 
 def design(terms: tuple[Term, ...], x: np.ndarray) -> np.ndarray:
@@ -81,14 +107,7 @@ class Fit:
         return self._back(design(self.terms, rows) @ np.asarray(self.coefficients), rows)
 
     def _back(self, g: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        unit = self._unit(rows)
-        if not self.inverse:
-            return g * unit
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(g > 0, unit / np.where(g > 0, g, 1.0), np.nan)
-
-    def _unit(self, rows: np.ndarray) -> np.ndarray:
-        return np.ones(rows.shape[0]) if self.per_unit is None else rows[:, self.per_unit]
+        return back_transform(g, rows, per_unit=self.per_unit, inverse=self.inverse)
 
     def band(self, x, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray] | None:
         """Lower and upper ends of the `confidence` prediction interval at each x, widened to the intervals
@@ -145,11 +164,36 @@ class Fit:
         return x.reshape(-1, len(self.names)) if x.ndim < 2 else x
 
 
+def back_transform(g: np.ndarray, rows: np.ndarray, *, per_unit: int | None, inverse: bool) -> np.ndarray:
+    """The figure y from the fitted g at `rows` (see the module docstring): u·g, or u/g where g > 0 (NaN
+    elsewhere) for an inverse fit; u = the `per_unit` parameter's value, else 1."""
+    unit = np.ones(rows.shape[0]) if per_unit is None else rows[:, per_unit]
+    if not inverse:
+        return g * unit
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(g > 0, unit / np.where(g > 0, g, 1.0), np.nan)
+
+
 def union(first: tuple[np.ndarray, np.ndarray], second: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The smallest band holding both; an end open in either (NaN) stays open."""
     low = np.where(np.isnan(first[0]) | np.isnan(second[0]), np.nan, np.fmin(first[0], second[0]))
     high = np.where(np.isnan(first[1]) | np.isnan(second[1]), np.nan, np.fmax(first[1], second[1]))
     return low, high
+
+
+def observations_of(values: list[list[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The repetitions of each point, flat: their counts (per point), each observation's point, and the
+    observations."""
+    counts = np.array([len(reps) for reps in values])
+    point = np.repeat(np.arange(len(values)), counts)
+    observed = np.fromiter(itertools.chain.from_iterable(values), dtype=float, count=int(counts.sum()))
+    return counts, point, observed
+
+
+def point_means(values: list[list[float]]) -> np.ndarray:
+    """Each point's mean of its repetitions, summed as fit_hypothesis sums them."""
+    counts, point, observed = observations_of(values)
+    return np.bincount(point, weights=observed, minlength=len(values)) / counts
 
 
 def fit_hypothesis(
@@ -163,38 +207,31 @@ def fit_hypothesis(
 ) -> Fit:
     """Least squares of c₀ + Σ c_k·t_k over every repetition of every point (see the module docstring)."""
     x = np.atleast_2d(np.asarray(x, dtype=float))
-    original = [list(map(float, reps)) for reps in values]
+    counts, point, observed = observations_of(values)
+    original_means = np.bincount(point, weights=observed, minlength=len(values)) / counts
     units = np.ones(len(values)) if per_unit is None else x[:, per_unit]
     if inverse:
-        values = [[u / v for v in reps] for reps, u in zip(values, units, strict=True)]
+        observed = units[point] / observed
     elif per_unit is not None:
-        values = [[v / u for v in reps] for reps, u in zip(values, units, strict=True)]
-    counts = np.array([len(reps) for reps in values], dtype=float)
-    means = np.array([float(np.mean(reps)) for reps in values])
+        observed = observed / units[point]
+    means = (
+        np.bincount(point, weights=observed, minlength=len(values)) / counts
+        if inverse or per_unit is not None
+        else original_means
+    )
+    root = np.sqrt(counts)
     rows = design(terms, x)
-    weighted = rows * np.sqrt(counts)[:, None]
-    coefficients, *_ = np.linalg.lstsq(weighted, means * np.sqrt(counts), rcond=None)
+    weighted = rows * root[:, None]
+    coefficients = lstsq(weighted, means * root)
     fitted = rows @ coefficients
     observations = int(counts.sum())
     q = rows.shape[1]
     residual_variance, unscaled = None, ()
     if observations > q:
-        squares = sum(float(np.sum((np.asarray(reps) - f) ** 2)) for reps, f in zip(values, fitted, strict=True))
+        squares = float(np.bincount(point, weights=(observed - fitted[point]) ** 2, minlength=len(values)).sum())
         residual_variance = squares / (observations - q)
-        unscaled = tuple(map(tuple, np.linalg.pinv(weighted.T @ weighted)))
-    original_means = np.array([float(np.mean(reps)) for reps in original])
-    shape = Fit(
-        names=names,
-        terms=terms,
-        coefficients=(),
-        points=0,
-        observations=0,
-        rss=0.0,
-        smape=0.0,
-        per_unit=per_unit,
-        inverse=inverse,
-    )
-    back = shape._back(fitted, x)
+        unscaled = tuple(map(tuple, pseudo_inverse(weighted.T @ weighted)))
+    back = back_transform(fitted, x, per_unit=per_unit, inverse=inverse)
     return Fit(
         names=names,
         terms=terms,

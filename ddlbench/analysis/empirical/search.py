@@ -20,13 +20,23 @@ Fits are of the point means, as Extra-P's default; every repetition enters the b
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
 
-from ddlbench.analysis.empirical.regression import Fit, design, fit_hypothesis, smape
+from ddlbench.analysis.empirical.regression import (
+    Fit,
+    design,
+    fit_hypothesis,
+    lstsq,
+    observations_of,
+    point_means,
+    pseudo_inverse,
+    smape,
+)
 from ddlbench.analysis.empirical.terms import Term, extrap_building_blocks
 from ddlbench.errors import DdlbenchError
 
@@ -34,18 +44,43 @@ from ddlbench.errors import DdlbenchError
 MIN_TERM_SHARE = 0.0005
 
 
+def loo_predictions(rows: np.ndarray, means: np.ndarray) -> np.ndarray:
+    """Each point mean predicted by the fit to the other points' means (unweighted), Extra-P's negligible
+    constant zeroed in each fold (hypotheses.py, clean_constant_coefficient); `rows` (..., P, q), a design
+    matrix or a stack of them (one per hypothesis), all folds solved at once."""
+    return _loo_with(rows, pseudo_inverse(rows[..., fold_indices(means.shape[-1]), :]), means)
+
+
+def _loo_with(rows: np.ndarray, folds_inverse: np.ndarray, means: np.ndarray) -> np.ndarray:
+    """loo_predictions, given the pseudo-inverses of the folds' designs (..., P, q, P−1)."""
+    others = fold_indices(means.shape[-1])
+    coefficients = (folds_inverse @ means[others][..., None])[..., 0]  # (..., P folds, q)
+    smallest = means[others].min(axis=-1)
+    negligible = MIN_TERM_SHARE * np.where(smallest != 0, np.abs(smallest), 1.0)
+    coefficients[..., 0] = np.where(np.abs(coefficients[..., 0]) < negligible, 0.0, coefficients[..., 0])
+    return np.sum(rows * coefficients, axis=-1)
+
+
+@functools.cache
+def fold_indices(count: int) -> np.ndarray:
+    """Row k: the points a leave-one-out fit keeps when point k is left out (count × count − 1)."""
+    found = np.array([[i for i in range(count) if i != k] for k in range(count)], dtype=int).reshape(count, -1)
+    found.flags.writeable = False
+    return found
+
+
+def smapes(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """regression.smape of each row of `predicted` (..., P) against `measured` (P) (percent)."""
+    denominator = np.abs(measured) + np.abs(predicted)
+    share = np.divide(
+        2 * np.abs(predicted - measured), denominator, out=np.zeros_like(denominator), where=denominator > 0
+    )
+    return 100 * share.mean(axis=-1)
+
+
 def loo_smape(terms: tuple[Term, ...], x: np.ndarray, means: np.ndarray) -> float | None:
     """Leave-one-out SMAPE (percent) of c₀ + Σ c_k·t_k over the point means; None if not finite."""
-    rows = design(terms, x)
-    predicted = np.empty(len(means))
-    for k in range(len(means)):
-        keep = np.arange(len(means)) != k
-        coefficients, *_ = np.linalg.lstsq(rows[keep], means[keep], rcond=None)
-        smallest = float(np.min(means[keep]))
-        # Extra-P zeroes a negligible constant in each fold (hypotheses.py, clean_constant_coefficient)
-        if abs(coefficients[0]) < MIN_TERM_SHARE * (abs(smallest) if smallest != 0 else 1.0):
-            coefficients[0] = 0.0
-        predicted[k] = rows[k] @ coefficients
+    predicted = loo_predictions(design(terms, x), np.asarray(means, dtype=float))
     if not np.all(np.isfinite(predicted)):
         return None
     return smape(predicted, means)
@@ -67,20 +102,84 @@ def search_single(name: str, x: Sequence[float], values: list[list[float]], *, p
     rows[:, parameter] = column
     means = np.array([float(np.mean(v)) for v in values])
     best = fit_hypothesis(names, (), rows, values)  # the constant, scored in-sample
-    best_score = best.smape
     if best.rss == 0:
         return best
     logs = bool(np.all(column >= 1))
-    for block in extrap_building_blocks(parameter, logs=logs):
-        terms = ((block,),)
-        full = fit_hypothesis(names, terms, rows, values)
-        if not _contributes(full, rows, means):
+    blocks = extrap_building_blocks(parameter, logs=logs)
+    counts = np.array([len(v) for v in values], dtype=float)
+    chosen, score = _best_block(column, logs, means, counts, best.smape)
+    if chosen is None:
+        return _with_cv(best, None)
+    return _with_cv(fit_hypothesis(names, ((blocks[chosen],),), rows, values), score)
+
+
+def single_fold_predictions(x: np.ndarray, values: list[list[float]]) -> np.ndarray:
+    """At each point k, what search_single fitted to every other point (their repetitions) predicts: the
+    leave-one-out predictions a combination scores (combine.py), one parameter, without a Fit per fold. The
+    same choice as search_single on the same numbers: the constant's fit and score, the blocks' designs
+    (one cache) and the winner's weighted fit are computed alike."""
+    column = np.asarray(x, dtype=float).reshape(-1)
+    others = fold_indices(len(column))
+    counts, _, _ = observations_of(values)
+    kept_means, kept_counts = point_means(values)[others], counts[others].astype(float)
+    root = np.sqrt(kept_counts)
+    constants = lstsq(root[..., None], kept_means * root)[..., 0]  # each fold's constant, as fit_hypothesis's
+    predicted = constants.copy()
+    for k, kept in enumerate(others):
+        fitted = np.full(len(kept), constants[k])
+        if float(np.sum((kept_means[k] - fitted) ** 2)) == 0:
             continue
-        score = loo_smape(terms, rows, means)
-        if score is None or not score < best_score:
+        scales = column[kept]
+        logs = bool(np.all(scales >= 1))
+        chosen, _ = _best_block(scales, logs, kept_means[k], kept_counts[k], smape(fitted, kept_means[k]))
+        if chosen is None:
             continue
-        best, best_score = full, score
-    return _with_cv(best, best_score if best.terms else None)
+        _, rows, _ = _single_design(np.ascontiguousarray(scales).tobytes(), logs)
+        coefficients = lstsq(rows[chosen] * root[k][:, None], kept_means[k] * root[k])
+        block = extrap_building_blocks(0, logs=logs)[chosen]
+        predicted[k] = (design(((block,),), column[k : k + 1, None]) @ coefficients)[0]
+    return predicted
+
+
+@functools.lru_cache(maxsize=1024)
+def _single_design(column: bytes, logs: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What every series over these scales shares (column: the scales' bytes): Extra-P's building blocks'
+    values (blocks × points), their designs c₀ + c₁·b (blocks × points × 2) and the pseudo-inverses of
+    every leave-one-out fold's design (blocks × points × 2 × points − 1)."""
+    scales = np.frombuffer(column, dtype=float)
+    terms = np.array([block.evaluate(scales) for block in extrap_building_blocks(0, logs=logs)])
+    rows = np.stack([np.ones_like(terms), terms], axis=-1)
+    folds = np.linalg.pinv(rows[:, fold_indices(len(scales)), :])
+    for array in (terms, rows, folds):
+        array.flags.writeable = False
+    return terms, rows, folds
+
+
+def _best_block(
+    column: np.ndarray, logs: bool, means: np.ndarray, counts: np.ndarray, incumbent: float
+) -> tuple[int | None, float]:
+    """Extra-P's choice among one-term hypotheses c₀ + c₁·b(x) over the scales `column`, every b at once.
+    Each is fitted to all points as regression.fit_hypothesis fits (the means weighted by the repetitions),
+    dropped unless every coefficient is finite and its term contributes (_contributes), and scored by its
+    leave-one-out SMAPE; the first with the lowest score below `incumbent` (the constant's in-sample SMAPE)
+    wins. Returns its index among extrap_building_blocks and its score; (None, incumbent) if none beats the
+    constant."""
+    terms, rows, folds = _single_design(np.ascontiguousarray(column, dtype=float).tobytes(), logs)
+    root = np.sqrt(counts)
+    coefficients = lstsq(rows * root[:, None], np.broadcast_to(means * root, terms.shape))
+    slope = coefficients[:, 1]
+    contributes = (
+        (slope != 0)
+        & np.any(np.abs(slope[:, None] * terms) >= MIN_TERM_SHARE * np.abs(means), axis=1)
+        & np.all(np.isfinite(coefficients), axis=1)
+    )
+    predicted = _loo_with(rows, folds, means)
+    scores = np.where(np.all(np.isfinite(predicted), axis=1), smapes(predicted, means), np.inf)
+    chosen, best = None, incumbent
+    for index in np.flatnonzero(contributes):
+        if scores[index] < best:
+            chosen, best = int(index), float(scores[index])
+    return chosen, best
 
 
 def search_extrap(names: tuple[str, ...], x: np.ndarray, values: list[list[float]]) -> Fit:

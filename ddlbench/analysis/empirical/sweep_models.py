@@ -1,7 +1,11 @@
 """A sweep's scaling models, as its `scaling:` key asks: the series of its table over `over` (nodes by
 default), each modelled (Extra-P's normal form, ddlbench.analysis.empirical.modelling) and evaluated where
 the key says (`at`), else at 2× and 4× the largest measured value of a single parameter. What
-models.json holds; the report draws it. Torch-free (numpy)."""
+models.json holds; the report draws it. Torch-free (numpy).
+
+The series are independent: with many of them (a study's thousands) they are fitted in forked worker
+processes, one per CPU this process may use (ddlbench.parallel); each model is the one a single process
+fits."""
 
 from __future__ import annotations
 
@@ -14,7 +18,9 @@ from ddlbench.analysis.empirical.modelling import model_series
 from ddlbench.analysis.empirical.series import series_from_table
 from ddlbench.config import SweepConfig
 from ddlbench.errors import DdlbenchError
+from ddlbench.parallel import map_forked
 
+SERIES_PER_WORKER = 100  # below this many series a worker process costs more than it saves
 DEFAULT_FIGURES = ("step_time_s", "samples_per_s", "speedup", "efficiency", "cost_node_h_per_epoch")
 
 
@@ -42,7 +48,18 @@ def sweep_models(config: SweepConfig, table: pd.DataFrame) -> dict[str, Any]:
         )
     at = list(itertools.product(*(map(float, given[name]) for name in over))) if given else []
     method = scaling.get("method", "ddlbench")
-    return {"over": list(over), "models": [model_series(s, method=method, at=at or beyond(s)) for s in series]}
+    return {"over": list(over), "models": model_all(series, method=method, at=at)}
+
+
+def model_all(series: list, *, method: str, at: list[tuple[float, ...]], workers: int | None = None) -> list[dict]:
+    """model_series of every series (at `at`, or where `beyond` says), in order, over the CPUs this
+    process may use where there are many (ddlbench.parallel)."""
+    return map_forked(_model, [(s, method, at or beyond(s)) for s in series], least=SERIES_PER_WORKER, workers=workers)
+
+
+def _model(task: tuple) -> dict[str, Any]:
+    series, method, at = task
+    return model_series(series, method=method, at=at)
 
 
 def beyond(series) -> list[tuple[float, ...]]:

@@ -11,6 +11,7 @@ IJHPCA 2005), which PMNF can only approximate by a small power.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -81,8 +82,13 @@ def term_text(term: Term, names: tuple[str, ...]) -> str:
 def extrap_building_blocks(parameter: int = 0, *, logs: bool = True, negative: bool = False) -> list[Factor]:
     """Extra-P's default set for one parameter, in its order: 42 factors, the 19 without a log when `logs`
     is False; `negative` appends each mirrored, x^(−i/j)·log2(x)^(−k), as its allow_negative_exponents."""
+    return list(_building_blocks(parameter, logs, negative))
+
+
+@functools.cache
+def _building_blocks(parameter: int, logs: bool, negative: bool) -> tuple[Factor, ...]:
     chosen = [(i, j, k) for i, j, k in EXTRAP_EXPONENTS if logs or k == 0]
     blocks = [Factor(parameter, Fraction(i, j), k) for i, j, k in chosen]
     if negative:
         blocks += [Factor(parameter, -Fraction(i, j), -k) for i, j, k in chosen]
-    return blocks
+    return tuple(blocks)
