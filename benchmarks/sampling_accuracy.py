@@ -38,6 +38,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -49,7 +50,6 @@ from ddlbench.config import sweep_config_from_mapping  # noqa: E402
 from ddlbench.launches import read_launch  # noqa: E402
 from ddlbench.records import read_record  # noqa: E402
 from ddlbench.sampling.costs import spent_node_s  # noqa: E402
-from ddlbench.sampling.plan import node_seconds  # noqa: E402
 
 SWEEP = REPO / "benchmarks" / "sampling" / "sweep.yaml"
 QUICK_SWEEP = REPO / "benchmarks" / "sampling" / "quick_sweep.yaml"
@@ -60,6 +60,13 @@ def run(*command: str) -> None:
     # the workflow's rules call `ddlbench`: this interpreter's, whether or not its venv is active
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     subprocess.run(command, check=True, cwd=REPO, env={**os.environ, "PATH": path})
+
+
+def node_seconds(record) -> float:
+    """Nodes × the record's wall time from its provenance (start to end), node-seconds."""
+    start = datetime.fromisoformat(record.provenance.start_time)
+    end = datetime.fromisoformat(record.provenance.end_time)
+    return record.point.nodes * max(0.0, (end - start).total_seconds())
 
 
 def main() -> int:

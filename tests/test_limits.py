@@ -70,7 +70,6 @@ def test_the_default_account_and_qos_set_the_limits_and_jobs_count_by_account_an
     }
     assert {limit.name: limit.value for limit in limits.running} == {"association proj/ana MaxJobs": 8}
     assert limits.grp_tres == (("association proj/ana", "cpu=64,node=4"),)
-    assert limits.most_queued == 3
     queue = [
         queued("1"),
         queued("2_0", "RUNNING"),

@@ -138,11 +138,6 @@ class UserLimits:
         queue = list(queue)
         return min(self.submit, key=lambda limit: limit.value - limit.used(queue), default=None)
 
-    @property
-    def most_queued(self) -> int | None:
-        """The smallest submit limit: the most jobs of this user that may ever be queued at once."""
-        return min((limit.value for limit in self.submit), default=None)
-
     def describe(self) -> str:
         """One line for the log: every limit read, or that there are none."""
         parts = [f"{limit.name}={limit.value}" for limit in (*self.submit, *self.running)]

@@ -48,22 +48,6 @@ def interval_text(median: Any, low: Any, high: Any, n: Any, *, unit: str) -> str
     return f"{number(median)} [{number(low)}, {number(high)}]{count}"
 
 
-def figure_cell(row: dict[str, Any], prefix: str, *, unit: str, n_column: str, notes: tuple[str, ...] = ()) -> Cell:
-    """The figure `prefix`_median with `prefix`_ci_low/high, the sample size from `n_column`, and the
-    flag 'noisy' when its interval is wider than ±5 % of it (ddlbench.statistics.is_noisy); a figure
-    without an interval is labelled so in its text instead."""
-    median, low, high = row.get(f"{prefix}_median"), row.get(f"{prefix}_ci_low"), row.get(f"{prefix}_ci_high")
-    text = interval_text(median, low, high, row.get(n_column), unit=unit)
-    flags = list(notes) if text else []
-    noisy = row.get(f"{prefix}_noisy")
-    has_interval = not (missing(low) or missing(high))
-    if text and has_interval and not missing(noisy) and bool(noisy):
-        flags.insert(0, "noisy")
-    cv = row.get(f"{prefix}_cv")
-    title = f"coefficient of variation {number(cv)}" if not missing(cv) else ""
-    return Cell(text=text, flags=tuple(flags), title=title)
-
-
 def point_notes(row: dict[str, Any]) -> tuple[str, ...]:
     """Flags of a measurement as such: another measurement version, cores shared beyond their count."""
     notes = []

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -81,12 +80,6 @@ def sampled(point: Point, settings: AdaptiveSettings) -> list[Point]:
         dataclasses.replace(point, steps=settings.steps, warmup_steps=settings.warmup_steps, repetition=r)
         for r in range(settings.repetitions)
     ]
-
-
-def node_seconds(record: PointRecord) -> float:
-    start = datetime.fromisoformat(record.provenance.start_time)
-    end = datetime.fromisoformat(record.provenance.end_time)
-    return record.point.nodes * max(0.0, (end - start).total_seconds())
 
 
 def plan_round(

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -31,22 +29,6 @@ def build_mesh(ctx: RankContext, split: int, inner: str) -> DeviceMesh:
     """The 2-D mesh (dp, inner) of world_size // split replicas of `split` ranks; ranks of one replica
     are consecutive, so a replica sits inside a node when split divides ranks per node."""
     return init_device_mesh(ctx.device.type, (ctx.world_size // split, split), mesh_dim_names=("dp", inner))
-
-
-def average_gradients(parameters: Iterable[nn.Parameter], group: dist.ProcessGroup | None, size: int) -> None:
-    """Average .grad over the ranks of `group` in one flat all-reduce (data parallelism by hand)."""
-    if size == 1:
-        return
-    grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    flat.div_(size)
-    dist.all_reduce(flat, group=group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
 
 
 def cpu_state(module: nn.Module, prefix: str = "") -> dict[str, Tensor]:
