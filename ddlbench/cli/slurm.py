@@ -2,7 +2,12 @@
 (a sweep's points as SLURM jobs through submitit, without Snakemake) and `ddlbench rerun` (the points
 whose records say they failed).
 
-None of these commands imports torch on the login node.
+None of these commands needs torch on the login node (tests/test_login_no_torch.py runs them with torch
+unimportable): the predicted times of the progress line and of packing, and the predictions made when the
+sweep is finished, read the model tables shipped with the package (every model and dataset at default
+options) or left in the sweep's folder by its points (ddlbench.analysis.analytic.table_cache). Torch is
+imported only to build a table found in neither, where it can be; where it cannot, those predictions are
+left out and say why. The ranks import torch, on the compute nodes (or here, for `rerun --local`).
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def _plan_packed(config, points, args: argparse.Namespace) -> int:
 
     if args.max_time is not None and not args.max_time > 0:
         raise DdlbenchError(f"--max-time {args.max_time:g} is not accepted; give minutes > 0")
-    expected, source = expected_times(points, config.machine_path)
+    expected, source = expected_times(points, config.machine_path, sweep_dir=config.sweep_dir)
     width, max_time_s, notes = pack_width(points, args.pack), args.max_time * 60 if args.max_time else None, []
     if args.max_time is None:  # sized under the cluster's limits where the profile's site and SLURM can say
         bounds, why = _packing_bounds(config, points, args.pack)

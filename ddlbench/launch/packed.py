@@ -70,17 +70,23 @@ def tasks_for(points: Sequence[Point], *, expected_s: Mapping[str, float] | None
 EXPECTED_LAUNCH_S = 15.0
 
 
-def expected_times(points: Sequence[Point], machine_file: Path | None) -> tuple[dict[str, float], str]:
+def expected_times(
+    points: Sequence[Point], machine_file: Path | None, *, sweep_dir: Path | None = None
+) -> tuple[dict[str, float], str]:
     """Each point's expected time from a machine file (ddlbench.analysis.analytic: (warm-up + steps) ×
-    the predicted step time + EXPECTED_LAUNCH_S), and a line saying where the expected times come from."""
+    the predicted step time + EXPECTED_LAUNCH_S), and a line saying where the expected times come from.
+    The model tables are the shipped ones, else those the sweep's points left in `sweep_dir`
+    (ddlbench.analysis.analytic.table_cache): no torch on the login node."""
     if machine_file is None or not machine_file.exists():
         return {}, "expected times: none predicted (no machine file): every point at its limit"
     from ddlbench.analysis.analytic.layout import Setting
     from ddlbench.analysis.analytic.machine_model import MachineModel
-    from ddlbench.analysis.analytic.predict import predict_all
+    from ddlbench.analysis.analytic.predict import predict_all, sweep_tables
 
     try:
-        predictions = predict_all([Setting.of_point(p) for p in points], MachineModel.from_file(machine_file))
+        predictions = predict_all(
+            [Setting.of_point(p) for p in points], MachineModel.from_file(machine_file), tables=sweep_tables(sweep_dir)
+        )
     except DdlbenchError as exc:
         return {}, f"expected times: not predicted ({exc}): every point at its limit"
     times = {
@@ -375,7 +381,7 @@ def submit_packed_sweep(
     limits = read_limits(facts, account=first.account, qos=first.qos, partition=first.partition)
     bounds = packing_bounds(points, planned, site, pack_arg, limits=limits, partition=partition)
     serial = bool(getattr(config, "slurm_pinned_one_at_a_time", False))
-    expected, source = expected_times(points, getattr(config, "machine_path", None))
+    expected, source = expected_times(points, getattr(config, "machine_path", None), sweep_dir=config.sweep_dir)
     tasks = tasks_for(points, expected_s=expected)
     packing = pack(tasks, bounds.width, max_time_s=bounds.max_time_s, pinned_serial=serial)
     requests = [request_for(a, planned, site, name=f"ddlbench-{config.name}-packed") for a in packing.allocations]

@@ -17,7 +17,8 @@ Time left, with its basis in its text:
 - else `from N points ended`: points left ÷ (N ÷ seconds since the first update), N the points that
   ended since then (those already ended at the first update do not count), once N ≥ 2;
 - else unknown.
-Torch-free (predicted_durations may import it to read a model's layers, as `ddlbench plan --pack` does).
+Torch-free: predicted_durations reads the model tables shipped with the package or kept in the sweep's folder
+(ddlbench.analysis.analytic.table_cache), as `ddlbench plan --pack` does.
 """
 
 from __future__ import annotations
@@ -409,6 +410,8 @@ def predicted_durations(config: Any, points: Sequence[Any] | None = None) -> dic
         from ddlbench.sweep import expand_sweep
 
         points = expand_sweep(config).points
-    times, source = expected_times(list(points), getattr(config, "machine_path", None))
+    times, source = expected_times(
+        list(points), getattr(config, "machine_path", None), sweep_dir=getattr(config, "sweep_dir", None)
+    )
     log.debug("progress: %s", source)
     return times

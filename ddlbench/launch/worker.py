@@ -24,7 +24,7 @@ from pathlib import Path
 from ddlbench.launch.cores import pin_from_environment
 from ddlbench.launch.rendezvous import RankEnv, rank_env
 from ddlbench.point import Point
-from ddlbench.records import RankFailure, write_json_atomic
+from ddlbench.records import POINTS_DIR, RECORD_FILE, RankFailure, write_json_atomic
 from ddlbench.train.calibration.point import KIND as CALIBRATION
 from ddlbench.train.calibration.point import CalibrationPoint
 
@@ -127,6 +127,7 @@ def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None, b
 
     ctx = _join(point, env)
     state = _train(point, ctx, rank_dir, binding, keep_state=dump_params is not None)
+    _keep_model_table(point, rank_dir, ctx.rank)
     if state is not None and dump_params is not None:
         dump_params.parent.mkdir(parents=True, exist_ok=True)
         torch.save(state, dump_params)
@@ -151,6 +152,32 @@ def _train(point: Point, ctx, rank_dir: Path, binding: str, *, keep_state: bool 
     return state
 
 
+def sweep_dir_of(rank_dir: Path) -> Path | None:
+    """The sweep folder of a point whose ranks write into `rank_dir` (<sweep>/points/<id>/record.json.ranks,
+    ddlbench.records.record_path and ddlbench.launch.runner.rank_dir_for), or None for a record elsewhere."""
+    if rank_dir.name == f"{RECORD_FILE}.ranks" and rank_dir.parent.parent.name == POINTS_DIR:
+        return rank_dir.parent.parent.parent
+    return None
+
+
+def _keep_model_table(point: Point, rank_dir: Path, rank: int) -> None:
+    """Rank 0, once its point trained: leave the point's model table in the sweep's folder where the package
+    does not ship it, so the login node predicts these options without torch (ddlbench.analysis.analytic.
+    table_cache). After the measurement, and never the point's failure."""
+    sweep_dir = sweep_dir_of(rank_dir)
+    if rank != 0 or sweep_dir is None:
+        return
+    from ddlbench.analysis.analytic.table_cache import keep_sweep_table
+
+    try:
+        written = keep_sweep_table(sweep_dir, point.model, point.dataset, point.model_options)
+    except Exception as exc:  # a table not kept costs a prediction, not the point
+        log.warning("model table of %s on %s not kept: %s: %s", point.model, point.dataset, type(exc).__name__, exc)
+        return
+    if written is not None:
+        log.info("model table kept at %s", written)
+
+
 def _run_group(entries: list[dict], env: RankEnv, binding: str, current: dict) -> None:
     """Each point of a group launch in turn, in one process group (joined once: the launch's overhead is
     paid once); rank 0 writes each point's span (its part of the launch, wall clock) once every rank is
@@ -169,6 +196,7 @@ def _run_group(entries: list[dict], env: RankEnv, binding: str, current: dict) -
         current["rank_dir"] = rank_dir
         start = utc_now()
         _train(point, ctx, rank_dir, binding)
+        _keep_model_table(point, rank_dir, ctx.rank)
         gc.collect()  # the last point's model and batches go before the next is built and its memory probed
         if ctx.device.type == "cuda":
             # what a fresh process would not hold either: cuBLAS's workspaces (made at a process's first

@@ -4,9 +4,9 @@
     samples_per_s = global_batch_size / step_time_s          (samples/s, the whole job)
     peak_memory_bytes = the busiest rank's peak tensor memory (ddlbench.analysis.analytic.memory)
 
-The model table of each (model, dataset, options) is built once per process from the real model on
-torch's meta device (ddlbench.train.introspect: imported here only when a table is needed, so the
-package stays light to import).
+The model table of each (model, dataset, options) is read once per process from the tables shipped with
+the package or kept in the sweep's folder by a compute node, and built with torch only where neither has it
+(ddlbench.analysis.analytic.table_cache): the login node predicts without torch.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from ddlbench.analysis.analytic.compute import block_times
@@ -23,6 +24,7 @@ from ddlbench.analysis.analytic.layout import Context, Setting
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.pipelines import model_pipeline
 from ddlbench.analysis.analytic.splits import model_tensor
+from ddlbench.analysis.analytic.table_cache import find_table
 from ddlbench.catalog import MODELS
 from ddlbench.catalog.model_table import ModelTable
 from ddlbench.errors import DdlbenchError
@@ -82,11 +84,15 @@ class Prediction:
 TableSource = Callable[[str, str, tuple[tuple[str, str], ...]], ModelTable]
 
 
-@functools.cache
 def introspected_table(model: str, dataset: str, options: tuple[tuple[str, str], ...]) -> ModelTable:
-    from ddlbench.train.introspect import build_model_table  # torch: only when a table is needed
+    """The model table as shipped with the package, else built with torch (table_cache.find_table)."""
+    return find_table(model, dataset, options)
 
-    return build_model_table(model, dataset, dict(options))
+
+def sweep_tables(sweep_dir: Path | None) -> TableSource:
+    """The model tables a sweep's predictions read: shipped, else kept in the sweep's folder by its points,
+    else built with torch (table_cache.find_table)."""
+    return functools.partial(find_table, sweep_dir=sweep_dir)
 
 
 def resolved_options(setting: Setting) -> tuple[tuple[str, str], ...]:
