@@ -108,7 +108,7 @@ bench-analytic: venv
 bench-empirical: venv
 	$(BIN)/python benchmarks/empirical_accuracy.py
 
-# a 10,000-point sweep's report: aggregate and report times (subprocesses, median of 3) and report.html's size
+# a 10,000-point sweep finished: `ddlbench report --configfile` and render times (subprocesses, median of 3), report.html's size
 .PHONY: bench-report
 bench-report: venv
 	$(BIN)/python benchmarks/report_speed.py

@@ -1,25 +1,26 @@
-"""How big is the report of a large sweep, and how long do `ddlbench aggregate` and `ddlbench report` take?
+"""How long does finishing a large sweep take (`ddlbench report --configfile`, the one road from records
+to the table, predictions, scaling models, history and report), and how big is its report?
 
 Synthesises the records of a sweep of --points points (default 10,000: 5 models × 2 datasets × 4
 data-parallel strategies × nodes 1-16 × 1 or 2 ranks per node × 5 batch sizes × --points / 2,000
-repetitions) into a temporary folder with ddlbench.records.write_record, as a real sweep leaves them:
-about 3 % of them failed, out of memory or timed out, every successful one with 20 measured steps,
-its phases and its straggler. A machine certificate (certificate.json) sits beside them, so the report
-has its health block.
+repetitions; 2,000 series to model, 400 configurations × 5 figures) into a temporary folder with
+ddlbench.records.write_record, as a real sweep leaves them: about 3 % of them failed, out of memory or
+timed out, every successful one with 20 measured steps, its phases and its straggler. A machine
+certificate (certificate.json) sits beside them, so the report has its health block.
 
-Then, --repeats times, it runs as subprocesses, end to end as a user or Snakemake would (interpreter
-start and imports included):
+Then, --repeats times, in turn, it runs as subprocesses, end to end as a user or Snakemake would
+(interpreter start and imports included; the cores this process may use, as `nproc` says, all used):
 
-  aggregate  `ddlbench -q aggregate --configfile F`   records → table.parquet, table.csv (and, where
-             this ddlbench keeps a results database, the sweep stored in it: timed without it too,
-             `aggregate --no-history`)
-  report     `ddlbench -q report --configfile F --table T`   table → report.html and report.md (render only)
+  finish              `ddlbench -q report --configfile F`   what Snakemake's report rule runs: records →
+                      table.parquet/csv, models.json, the sweep in the results database (in the temporary
+                      folder), report.html and report.md
+  finish --no-history the same without the results database
+  render              `ddlbench -q report --configfile F --table T`   table → report (render only)
 
-(between them, once and not timed, the whole `ddlbench report --configfile F`, which finishes the sweep
-as the workflow's report rule does: the report draws and lists the stamped models.json it writes), and
-prints the median wall-clock time of each and of aggregate + report, the size of report.html in MB
-(10^6 bytes) and of report.md.
-Nothing is written outside the temporary folder.
+and prints the median wall-clock time of each with every run, the time of each step of the finish in one
+more run inside this process (ddlbench.finish.Finished.seconds), the size of report.html in MB (10^6
+bytes) and of report.md. Nothing is written outside the temporary folder. The goal (issue 30): finish
+under 10 s at 10,000 records on 2 cores.
 
     make bench-report                                 # = .venv/bin/python benchmarks/report_speed.py
     .venv/bin/python benchmarks/report_speed.py --points 2000 --repeats 1 --keep /tmp/report-speed
@@ -43,6 +44,8 @@ from pathlib import Path
 import yaml
 
 from ddlbench.config import load_sweep_config
+from ddlbench.finish import finish_sweep
+from ddlbench.parallel import usable_cpus
 from ddlbench.point import Point
 from ddlbench.records import (
     MEASUREMENT_VERSION,
@@ -257,30 +260,19 @@ def main() -> None:
 
         ddlbench = [str(BIN / "ddlbench"), "-q"]
         table_path = plan.config.sweep_dir / "table.parquet"
-        aggregate = [*ddlbench, "aggregate", "--configfile", str(config_path)]
-        # the results database (ddlbench.history), where this ddlbench has one, timed apart too
-        history = "--no-history" in subprocess.run([*aggregate, "--help"], capture_output=True, text=True).stdout
-        times: dict[str, list[float]] = {"aggregate": [], "report": [], "aggregate + report": []}
-        if history:
-            times["aggregate --no-history"] = []
-        fitted: list[float] = []
+        finish = [*ddlbench, "report", "--configfile", str(config_path)]
+        commands = {
+            "finish": finish,
+            "finish --no-history": [*finish, "--no-history"],
+            "render": [*finish, "--table", str(table_path)],
+        }
+        times: dict[str, list[float]] = {label: [] for label in commands}
         for _ in range(args.repeats):
-            if history:
+            for label, command in commands.items():
                 began = time.perf_counter()
-                run([*aggregate, "--no-history"])
-                times["aggregate --no-history"].append(time.perf_counter() - began)
-            began = time.perf_counter()
-            run(aggregate)
-            aggregated = time.perf_counter()
-            if not fitted:  # the whole finish once (ddlbench.finish): the stamped models.json the report draws
-                run([*ddlbench, "report", "--configfile", str(config_path), "--no-history"])
-                fitted.append(time.perf_counter() - aggregated)
-                aggregated = time.perf_counter()
-            run([*ddlbench, "report", "--configfile", str(config_path), "--table", str(table_path)])
-            ended = time.perf_counter()
-            times["aggregate"].append(aggregated - began)
-            times["report"].append(ended - aggregated)
-            times["aggregate + report"].append(ended - began)
+                run(command)
+                times[label].append(time.perf_counter() - began)
+        finished = finish_sweep(load_sweep_config(config_path), store_history=False)
         html = plan.config.report_path
         markdown = html.with_suffix(".md")
         sizes = [record_path(plan.config.sweep_dir, p.point_id).stat().st_size for p in plan.points]
@@ -289,12 +281,15 @@ def main() -> None:
 
         print(
             f"{args.points} points (records of {statistics.mean(sizes) / 1e3:.1f} kB on average), median of "
-            f"{args.repeats} run(s), wall-clock seconds, each command a subprocess"
+            f"{args.repeats} run(s), wall-clock seconds, each command a subprocess, {usable_cpus()} CPU(s)"
         )
         for label, seconds in times.items():
             runs = ", ".join(f"{s:.2f}" for s in seconds)
             print(f"  {label:<24} {statistics.median(seconds):7.2f} s   (runs: {runs})")
-        print(f"  (finish, once, not in the totals: {fitted[0]:.2f} s; models.json {_size(plan, 'models.json')})")
+        steps = ", ".join(f"{step} {value:.2f}" for step, value in finished.seconds.items())
+        print(f"  (the finish's steps, one run in-process without history: {steps} s)")
+        models = len(json.loads(finished.models.read_text())["models"])
+        print(f"  models.json {_size(plan, 'models.json')}, {models} models")
         print(f"  report.html {html.stat().st_size / 1e6:16.2f} MB")
         if markdown.exists():
             print(f"  report.md   {markdown.stat().st_size / 1e3:16.1f} kB")

@@ -31,23 +31,43 @@ def map_forked(
 ) -> list[Result]:
     """[function(item) for item in items], over `workers` forked processes (default: usable_cpus(), no
     more than one per `least` items)."""
+    return start_forked(function, items, least=least, workers=workers)()
+
+
+def start_forked(
+    function: Callable[[Item], Result], items: Sequence[Item], *, least: int, workers: int | None = None
+) -> Callable[[], list[Result]]:
+    """map_forked begun: the workers are forked now and work while this process goes on; the function
+    returned waits for them and returns the results in order. Without workers, the work is done when the
+    results are asked for."""
     global _WORK
     if workers is None:
         workers = min(usable_cpus(), len(items) // max(least, 1))
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods() or _WORK is not None:
-        return [function(item) for item in items]
+        return lambda: [function(item) for item in items]
     chunks = [range(start, len(items), workers * 4) for start in range(workers * 4)]  # interleaved: even loads
     _WORK = (function, items)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
     try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            parts = list(pool.map(_run_chunk, chunks))
-    finally:
+        futures = [pool.submit(_run_chunk, chunk) for chunk in chunks]  # a fork pool forks every worker here
+    except BaseException:
         _WORK = None
-    out: list = [None] * len(items)
-    for chunk, results in zip(chunks, parts, strict=True):
-        for index, result in zip(chunk, results, strict=True):
-            out[index] = result
-    return out
+        pool.shutdown(cancel_futures=True)
+        raise
+
+    def gather() -> list[Result]:
+        global _WORK
+        try:
+            out: list = [None] * len(items)
+            for chunk, future in zip(chunks, futures, strict=True):
+                for index, result in zip(chunk, future.result(), strict=True):
+                    out[index] = result
+            return out
+        finally:
+            _WORK = None
+            pool.shutdown(cancel_futures=True)
+
+    return gather
 
 
 def _run_chunk(indices: range) -> list:

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from conftest import BIN, run_cli
 
+from ddlbench.config import load_sweep_config
 from ddlbench.launch.profile import ProfileOptions, write_profile
 from ddlbench.launch.resources import Site
 from ddlbench.records import read_record
@@ -69,9 +70,9 @@ def records_of(sweep_dir: Path) -> dict[str, object]:
 
 
 def one_row_per_point(sweep_file: Path, env: dict[str, str], expected_points: int) -> pd.DataFrame:
-    result = run_cli("aggregate", "--configfile", str(sweep_file), env=env)
+    result = run_cli("report", "--configfile", str(sweep_file), env=env)
     assert result.returncode == 0, result.stderr
-    table = pd.read_parquet(Path(result.stdout.split("-> ")[1].split(",")[0]))
+    table = pd.read_parquet(load_sweep_config(sweep_file).sweep_dir / "table.parquet")
     assert len(table) == expected_points
     assert table["point_id"].is_unique
     return table

@@ -55,7 +55,7 @@ def test_injected_straggler_is_named_in_record_report_and_trace(write_sweep, tmp
     fast = record.ranks[0].anatomy
     assert min(fast["comm_exposed_s"]) > 0.8 * DELAY_S  # where rank 0 spent the delay: waiting
 
-    assert run_cli("aggregate", "--configfile", str(sweep)).returncode == 0
+    assert run_cli("report", "--configfile", str(sweep)).returncode == 0
     report = tmp_path / "report.html"
     assert run_cli("report", "--configfile", str(sweep), "--out", str(report)).returncode == 0
     html = report.read_text()

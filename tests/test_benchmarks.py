@@ -90,15 +90,17 @@ def report_speed(tmp_path_factory) -> tuple[str, Path]:
 
 
 @pytest.mark.slow
-def test_report_speed_times_aggregate_and_report_of_its_quick_sweep(report_speed):
+def test_report_speed_times_the_finishing_road_of_its_quick_sweep(report_speed):
     output, kept = report_speed
     points = int(figure(output, rf"wrote (\d+) records in {NUMBER} s").group(1))
     assert figure(output, rf"(\d+) points \(records of {NUMBER} kB on average\), median of 1 run\(s\).*").group(
         1
     ) == str(points)
-    for label in ("aggregate", "report", "aggregate + report"):
+    for label in ("finish", "finish --no-history", "render"):
         figure(output, rf"  {re.escape(label)}\s+{NUMBER} s\s+\(runs: {NUMBER}\)")
-    figure(output, rf"  \(finish, once, not in the totals: {NUMBER} s; models.json {NUMBER} MB\)")
+    steps = figure(output, r"  \(the finish's steps, one run in-process without history: (.*) s\)").group(1)
+    assert [step.split()[0] for step in steps.split(", ")] == ["table", "models", "predictions", "history", "report"]
+    assert int(figure(output, rf"  models.json {NUMBER} MB, (\d+) models").group(1)) > 0
     figure(output, rf"  report.html\s+{NUMBER} MB")
     assert len(list((kept / "points").glob("*/record.json"))) == points
     assert (kept / "report.html").stat().st_size > 0

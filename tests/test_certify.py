@@ -270,11 +270,11 @@ def test_history_keeps_sweeps_and_certificates_and_compare_judges_changes(tmp_pa
 
     measure({1: 100.0, 2: 150.0})
     config_json = json.dumps(plan.config.to_dict())
-    assert main(["-q", "aggregate", "--config-json", config_json, "--history", str(db)]) == 0
-    assert main(["-q", "aggregate", "--config-json", config_json, "--history", str(db)]) == 0  # not stored twice
+    assert main(["-q", "report", "--config-json", config_json, "--history", str(db)]) == 0
+    assert main(["-q", "report", "--config-json", config_json, "--history", str(db)]) == 0  # not stored twice
     # the same sweep measured again: 1 node 30 % faster, launch after launch; 2 nodes 0.3 % within ±2
     measure({1: 130.0, 2: 150.5})
-    assert main(["-q", "aggregate", "--config-json", config_json, "--history", str(db)]) == 0
+    assert main(["-q", "report", "--config-json", config_json, "--history", str(db)]) == 0
     runs = list_runs(db=db)
     assert [run.kind for run in runs] == ["sweep", "sweep"] and runs[0].config_hash == plan.config.config_hash()
     first = load_run(runs[0].id, db=db)

@@ -32,7 +32,7 @@ def _help(capsys, *argv: str) -> str:
 
 def test_the_parser_has_user_commands_and_internals():
     assert {"plan", "report", "profile", "predict", "fit", "certify", "history"} <= set(USER_COMMANDS)
-    assert {"run-point", "aggregate", "sample"} <= set(INTERNALS)
+    assert {"run-point", "run-group", "run-packed", "sample"} <= set(INTERNALS)
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

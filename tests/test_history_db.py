@@ -137,10 +137,10 @@ def tiny_sweep(results_dir: str) -> dict:
 
 
 def aggregate(config: dict, values: tuple[float, float]) -> None:
-    """Records of the sweep at these throughputs, aggregated as its Snakemake step does (no --history)."""
+    """Records of the sweep at these throughputs, finished as its Snakemake step does (no --history)."""
     plan = expand_sweep(sweep_config_from_mapping(config))
     write(plan, [record_for(point, value) for point, value in zip(plan.points, values, strict=True)])
-    assert main(["-q", "aggregate", "--config-json", json.dumps(plan.config.to_dict())]) == 0
+    assert main(["-q", "report", "--config-json", json.dumps(plan.config.to_dict())]) == 0
 
 
 def history_json(capsys, *args: str) -> list[dict]:

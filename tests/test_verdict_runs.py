@@ -77,7 +77,7 @@ def run_sweeps(
             assert record.status == "ok", record.reason
     ids = {}
     for name, (path, _) in plans.items():
-        assert main(["-q", "aggregate", "--configfile", str(path), "--history", str(db)]) == 0
+        assert main(["-q", "report", "--configfile", str(path), "--history", str(db)]) == 0
         ids[name] = max(run.id for run in list_runs(db=db))
     return ids
 

@@ -6,7 +6,7 @@
     scaling   fit                                       (Scaling models: empirical)
     certify   certify                                   (Certify)
     history   history, compare                          (History)
-    internal  run-point, run-group, run-packed, aggregate, sample: what the workflows call
+    internal  run-point, run-group, run-packed, sample: what the workflows call
 
 `ddlbench --help` lists the user's commands by section; the internal ones are runnable and each has its
 help, but stay off that list. Every command that needs a sweep takes it as a YAML file (--configfile, the

@@ -3,7 +3,6 @@
 - `run-point`: one point of a sweep (or a calibration point) through a launcher, writing its record;
 - `run-group`: several points of one layout in one launch (the adaptive sweep's short runs);
 - `run-packed`: inside a packed SLURM allocation, its plan's points as job steps (its job script calls it);
-- `aggregate`: a sweep's records into one table, stored in the results database;
 - `sample`: one round of the adaptive sweep, or its summary (workflow/adaptive.smk calls both):
 
     ddlbench sample --configfile S --round N [--out F]   # choose round N's points from rounds < N
@@ -91,31 +90,6 @@ def add_commands(commands: Any) -> None:
     )
     packed.add_argument("--plan", required=True, type=Path, help="the allocation's plan (written by submit --pack)")
     packed.set_defaults(handler=_run_packed)
-
-    aggregate = commands.add_parser(
-        "aggregate",
-        section=INTERNAL,
-        summary="collect a sweep's records into one table",
-        description="Collect a sweep's records into one table (Parquet and CSV; one row per point, its figures "
-        "with their intervals), and store the sweep's figures in the results database: the step before a report.",
-        example="ddlbench aggregate --configfile workflow/config/default.yaml",
-    )
-    add_sweep_options(aggregate)
-    aggregate.add_argument("--parquet", type=Path, help="default: <sweep dir>/table.parquet")
-    aggregate.add_argument("--csv", type=Path, help="default: <sweep dir>/table.csv")
-    aggregate.add_argument(
-        "--include-other-versions",
-        action="store_true",
-        help="compare records of another measurement version too (they are left out by default)",
-    )
-    aggregate.add_argument(
-        "--history",
-        type=Path,
-        metavar="DB",
-        help="results database for the sweep's figures (default: $DDLBENCH_HISTORY, else <results_dir>/history.sqlite)",
-    )
-    aggregate.add_argument("--no-history", action="store_true", help="do not store the sweep in the results database")
-    aggregate.set_defaults(handler=_aggregate)
 
     sample = commands.add_parser(
         "sample",
@@ -220,29 +194,6 @@ def _run_calibration_point(spec: dict, args: argparse.Namespace) -> int:
         CalibrationPoint.from_dict(spec), out=args.out, launcher=args.launcher, cores=args.cores
     )
     print(f"{record.point_id}: {record.status}{': ' + record.reason if record.reason else ''} -> {args.out}")
-    return 0
-
-
-def _aggregate(args: argparse.Namespace) -> int:
-    from ddlbench.analysis.aggregate import build_table, save_table
-    from ddlbench.sweep import expand_sweep
-
-    config = read_sweep(args)
-    table = build_table(expand_sweep(config), include_other_versions=args.include_other_versions)
-    parquet = args.parquet or config.sweep_dir / "table.parquet"
-    csv = args.csv or config.sweep_dir / "table.csv"
-    save_table(table, parquet=parquet, csv=csv)
-    counts = table["status"].value_counts().to_dict()
-    print(f"{len(table)} points {counts} -> {parquet}, {csv}")
-    if not args.no_history:
-        from ddlbench.certify.run import read_machine
-        from ddlbench.history.db import history_path
-        from ddlbench.history.store import store_sweep
-
-        machine = read_machine(config.sweep_dir) if config.calibrate else None
-        db = history_path(args.history, results_dir=config.results_dir)
-        run_id, new = store_sweep(config, table, machine=machine, db=db)
-        print(f"history: run {run_id}{'' if new else ' (already stored)'} in {db}")
     return 0
 
 

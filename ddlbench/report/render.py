@@ -12,6 +12,7 @@ Records of another measurement version are left out of comparisons, speedups and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,15 +74,19 @@ def render_reports(
     include_other_versions: bool = False,
     include_host_copied: bool = False,
     report_dir: Path | None = None,
+    models_ready: Callable[[], None] | None = None,
 ) -> tuple[str, str]:
     """The report's HTML and its Markdown summary, from one computation. `include_host_copied`: Horovod
-    whose CUDA gradients went through the host competes for best strategy (left out by default)."""
+    whose CUDA gradients went through the host competes for best strategy (left out by default).
+    `models_ready`: called before the scaling models (models.json) are read, so that they may be fitted
+    while the rest of the report is made (ddlbench.finish)."""
     context = report_context(
         config,
         table,
         include_other_versions=include_other_versions,
         include_host_copied=include_host_copied,
         report_dir=report_dir,
+        models_ready=models_ready,
     )
     html = template_environment(autoescape=True).get_template("report.html.j2").render(**context)
     return html, render_markdown(context)
@@ -94,11 +99,12 @@ def report_context(
     include_other_versions: bool = False,
     include_host_copied: bool = False,
     report_dir: Path | None = None,
+    models_ready: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Everything the page shows (templates/report.html.j2); the Markdown summary reads the same."""
     if "config_key" not in table.columns:
         raise DdlbenchError("the table predates configuration keys; run `ddlbench report` again")
-    scaling = scaling_section(config, table)  # its stamp names the table as aggregated, before columns are added
+    aggregated = table  # the scaling models' stamp names the table as aggregated, before columns are added
     configs = summarize_configurations(table, include_other_versions=include_other_versions)
     table = add_configuration_columns(table, include_other_versions=include_other_versions, summary=configs)
     hosts = one_host(table)
@@ -117,6 +123,9 @@ def report_context(
         tables["predicted"] = encode_table(joined, specs)
         predicted_ranges = data.pair_ranges(joined) if len(joined) else {}
         predicted_keys = [spec.key for spec in specs]
+    if models_ready is not None:
+        models_ready()
+    scaling = scaling_section(config, aggregated)
     sections = _sections(frame, table, config_keys, config, predicted_ranges, predicted_keys, scaling, hosts)
     if scaling and not scaling.get("why"):
         placed = {(s["model"], s["dataset"]) for s in sections}

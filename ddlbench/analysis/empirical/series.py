@@ -99,20 +99,29 @@ def series_from_table(
         for name in CONFIG_FIELDS
         if name in rows.columns and name not in over and name not in implied and not _follows(name, over)
     ]
+    # what a series reads (its configuration, its parameters, the figures' inputs): a study's table has
+    # hundreds of columns, and grouping them all costs seconds
+    wanted = {*CONFIG_FIELDS, *over, "samples_per_s_overall", "global_batch_size", "nodes"}
+    rows = rows[[name for name in rows.columns if name in wanted]]
     by = [rows[name].astype(str) for name in held]
     if _follows("split", over) and "split" in rows.columns:
         # a hybrid's split is its own choice (keys.series_key): one series per split, never mixed as repetitions
         by.append(
             pd.Series([_own_split(s, t) for s, t in zip(rows["split"], rows["strategy"], strict=True)], rows.index)
         )
+    inputs = {
+        name: rows[name].to_numpy(dtype=float, na_value=np.nan)
+        for name in ("samples_per_s_overall", "global_batch_size", "nodes")
+        if name in rows.columns
+    }
+    scales = np.column_stack([rows[name].to_numpy(dtype=float) for name in over])
     families = []
-    for _, family in rows.groupby(by, sort=True, dropna=False):
-        grouped = family.groupby([family[name] for name in over], sort=True)
-        points = [
-            (tuple(float(v) for v in (key if isinstance(key, tuple) else (key,))), group) for key, group in grouped
-        ]
+    for _, members in sorted(rows.groupby(by, sort=True, dropna=False).indices.items()):
+        # the family's points: its distinct values of `over`, ascending, each with its rows in table order
+        distinct, which = np.unique(scales[members], axis=0, return_inverse=True)
+        points = [(tuple(float(v) for v in value), members[which.reshape(-1) == k]) for k, value in enumerate(distinct)]
         if len(points) >= min_points:
-            families.append((family.iloc[0].to_dict(), points))
+            families.append((rows.iloc[members[0]].to_dict(), points))
     # a label names what tells the series apart, after the model, dataset and strategy
     varying = varying_fields([first for first, _ in families], leave_out=(*over, "model", "dataset", "strategy"))
     out: list[Series] = []
@@ -121,7 +130,7 @@ def series_from_table(
             describe(first, ["strategy", "model", "dataset", *varying]).replace("model=", "").replace("dataset=", "")
         )
         for figure in figures:
-            values = _figure_values(figure, points, over, first, epoch_samples, price_per_node_hour)
+            values = _figure_values(figure, points, inputs, first, epoch_samples, price_per_node_hour)
             if values is None:
                 continue
             out.append(
@@ -154,14 +163,13 @@ def _split_held(first: dict[str, Any], over: tuple[str, ...]) -> dict[str, Any]:
     return {"split": first["split"]}
 
 
-def _figure_values(figure, points, over, first, epoch_samples, price):
-    rates = [np.asarray(group["samples_per_s_overall"], dtype=float) for _, group in points]
+def _figure_values(figure, points, inputs, first, epoch_samples, price):
+    """The figure's values at each point (`points`: its x and its rows' positions in `inputs`' arrays)."""
+    rates = [inputs["samples_per_s_overall"][rows] for _, rows in points]
     if figure == "samples_per_s":
         return tuple(tuple(r) for r in rates)
     if figure == "step_time_s":
-        return tuple(
-            tuple(np.asarray(g["global_batch_size"], float) / r) for (_, g), r in zip(points, rates, strict=True)
-        )
+        return tuple(tuple(inputs["global_batch_size"][rows] / r) for (_, rows), r in zip(points, rates, strict=True))
     if figure in ("speedup", "efficiency"):
         base = float(np.median(rates[0]))
         x0 = points[0][0][0]
@@ -173,7 +181,7 @@ def _figure_values(figure, points, over, first, epoch_samples, price):
     if samples is None:
         return None  # the figure needs an epoch's size: skipped, the CLI says how to give it
     node_hours = tuple(
-        tuple(np.asarray(g["nodes"], float) * samples / r / 3600) for (_, g), r in zip(points, rates, strict=True)
+        tuple(inputs["nodes"][rows] * samples / r / 3600) for (_, rows), r in zip(points, rates, strict=True)
     )
     if figure == "cost_node_h_per_epoch":
         return node_hours

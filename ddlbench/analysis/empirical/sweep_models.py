@@ -10,6 +10,7 @@ fits."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -18,7 +19,7 @@ from ddlbench.analysis.empirical.modelling import model_series
 from ddlbench.analysis.empirical.series import series_from_table
 from ddlbench.config import SweepConfig
 from ddlbench.errors import DdlbenchError
-from ddlbench.parallel import map_forked
+from ddlbench.parallel import map_forked, start_forked
 
 SERIES_PER_WORKER = 100  # below this many series a worker process costs more than it saves
 DEFAULT_FIGURES = ("step_time_s", "samples_per_s", "speedup", "efficiency", "cost_node_h_per_epoch")
@@ -26,6 +27,13 @@ DEFAULT_FIGURES = ("step_time_s", "samples_per_s", "speedup", "efficiency", "cos
 
 def sweep_models(config: SweepConfig, table: pd.DataFrame) -> dict[str, Any]:
     """{"over": [...], "models": [...]} of the sweep's table, or with "why" there are none."""
+    return start_sweep_models(config, table)()
+
+
+def start_sweep_models(config: SweepConfig, table: pd.DataFrame) -> Callable[[], dict[str, Any]]:
+    """sweep_models begun: the series are made and checked now (a DdlbenchError here), the models fitted
+    by forked workers while this process goes on (ddlbench.parallel.start_forked); the function returned
+    waits for them."""
     scaling = config.to_dict()["scaling"]
     over = tuple(scaling.get("over", ["nodes"]))
     price = scaling.get("price_per_node_hour")
@@ -39,7 +47,7 @@ def sweep_models(config: SweepConfig, table: pd.DataFrame) -> dict[str, Any]:
             f"no series over {', '.join(over)} with 2 or more measured points; a sweep needs several values "
             "of the parameter, each with a successful record"
         )
-        return {"over": list(over), "models": [], "why": why}
+        return lambda: {"over": list(over), "models": [], "why": why}
     given = scaling.get("at") or {}
     if given and sorted(given) != sorted(over):
         raise DdlbenchError(
@@ -48,7 +56,9 @@ def sweep_models(config: SweepConfig, table: pd.DataFrame) -> dict[str, Any]:
         )
     at = list(itertools.product(*(map(float, given[name]) for name in over))) if given else []
     method = scaling.get("method", "ddlbench")
-    return {"over": list(over), "models": model_all(series, method=method, at=at)}
+    tasks = [(s, method, at or beyond(s)) for s in series]
+    fitted = start_forked(_model, tasks, least=SERIES_PER_WORKER)
+    return lambda: {"over": list(over), "models": fitted()}
 
 
 def model_all(series: list, *, method: str, at: list[tuple[float, ...]], workers: int | None = None) -> list[dict]:
