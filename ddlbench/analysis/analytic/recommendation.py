@@ -25,9 +25,6 @@ score is hits ÷ cells, against issue 22's target TARGET. Rows of another measur
 (`other_measurement_version`) are left out, and so is a configuration without a positive measured or
 predicted throughput. The measured best is the largest of several
 noisy medians, so it is biased upwards (the winner's curse): a test against it errs towards a miss.
-
-`picks` is the older, narrower check: per like-for-like group (the same global batch too), the strategy
-with the lowest predicted step time beside the one with the lowest measured step time, no interval.
 """
 
 from __future__ import annotations
@@ -52,8 +49,6 @@ RULE = (
 # what a cell's name always shows; any other comparison field in which cells differ is named too
 CELL_LABEL = ("model", "dataset", "nodes", "ranks_per_node", "precision")
 REQUIRED = ("config_key", "strategy", "samples_per_s_overall", "predicted_samples_per_s")
-# what a like-for-like group's name always shows (picks)
-LABEL = ("model", "dataset", "nodes", "ranks_per_node", "global_batch_size", "precision")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,53 +239,3 @@ def _differing(groups: dict[tuple, list], label: tuple[str, ...]) -> list[str]:
 def _number(value: object) -> bool:
     """A throughput that can enter a ratio: a finite number above 0 (a missing figure is NaN or None)."""
     return isinstance(value, numbers.Real) and math.isfinite(value) and value > 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pick:
-    group: str
-    strategies: int
-    predicted_best: str
-    measured_best: str
-    predicted_best_measured_s: float  # what the predicted pick really took (median step, s)
-    measured_best_s: float
-
-    @property
-    def agrees(self) -> bool:
-        return self.predicted_best == self.measured_best
-
-    @property
-    def regret(self) -> float:
-        """How much slower the predicted pick really was than the measured best (0 when they agree)."""
-        return self.predicted_best_measured_s / self.measured_best_s - 1.0
-
-
-def picks(joined: pd.DataFrame) -> list[Pick]:
-    """Per like-for-like group (comparison_key: the same global batch) with at least two strategies, the
-    strategy with the lowest predicted step time beside the one with the lowest measured median step."""
-    out = []
-    groups: dict[tuple, list[int]] = {}
-    for index, row in zip(joined.index, joined.to_dict("records"), strict=True):
-        groups.setdefault(comparison_key(row), []).append(index)
-    differing = _differing(groups, LABEL)
-    for key in groups:  # in the table's order (the sweep's)
-        rows = joined.loc[groups[key]]
-        per = rows.groupby("strategy").agg(
-            measured=("step_time_s_median", "median"), predicted=("predicted_step_time_s", "median")
-        )
-        if len(per) < 2:
-            continue
-        predicted_best = str(per["predicted"].idxmin())
-        measured_best = str(per["measured"].idxmin())
-        fields = dict(key)
-        out.append(
-            Pick(
-                group=" ".join(f"{name}={fields[name]}" for name in (*LABEL, *differing) if fields[name] is not None),
-                strategies=len(per),
-                predicted_best=predicted_best,
-                measured_best=measured_best,
-                predicted_best_measured_s=float(per.loc[predicted_best, "measured"]),
-                measured_best_s=float(per.loc[measured_best, "measured"]),
-            )
-        )
-    return out
