@@ -10,6 +10,8 @@ point, are made once:
   — so that a bad sweep is refused before anything is queued; and Snakemake's --jobs against the room
   the user's submit limits leave now (ddlbench.launch.limits.check_room), since the plugin counts a job
   sbatch refuses as failed;
+- inside an allocation with DDLBENCH_PACK=1 (a sweep only): every point fits the allocation's nodes, a
+  pinned one's node among them, since its points go to the dispatcher there (ddlbench.launch.inside);
 - locally: every point's ranks × cores per rank against `--cores` (ddlbench.launch.cores.check_plan_cores),
   since Snakemake would quietly cap a job's threads and the ranks would share cores unseen. `--lint`
   parses the workflow with cores=1 whatever is asked and runs nothing, so it is not checked then.
@@ -29,13 +31,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ddlbench.errors import ConfigError
+from ddlbench.errors import ConfigError, DdlbenchError
 from ddlbench.launch.admission import check_submission
-from ddlbench.launch.claims import allocation_hosts, packing_enabled
 from ddlbench.launch.cores import check_plan_cores
+from ddlbench.launch.inside import PACK_VAR, packing_enabled
 from ddlbench.launch.limits import check_room, read_limits
 from ddlbench.launch.resources import Resources, calibration_job, load_site, snakemake_resources
-from ddlbench.launch.slurm import query_cluster, query_queue
+from ddlbench.launch.slurm import allocation_hosts, query_cluster, query_queue
 from ddlbench.launch.submission import plan_resources
 from ddlbench.launch.submit_once import guard_sbatch
 
@@ -53,8 +55,8 @@ class Prepared:
     adaptive: Any = None  # ddlbench.config.adaptive.AdaptiveSettings (adaptive.smk)
     points: tuple[Any, ...] = ()  # what runs, or (adaptive) what the sampled points are drawn from
     resources: dict[str, dict[str, Any]]  # point id → Snakemake resources of its allocation; empty locally
-    # inside an allocation with DDLBENCH_PACK=1: every point is a job step on nodes it claims there
-    # (ddlbench.launch.claims); its only resource is `alloc_nodes`, its nodes, and its runner takes 1 thread
+    # a sweep inside an allocation with DDLBENCH_PACK=1: its points go to the dispatcher (`ddlbench
+    # run-packed`, ddlbench.launch.inside), one Snakemake job for all of them, each a job step there
     packed: bool = False
     # the calibrate_machine rule's job (a sweep with `calibrate:`, on SLURM): where the sweep's points run
     calibration_resources: dict[str, Any] = field(default_factory=dict)
@@ -97,7 +99,8 @@ def prepare_workflow(
             if jobs and planned and not linting:
                 _check_queue_room(prepared, site, jobs=jobs)
     elif packing_enabled(environ):
-        return replace(prepared, resources=_packed_resources(prepared.points, environ), packed=True)
+        _check_packed(prepared, environ)
+        return replace(prepared, packed=True)
     elif not linting:
         check_plan_cores(list(prepared.points), cores)
     resources = {point_id: snakemake_resources(allocation) for point_id, allocation in planned.items()}
@@ -116,17 +119,23 @@ def _calibration_job(prepared: Prepared, planned: Mapping[str, Resources], site:
     return calibration_job(load_suite(Path(suite_path)).points, planned, site)
 
 
-def _packed_resources(points: tuple[Any, ...], environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """Each point's `alloc_nodes`, once every point is known to fit the allocation."""
+def _check_packed(prepared: Prepared, environ: Mapping[str, str]) -> None:
+    """A sweep's points, packed into this allocation: each fits its nodes, a pinned one's node among them.
+    Only a sweep is packed (the dispatcher runs a sweep's points, each on its own, by ddlbench.launch.inside)."""
+    if prepared.kind != "sweep":
+        raise DdlbenchError(
+            f"{PACK_VAR}=1 packs a sweep's points (the Snakefile) into this allocation; the {prepared.kind} "
+            f"workflow's points are not packed: run it here without {PACK_VAR} (each of its jobs then one srun "
+            "step over the allocation), or from the login node with --profile slurm"
+        )
     hosts = allocation_hosts(environ)
-    for point in points:
+    for point in prepared.points:
         if point.nodes > len(hosts):
             raise ConfigError(
                 "nodes", f"point {point.point_id} needs {point.nodes} nodes; this allocation has {len(hosts)}"
             )
-        if getattr(point, "node", "") and point.node not in hosts:
+        if point.node and point.node not in hosts:
             raise ConfigError("each_node", f"point {point.point_id} is pinned to {point.node}, not in this allocation")
-    return {point.point_id: {"alloc_nodes": point.nodes} for point in points}
 
 
 def _check_queue_room(prepared: Prepared, site: Any, *, jobs: int) -> None:

@@ -1,6 +1,8 @@
 """The packed allocation's dispatcher (ddlbench.launch.allocation) as a real process under a fake SLURM:
 `scontrol` answers from the environment, each point's runner is a small stand-in (or the real
-`run-point` over a fake `srun`). It is sent SIGTERM as SLURM would, and its records are read back."""
+`run-point` over a fake `srun`). It is sent SIGTERM as SLURM would, and its records are read back.
+In an allocation already held (ddlbench.launch.inside), a sweep's points are planned into it first and
+run by the same dispatcher."""
 
 from __future__ import annotations
 
@@ -15,13 +17,19 @@ from pathlib import Path
 import pytest
 from conftest import make_point
 
+from ddlbench.config import load_sweep_config
 from ddlbench.launch.allocation import allocation_end, left_unrun, parse_end_time
+from ddlbench.launch.inside import inside_targets, run_inside
+from ddlbench.launch.packed import Request, tasks_for, write_allocation
+from ddlbench.launch.packing import pack, priority
 from ddlbench.records import read_record, record_path
+from ddlbench.sweep import expand_sweep
 
 FAKE_SCONTROL = """#!/bin/bash
 case "$1 $2" in
   "show hostnames") echo "$3" | tr ',' '\\n' ;;
   "show job") echo "JobId=$4 JobName=packed Partition=cpu NumNodes=2 NumCPUs=2 NodeList=n[1-2] EndTime=$FAKE_END" ;;
+  "show config") echo "KillWait                = 7 sec" ;;
   *) echo "scontrol: $*: not faked" >&2; exit 1 ;;
 esac
 """
@@ -254,3 +262,136 @@ def _child_of_test(pid: int, tmp_path: Path) -> bool:
         return str(tmp_path) in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
     except OSError:
         return False
+
+
+def test_a_runner_that_dies_without_a_record_gives_its_nodes_back(tmp_path, fake_slurm):
+    # one node: the crashed point's record says so, and the next point runs on the node it held
+    plan, (crash, done) = _plan(tmp_path, [(CRASH, 30), (DONE, 30)])
+    dispatcher = _dispatch(tmp_path, {**fake_slurm, "SLURM_JOB_NODELIST": "n1"}, plan)
+    assert dispatcher.wait(timeout=30) == 0, (tmp_path / "dispatcher.log").read_text()
+    assert read_record(record_path(tmp_path / "sweep", crash)).status == "failed"
+    assert json.loads(record_path(tmp_path / "sweep", done).read_text()) == {"by": "runner"}
+    ran = {p["point_id"]: p for p in _summary(tmp_path)["points"]}
+    assert ran[crash]["nodes"] == ran[done]["nodes"] == ["n1"] and ran[done]["start_s"] >= ran[crash]["end_s"]
+
+
+# a sweep's point run in place: writes its record, notes when and on which nodes it ran
+INSIDE_RUNNER = """
+import json, os, sys, time
+point_id, out, starts = sys.argv[1:4]
+began = time.time()
+time.sleep(0.3)
+os.makedirs(os.path.dirname(out), exist_ok=True)
+with open(out + ".tmp", "w") as f:
+    f.write('{"by": "runner"}')
+os.replace(out + ".tmp", out)
+with open(starts, "a") as f:
+    f.write(json.dumps([point_id, os.environ["DDLBENCH_STEP_NODES"], began, time.time()]) + "\\n")
+"""
+
+
+def _sweep(write_sweep, **overrides):
+    axes = dict(models=["resnet8"], datasets=["cifar10"], strategies=["ddp"], timeout_s=30, warmup_steps=1, steps=1)
+    return load_sweep_config(write_sweep(**(axes | overrides)))
+
+
+def _run_inside(tmp_path, fake_slurm, monkeypatch, config, *, ends_in_s: float, out: Path) -> tuple[int, list]:
+    """`run-packed --configfile` in a 2-node allocation that SLURM ends in `ends_in_s`; what each runner noted."""
+    monkeypatch.setenv("PATH", fake_slurm["PATH"])  # scontrol is asked as a subprocess
+    monkeypatch.setenv("FAKE_END", "Unknown")
+    (tmp_path / "inside_runner.py").write_text(INSIDE_RUNNER)
+    starts = tmp_path / "starts"
+
+    def command(entry) -> list[str]:
+        return [sys.executable, str(tmp_path / "inside_runner.py"), entry.point_id, entry.out, str(starts)]
+
+    environ = {**fake_slurm, "SLURM_JOB_END_TIME": str(int(time.time() + ends_in_s))}
+    code = run_inside(config, margin_s=0, out=out, environ=environ, command=command, poll_s=0.05)
+    return code, [json.loads(line) for line in starts.read_text().splitlines()] if starts.exists() else []
+
+
+def test_in_an_allocation_held_the_points_without_a_record_are_packed_by_the_same_rule_and_run(
+    tmp_path, fake_slurm, monkeypatch, write_sweep
+):
+    config = _sweep(write_sweep, nodes=[1, 2], batch_size=[8, 16])
+    points = expand_sweep(config).points
+    measured = next(p for p in points if p.nodes == 1)  # measured already: not run again
+    record = record_path(config.sweep_dir, measured.point_id)
+    record.parent.mkdir(parents=True)
+    record.write_text('{"by": "an earlier run"}')
+    missing = [p for p in points if p is not measured]
+    code, ran = _run_inside(tmp_path, fake_slurm, monkeypatch, config, ends_in_s=3600, out=tmp_path / "out.json")
+    assert code == 0
+    assert json.loads(record.read_text()) == {"by": "an earlier run"}
+    assert all(json.loads(record_path(config.sweep_dir, p.point_id).read_text()) == {"by": "runner"} for p in missing)
+    # widest first, then longest, then by id (packing.priority): both 2-node points, one after the other,
+    # then the 1-node one, each a step on nodes of its own
+    order = [task.key for task in sorted(tasks_for(missing), key=priority)]
+    assert [point_id for point_id, *_ in sorted(ran, key=lambda run: run[2])] == order
+    by_id = {point_id: (nodes, began, ended) for point_id, nodes, began, ended in ran}
+    assert [by_id[point_id][0] for point_id in order] == ["n1,n2", "n1,n2", "n1"]
+    assert by_id[order[1]][1] >= by_id[order[0]][2] and by_id[order[2]][1] >= by_id[order[1]][2]
+    # the plan is the one submit --pack writes for the same points, in the format it writes
+    folder = Path(config.sweep_dir).resolve() / "packed"
+    plan = json.loads((folder / "inside-4242.plan.json").read_text())
+    assert [entry["point_id"] for entry in plan["points"]] == order
+    assert plan["kill_wait_s"] == 7 and plan["margin_s"] == 0 and plan["serial"] is False
+    (allocation,) = pack(tasks_for(missing), 2).allocations
+    request = Request(options=(), time_limit_s=600, margin_s=0)
+    write_allocation(allocation, request, {p.point_id: p for p in missing}, sweep_dir=config.sweep_dir, stamp="t")
+    submitted = json.loads((folder / "t-0.plan.json").read_text())
+    assert set(plan) == set(submitted) and plan["points"] == submitted["points"]
+    # the dispatcher's summary, and its copy where Snakemake waits for it
+    summary = json.loads((folder / "allocation-4242.json").read_text())
+    assert summary["state"] == "done" and {p["point_id"] for p in summary["points"]} == set(order)
+    assert json.loads((tmp_path / "out.json").read_text()) == summary
+    assert json.loads((Path(config.sweep_dir) / "slurm-jobs.json").read_text()) == {p: ["4242"] for p in order}
+    # every point has a record now: nothing to run
+    assert _run_inside(tmp_path, fake_slurm, monkeypatch, config, ends_in_s=3600, out=tmp_path / "again.json")[0] == 0
+    assert len((tmp_path / "starts").read_text().splitlines()) == 3
+
+
+def test_in_an_allocation_that_ends_too_soon_each_point_gets_a_not_started_record(
+    tmp_path, fake_slurm, monkeypatch, write_sweep
+):
+    config = _sweep(write_sweep, nodes=[1], batch_size=[8, 16])
+    # a point may run 60 s (30 s of timeout, 30 s of launch); SLURM ends the job in 40
+    code, ran = _run_inside(tmp_path, fake_slurm, monkeypatch, config, ends_in_s=40, out=tmp_path / "out.json")
+    assert code == 3 and ran == []
+    for point in expand_sweep(config).points:
+        record = read_record(record_path(config.sweep_dir, point.point_id))
+        assert record.status == "timeout" and left_unrun(record.reason)
+        assert record.reason.startswith("not started: the allocation ends too soon for its limit of 60 s")
+    assert json.loads((tmp_path / "out.json").read_text())["state"] == "done"
+
+
+def test_snakemake_in_an_allocation_names_a_new_output_whenever_a_point_is_missing(tmp_path):
+    ids = ["p1", "p2"]
+    first = inside_targets(tmp_path, ids)
+    assert first.output and first.runs == (first.output,) and first.log.endswith(Path(first.output).stem + ".log")
+    for point_id in ids:  # run-packed ran: every record, and its output
+        record_path(tmp_path, point_id).parent.mkdir(parents=True)
+        record_path(tmp_path, point_id).write_text("{}")
+    Path(first.output).parent.mkdir()
+    Path(first.output).write_text("{}")
+    (tmp_path / "packed" / "inside-4242.plan.json").write_text("{}")  # a plan is not an output
+    done = inside_targets(tmp_path, ids)
+    assert done.output is None and done.runs == first.runs  # the report's inputs as before: nothing to do
+    record_path(tmp_path, "p2").unlink()
+    second = inside_targets(tmp_path, ids)
+    assert second.output not in (None, first.output) and second.runs == (first.output, second.output)
+    Path(second.output).write_text("{}")
+    record_path(tmp_path, "p2").write_text("{}")
+    record_path(tmp_path, "p2").unlink()  # the same point missing again: a new name still, so it runs
+    third = inside_targets(tmp_path, ids)
+    assert third.output not in (first.output, second.output) and len(third.runs) == 3
+
+
+def test_run_packed_with_a_sweep_runs_inside_an_allocation_only(write_sweep):
+    env = {**os.environ, "SLURM_JOB_ID": ""}
+    axes = dict(models=["resnet8"], datasets=["cifar10"], strategies=["ddp"], nodes=[1], batch_size=[8])
+    command = [sys.executable, "-m", "ddlbench", "run-packed", "--configfile", str(write_sweep(**axes))]
+    refused = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and "runs inside a SLURM allocation (salloc, sbatch)" in refused.stderr
+    both = subprocess.run([*command, "--plan", "p.json"], capture_output=True, text=True, env=env)
+    assert both.returncode == 2 and "give either --plan, or a sweep" in both.stderr

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, run_cli
 
 from ddlbench.errors import DdlbenchError
-from ddlbench.launch.packing import Task, pack, priority, simulate
+from ddlbench.launch.packing import Task, pack, pack_into, priority, simulate
 
 
 def task(key: str, nodes: int, limit: float, expected: float | None = None, node: str = "") -> Task:
@@ -126,6 +126,22 @@ def test_pinned_points_run_one_at_a_time_where_their_nodes_share_hardware():
     assert {p.start_s for p in side_by_side.expected.placements} == {0}
     (serial,) = pack(tasks, 3, pinned_serial=True).allocations
     assert serial.serial and sorted(p.start_s for p in serial.expected.placements) == [0, 10, 20]
+
+
+def test_an_allocation_held_takes_every_point_by_the_same_rule_and_the_late_ones_last():
+    # 2 nodes, 50 s left: the wide point, then the pinned and the free one side by side; "late" would end
+    # after 50 s at its limit, so it comes back to be started last, only if time is left then
+    tasks = [task("late", 1, 31), task("pin", 1, 20, node="n2"), task("wide", 2, 20), task("free", 1, 25)]
+    allocation, deferred = pack_into(tasks, ["n1", "n2"], max_time_s=50)
+    assert [t.key for t in allocation.order] == ["wide", "free", "pin"] and [t.key for t in deferred] == ["late"]
+    starts = {p.key: (p.start_s, p.slots) for p in allocation.worst.placements}
+    assert starts == {"wide": (0, ("n1", "n2")), "free": (20, ("n1",)), "pin": (20, ("n2",))}
+    with pytest.raises(DdlbenchError, match=r"point wide needs 2 nodes; this allocation has 1"):
+        pack_into(tasks, ["n1"], max_time_s=None)
+    with pytest.raises(DdlbenchError, match=r"points pinned to n2: not in this allocation \(n1,n3\)"):
+        pack_into([task("pin", 1, 20, node="n2")], ["n1", "n3"], max_time_s=None)
+    serial, _ = pack_into(tasks, ["n1", "n2"], max_time_s=None, serial=True)
+    assert sorted(p.start_s for p in serial.worst.placements) == [0, 20, 51, 76]
 
 
 def test_plan_pack_prints_the_packing_with_predicted_times_where_a_machine_file_exists(write_sweep):

@@ -111,6 +111,27 @@ def test_each_kind_checks_the_cluster_on_the_login_node_only(
     assert {resources["nodes"] for resources in inside.resources.values()} == {1, 8}  # a job does not re-check
 
 
+def test_inside_an_allocation_ddlbench_pack_packs_a_sweep_whose_points_fit_it(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$2" = hostnames ] && echo "$3" | tr , "\\n"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    inside = {"DDLBENCH_PACK": "1", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1,n2"}
+    # its points go to the dispatcher as job steps: no resources, and --cores is not theirs to fit
+    packed = prepare_workflow("sweep", sweep(tmp_path), site_file=None, cores=1, environ=inside)
+    assert packed.packed and packed.resources == {}
+    with pytest.raises(DdlbenchError, match=r"needs 4 nodes; this allocation has 2"):
+        prepare_workflow("sweep", sweep(tmp_path, nodes=[1, 4]), site_file=None, cores=1, environ=inside)
+    with pytest.raises(DdlbenchError, match=r"is pinned to n3, not in this allocation"):
+        prepare_workflow("sweep", sweep(tmp_path, nodes=[1], each_node=["n3"]), site_file=None, cores=1, environ=inside)
+    for kind, config in (("adaptive", sweep), ("calibration", suite)):  # their launches are not the dispatcher's
+        with pytest.raises(DdlbenchError, match=rf"DDLBENCH_PACK=1 packs a sweep's points .*; the {kind} workflow's"):
+            prepare_workflow(kind, config(tmp_path), site_file=None, cores=2, environ=inside)
+    outside = prepare_workflow("sweep", sweep(tmp_path), site_file=None, cores=2, environ={"DDLBENCH_PACK": "1"})
+    assert not outside.packed  # no allocation, nothing to pack into
+
+
 def test_an_unknown_workflow_kind_is_refused_naming_the_kinds(tmp_path):
     with pytest.raises(DdlbenchError, match="'sweeep' is not a workflow; accepted: sweep, adaptive, calibration"):
         prepare_workflow("sweeep", sweep(tmp_path), site_file=None, cores=2)

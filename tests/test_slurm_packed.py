@@ -186,31 +186,62 @@ def test_per_node_certification_runs_every_node_at_once_in_one_allocation(slurm_
     assert (tmp_path / "proposed.yaml").exists()
 
 
-def test_snakemake_inside_an_allocation_runs_each_point_as_a_step_on_nodes_it_claims(slurm_env, write_sweep, tmp_path):
-    """The documented way (README): `DDLBENCH_PACK=1 snakemake … --resources alloc_nodes=N` as an sbatch
-    job (or inside salloc): the whole workflow runs in one allocation, each point a step on nodes of its own."""
+def test_snakemake_inside_an_allocation_hands_the_points_without_a_record_to_the_dispatcher(
+    slurm_env, write_sweep, tmp_path
+):
+    """The documented way (docs/slurm.md): `DDLBENCH_PACK=1 snakemake --configfile S --cores 2` as an sbatch
+    job (or inside salloc): the whole workflow runs in one allocation, and one of its jobs, `ddlbench
+    run-packed`, plans the points without a record into it and runs each as a step on nodes of its own.
+    Run again, it finds nothing to do; a deleted record runs its one point again."""
     sweep_file = sweep(write_sweep, "packsnake", batch_size=[8, 16])
     sweep_dir = tmp_path / "results" / "packsnake"
-    script = tmp_path / "job.sh"
-    script.write_text(
-        "#!/bin/bash\n"
-        f"#SBATCH --nodes=2 --exclusive --mem=0 --time=10 --output={tmp_path}/job-%j.out\n"
-        "export DDLBENCH_PACK=1\n"
-        f"cd {REPO}\n"
-        f"exec {BIN}/snakemake --configfile {sweep_file} --cores 4 --resources alloc_nodes=$SLURM_JOB_NUM_NODES\n"
-    )
     env = {**os.environ, **slurm_env}
-    done = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True, env=env)
-    job_id = done.stdout.strip().split(";")[0]
-    output = "\n".join(path.read_text() for path in tmp_path.glob("job-*.out"))
-    assert done.returncode == 0, output[-3000:]
+
+    def snakemake_in_an_allocation(name: str) -> tuple[str, str]:
+        script = tmp_path / f"{name}.sh"
+        script.write_text(
+            "#!/bin/bash\n"
+            f"#SBATCH --nodes=2 --exclusive --mem=0 --time=10 --output={tmp_path}/{name}-%j.out\n"
+            "export DDLBENCH_PACK=1\n"
+            f"cd {REPO}\n"
+            f"exec {BIN}/snakemake --configfile {sweep_file} --cores 2\n"
+        )
+        done = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True, env=env)
+        output = "\n".join(path.read_text() for path in tmp_path.glob(f"{name}-*.out"))
+        assert done.returncode == 0, output[-3000:]
+        return done.stdout.strip().split(";")[0], output
+
+    job_id, _ = snakemake_in_an_allocation("first")
     records = records_of(sweep_dir)
     assert len(records) == 4 and {r.status for r in records.values()} == {"ok"}
     steps = {r.provenance.slurm.step_id for r in records.values()}
     assert len(steps) == 4 and all(step.startswith(f"{job_id}.") for step in steps)
     for record in records.values():
         assert sorted(rank.slurm_node for rank in record.ranks) == sorted(record.provenance.slurm.step_nodes.split(","))
+    summary = _summary(sweep_dir, job_id)
+    assert summary["state"] == "done" and len(summary["points"]) == 4 and summary["not_started"] == []
+    (output,) = _inside_outputs(sweep_dir)  # what Snakemake waited for: the summary's copy
+    assert json.loads(output.read_text()) == summary
     assert (sweep_dir / "report.html").exists()  # the whole workflow ran inside
+    stamps = {path: path.stat().st_mtime_ns for path in sweep_dir.glob("points/*/record.json")}
+
+    _, said = snakemake_in_an_allocation("again")
+    assert "Nothing to be done" in said, said[-3000:]
+    assert {path: path.stat().st_mtime_ns for path in sweep_dir.glob("points/*/record.json")} == stamps
+
+    deleted = next(iter(stamps))
+    deleted.unlink()
+    third, _ = snakemake_in_an_allocation("third")
+    again = records_of(sweep_dir)
+    assert {r.status for r in again.values()} == {"ok"} and len(again) == 4
+    assert {point for point, r in again.items() if r.provenance.slurm.job_id == third} == {deleted.parent.name}
+    assert [p["point_id"] for p in _summary(sweep_dir, third)["points"]] == [deleted.parent.name]
+    assert len(_inside_outputs(sweep_dir)) == 2
+
+
+def _inside_outputs(sweep_dir: Path) -> list[Path]:
+    """The outputs of Snakemake's run-packed jobs (inside-<digest>.json; not the plans, inside-<job>.plan.json)."""
+    return [path for path in sweep_dir.glob("packed/inside-*.json") if not path.name.endswith(".plan.json")]
 
 
 @pytest.mark.usefixtures("limited_qos")

@@ -2,7 +2,8 @@
 
 - `run-point`: one point of a sweep (or a calibration point) through a launcher, writing its record;
 - `run-group`: several points of one layout in one launch (the adaptive sweep's short runs);
-- `run-packed`: inside a packed SLURM allocation, its plan's points as job steps (its job script calls it);
+- `run-packed`: inside a SLURM allocation, packed points as job steps: a packed job's plan (its job script
+  calls it), or a sweep's points without a record planned into the allocation (Snakemake with DDLBENCH_PACK=1);
 - `sample`: one round of the adaptive sweep, or its summary (workflow/adaptive.smk calls both):
 
     ddlbench sample --configfile S --round N [--out F]   # choose round N's points from rounds < N
@@ -83,12 +84,21 @@ def add_commands(commands: Any) -> None:
     packed = commands.add_parser(
         "run-packed",
         section=INTERNAL,
-        summary="inside a packed allocation: run its plan's points as job steps (its job script calls it)",
-        description="Inside a SLURM allocation that `ddlbench submit --pack` made: start its plan's points as "
-        "job steps on the nodes they were placed on, as earlier ones end, and write the allocation's summary.",
-        example="ddlbench run-packed --plan results/default/packed/20250101T120000-0.plan.json",
+        summary="inside a SLURM allocation: run packed points as job steps (a packed job, or a sweep in salloc)",
+        description="Inside a SLURM allocation: start packed points as job steps on nodes of their own, as "
+        "earlier ones end, and write the allocation's summary. With --plan, the plan `ddlbench submit --pack` "
+        "wrote for its allocation (its job script calls it); with a sweep (--configfile, --config-json), the "
+        "sweep's points without a record, planned by the same rule into the allocation this runs in, up to "
+        "SLURM's end time for it (Snakemake calls it so with DDLBENCH_PACK=1). Exit status 3 when some point "
+        "was left unrun (its record says why), 128 + the signal's number when the allocation ended first.",
+        example=[
+            "ddlbench run-packed --plan results/default/packed/20250101T120000-0.plan.json",
+            "salloc -N 4 --exclusive ddlbench run-packed --configfile sweep.yaml",
+        ],
     )
-    packed.add_argument("--plan", required=True, type=Path, help="the allocation's plan (written by submit --pack)")
+    packed.add_argument("--plan", type=Path, help="the allocation's plan (written by submit --pack)")
+    add_sweep_options(packed)
+    packed.add_argument("--out", type=Path, help="with a sweep: a copy of the allocation's summary here")
     packed.set_defaults(handler=_run_packed)
 
     sample = commands.add_parser(
@@ -199,9 +209,14 @@ def _run_calibration_point(spec: dict, args: argparse.Namespace) -> int:
 
 def _run_packed(args: argparse.Namespace) -> int:
     from ddlbench.launch.allocation import run_allocation
+    from ddlbench.launch.inside import run_inside, site_margin_s
 
+    if args.plan and (args.configfile or args.config_json or args.out):
+        raise DdlbenchError("give either --plan, or a sweep (--configfile, --config-json) with --out, not both")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
-    return run_allocation(args.plan)
+    if args.plan:
+        return run_allocation(args.plan)
+    return run_inside(read_sweep(args), margin_s=site_margin_s(), out=args.out)
 
 
 def adaptive_dir(config) -> Path:

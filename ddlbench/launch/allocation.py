@@ -1,11 +1,14 @@
 """Inside a packed allocation: run its points as job steps on nodes of their own (`ddlbench run-packed`).
 
-The batch script of a packed job (ddlbench.launch.packed) execs this dispatcher on the allocation's
-first node. It carries out the packing's rule (ddlbench.launch.packing) with the points' real ends:
-whenever nodes free up, the first waiting points in the plan's order that fit them start, each as
-`ddlbench run-point --launcher srun` with $DDLBENCH_STEP_NODES naming its nodes and $DDLBENCH_STEP_PORT
-a rendezvous port no other running step uses, so that its ranks are one `srun --exclusive` step there
-and its record is a per-point record plus the job and step ids.
+The one engine that runs packed points: the batch script of a packed job (ddlbench.launch.packed)
+execs it on the allocation's first node, and in an allocation already held (salloc, sbatch; Snakemake
+with DDLBENCH_PACK=1) `ddlbench run-packed --configfile` plans the sweep's points into it first
+(ddlbench.launch.inside) and runs it on that plan. It carries out the packing's rule
+(ddlbench.launch.packing) with the points' real ends: whenever nodes free up, the first waiting points in
+the plan's order that fit them start, each as `ddlbench run-point --launcher srun` with
+$DDLBENCH_STEP_NODES naming its nodes and $DDLBENCH_STEP_PORT a rendezvous port no other running step
+uses, so that its ranks are one `srun --exclusive` step there and its record is a per-point record plus
+the job and step ids.
 
 - A point that fails, times out or is killed (`scancel JOB.STEP`) ends its own step; its runner writes
   its record (failed, timeout) and the others go on. A runner that ends without one (it crashed, or was
@@ -51,10 +54,10 @@ from typing import Any
 
 from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
-from ddlbench.launch.claims import allocation_hosts
 from ddlbench.launch.launchers import STEP_NODES_VAR, STEP_PORT_VAR
 from ddlbench.launch.processes import describe_returncode
 from ddlbench.launch.rendezvous import step_port
+from ddlbench.launch.slurm import allocation_hosts
 from ddlbench.point import Point
 from ddlbench.records import SlurmJob
 
@@ -116,9 +119,11 @@ def run_allocation(
     overrun_grace_s: float = OVERRUN_GRACE_S,
     kill_after_s: float = KILL_AFTER_S,
     command: Callable[[Entry], list[str]] | None = None,
+    described: tuple[SlurmJob, float | None] | None = None,
 ) -> int:
     """Run the plan's points in this allocation; 0 when every point started, 3 when some could not,
-    128 + the signal's number when the allocation ended first. `command`: a point's runner (run-point)."""
+    128 + the signal's number when the allocation ended first. `command`: a point's runner (run-point);
+    `described`: describe_allocation's answer where the caller has it already."""
     environ = dict(os.environ if environ is None else environ)
     began_wall, began = time.time(), time.monotonic()
     plan = read_plan(plan_path)
@@ -130,7 +135,7 @@ def run_allocation(
     missing = sorted({e.node for e in entries if e.node} - set(hosts))
     if missing:
         raise DdlbenchError(f"points pinned to {', '.join(missing)}: not in this allocation ({','.join(hosts)})")
-    job, scontrol_end = describe_allocation(job_id, environ)
+    job, scontrol_end = described or describe_allocation(job_id, environ)
     end_wall, source = allocation_end(environ, scontrol_end, fallback=began_wall + float(plan["time_limit_s"]))
     log.info(
         "allocation %s ends at %s (from %s); a point starts only if its limit ends %g s (the margin) before",

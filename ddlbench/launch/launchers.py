@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Protocol
 
 from ddlbench.errors import DdlbenchError
-from ddlbench.launch.claims import allocation_hosts, claimed_nodes, packing_enabled
 from ddlbench.launch.command import thread_env, worker_command
 from ddlbench.launch.cores import PIN_VAR, CoreGrant, check_cores, claimed_cores, grant_for, rank_cpus
 from ddlbench.launch.mpi import MpirunLauncher, find_mpirun
 from ddlbench.launch.patience import OutageOver, current_patience, is_transient, keep_trying
 from ddlbench.launch.processes import LaunchOutcome, StderrTee, start_process, supervise
-from ddlbench.launch.rendezvous import INIT_METHOD_VAR, slurm_master_port, step_port
+from ddlbench.launch.rendezvous import INIT_METHOD_VAR, slurm_master_port
 from ddlbench.launch.slurm import current_allocation, first_host
 from ddlbench.point import Point
 
@@ -196,16 +195,6 @@ class SrunLauncher:
     def launch(
         self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float, group: Path | None = None
     ) -> LaunchOutcome:
-        if packing_enabled(self.environ) and not self.step_nodes():
-            # Snakemake inside an allocation (DDLBENCH_PACK=1): the step's nodes are claimed, not given
-            job_id = self.environ["SLURM_JOB_ID"]
-            hosts = allocation_hosts(self.environ)
-            with claimed_nodes(job_id, hosts, count=point.nodes, pin=point.node) as (nodes, sequence):
-                given = {STEP_NODES_VAR: ",".join(nodes), STEP_PORT_VAR: str(step_port(job_id, sequence))}
-                stepped = SrunLauncher({**self.environ, **given})
-                return stepped.launch(
-                    point, rank_dir=rank_dir, dump_params=dump_params, timeout_s=timeout_s, group=group
-                )
         env = {**step_environment(self.environ), **thread_env(point), **self.rendezvous_env()}
         command = self.command(point, rank_dir=rank_dir, dump_params=dump_params, group=group)
         began = time.monotonic()

@@ -223,6 +223,41 @@ def _minutes(seconds: int) -> str:
     return f"{days}-{minutes // 60:02d}:{minutes % 60:02d}:00"
 
 
+def build_plan(
+    order: Sequence[Task],
+    points: Mapping[str, Point],
+    *,
+    sweep_dir: Path,
+    serial: bool,
+    time_limit_s: float,
+    margin_s: float,
+    kill_wait_s: float,
+) -> dict[str, Any]:
+    """What the dispatcher (`ddlbench run-packed --plan`, ddlbench.launch.allocation) runs: the points in
+    `order`, each with its record and log paths and its limit, and the allocation's time limit (counted
+    from the dispatcher's start where SLURM's end time is not known), margin and KillWait."""
+    sweep_dir = sweep_dir.resolve()
+    return {
+        "sweep_dir": str(sweep_dir),
+        "time_limit_s": time_limit_s,
+        "margin_s": margin_s,
+        "serial": serial,
+        "kill_wait_s": kill_wait_s,
+        "points": [
+            {
+                "point_id": task.key,
+                "spec": points[task.key].to_json(),
+                "out": str(record_path(sweep_dir, task.key)),
+                "log": str(sweep_dir / "logs" / "run_point" / f"{task.key}.log"),
+                "nodes": task.nodes,
+                "node": task.node,
+                "limit_s": task.limit_s,
+            }
+            for task in order
+        ],
+    }
+
+
 def write_allocation(
     allocation: Allocation,
     request: Request,
@@ -231,33 +266,23 @@ def write_allocation(
     sweep_dir: Path,
     stamp: str,
 ) -> Path:
-    """The allocation's plan and job script in <sweep>/packed/; returns the script's path. The plan carries
-    the cluster's KillWait: the dispatcher stops its points within it when the allocation ends."""
+    """The allocation's plan (build_plan) and job script in <sweep>/packed/; returns the script's path. The
+    plan carries the cluster's KillWait: the dispatcher stops its points within it when the allocation ends."""
     from ddlbench.launch.allocation import cluster_kill_wait_s
 
     folder = sweep_dir.resolve() / PACKED_DIR
     folder.mkdir(parents=True, exist_ok=True)
     base = f"{stamp}-{allocation.index}"
     plan_path = folder / f"{base}.plan.json"
-    plan = {
-        "sweep_dir": str(sweep_dir.resolve()),
-        "time_limit_s": request.time_limit_s,
-        "margin_s": request.margin_s,
-        "serial": allocation.serial,
-        "kill_wait_s": cluster_kill_wait_s(),
-        "points": [
-            {
-                "point_id": task.key,
-                "spec": points[task.key].to_json(),
-                "out": str(record_path(sweep_dir.resolve(), task.key)),
-                "log": str(sweep_dir.resolve() / "logs" / "run_point" / f"{task.key}.log"),
-                "nodes": task.nodes,
-                "node": task.node,
-                "limit_s": task.limit_s,
-            }
-            for task in allocation.order
-        ],
-    }
+    plan = build_plan(
+        allocation.order,
+        points,
+        sweep_dir=sweep_dir,
+        serial=allocation.serial,
+        time_limit_s=request.time_limit_s,
+        margin_s=request.margin_s,
+        kill_wait_s=cluster_kill_wait_s(),
+    )
     write_text_atomic(plan_path, json.dumps(plan, indent=1) + "\n")
     script = folder / f"{base}.sbatch"
     lines = [

@@ -14,6 +14,9 @@ what runs when points take their expected time:
 - **Allocations end at a time limit** (`max_time_s`, the partition's MaxTime): a point starts in an
   allocation only if its limit still fits before the allocation's end; the points that do not go to
   the next allocation, planned the same way.
+- **An allocation already held** (salloc, sbatch: `pack_into`): every point in it by the same rule,
+  pinned and free points on the same nodes, up to the time left of it; the points that do not fit that
+  time come last, and start only where the points before them ended early enough.
 
 Two durations per point: its *limit* (its timeout: the most it may run) sets each allocation's time
 limit, so an allocation whose points all run to their limits still finishes them (the dispatcher
@@ -157,6 +160,31 @@ def pack(tasks: Iterable[Task], nodes: int, *, max_time_s: float | None = None, 
         _fill(allocations, members, len(chunk), tuple(sorted(chunk)), max_time_s, serial=pinned_serial)
     _fill(allocations, free, nodes, (), max_time_s, serial=False)
     return Packing(nodes=nodes, max_time_s=max_time_s, allocations=tuple(allocations))
+
+
+def pack_into(
+    tasks: Iterable[Task], hosts: Sequence[str], *, max_time_s: float | None, serial: bool = False
+) -> tuple[Allocation, list[Task]]:
+    """Pack `tasks` into one allocation already held (`ddlbench run-packed --configfile` inside it): its
+    `hosts`, `max_time_s` left of it (None: no end known). The same rule as `pack`, pinned and free points
+    side by side on the same nodes (`serial`: one at a time); the tasks that do not fit the time come
+    back in order, for the dispatcher to start after the others only where their limit still fits."""
+    tasks = sorted(tasks, key=priority)
+    for task in tasks:
+        if task.nodes > len(hosts):
+            raise DdlbenchError(f"point {task.key} needs {task.nodes} nodes; this allocation has {len(hosts)}")
+    _check_fits(tasks, len(hosts), None)
+    absent = sorted({task.node for task in tasks if task.node} - set(hosts))
+    if absent:
+        raise DdlbenchError(f"points pinned to {', '.join(absent)}: not in this allocation ({','.join(hosts)})")
+    worst, deferred = simulate(tasks, hosts, which="limit", deadline_s=max_time_s, serial=serial)
+    taken = {p.key for p in worst.placements}
+    order = tuple(task for task in tasks if task.key in taken)
+    expected, _ = simulate(order, hosts, which="expected", serial=serial)
+    allocation = Allocation(
+        index=0, nodes=len(hosts), named=tuple(hosts), order=order, serial=serial, worst=worst, expected=expected
+    )
+    return allocation, deferred
 
 
 def _check_fits(tasks: Sequence[Task], nodes: int, max_time_s: float | None) -> None:

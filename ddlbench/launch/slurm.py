@@ -431,6 +431,14 @@ def first_host(node_list: str) -> str:
     return run_slurm(["scontrol", "show", "hostnames", node_list]).split()[0]
 
 
+def allocation_hosts(environ: Mapping[str, str]) -> list[str]:
+    """The nodes of the allocation this process runs in, in SLURM's order (one scontrol call)."""
+    node_list = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not node_list:
+        raise DdlbenchError("SLURM_JOB_NODELIST is not set: packed points run inside a SLURM allocation")
+    return run_slurm(["scontrol", "show", "hostnames", node_list]).split()
+
+
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING"})
 PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED"})
 # a job in one of these counts against the submit limits; squeue also lists ended jobs for MinJobAge

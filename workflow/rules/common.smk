@@ -3,6 +3,7 @@ import json
 import os
 
 from ddlbench.calibrate.suite import calibration_cores
+from ddlbench.launch.inside import inside_targets
 from ddlbench.point import POINT_ID_PATTERN
 from ddlbench.records import record_path
 
@@ -20,9 +21,14 @@ TABLE = f"{SWEEP_DIR}/table.parquet"
 # Snakemake resolves: 1.5 s more to plan 10,000 points (benchmarks/plan_speed.py).
 RECORDS_TO_NAME = (
     [record for record in RECORDS if not os.path.exists(record)]
-    if os.path.exists(TABLE) or os.path.exists(REPORT)
+    if (os.path.exists(TABLE) or os.path.exists(REPORT)) and not PREPARED.packed
     else []
 )
+# Inside an allocation with DDLBENCH_PACK=1 one job, `ddlbench run-packed`, runs every point without a
+# record (rule run_inside_allocation); the records are then no job's outputs, and the report waits on
+# that job's output and the earlier ones' instead (ddlbench.launch.inside.inside_targets says why).
+INSIDE = inside_targets(PLAN.config.sweep_dir, POINTS) if PREPARED.packed else None
+REPORT_INPUTS = list(INSIDE.runs) if INSIDE else RECORDS
 CONFIG_JSON = json.dumps(PLAN.config.to_dict(), sort_keys=True)
 # the machine the report predicts on: a given machine file, or one calibrated first from a suite
 # (workflow/rules/predict.smk)

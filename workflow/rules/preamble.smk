@@ -46,8 +46,6 @@ def point_spec(wildcards):
 
 
 def point_threads(wildcards):
-    if PREPARED.packed:  # the ranks run on the allocation's nodes; here only the point's runner
-        return 1
     point = POINTS[wildcards.point]
     return point.world_size * point.cores_per_rank
 

@@ -6,7 +6,7 @@
 
 rule report:
     input:
-        RECORDS,
+        REPORT_INPUTS,
         MACHINE_FILE or [],
     output:
         FINISHED,
