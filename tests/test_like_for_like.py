@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pandas as pd
 import pytest
 
 from ddlbench.analysis.aggregate import build_table
 from ddlbench.analysis.analytic.layout import Setting
 from ddlbench.analysis.analytic.oracle import consult
 from ddlbench.analysis.analytic.predict import predict
-from ddlbench.analysis.analytic.recommendation import picks
 from ddlbench.analysis.configurations import summarize_configurations
 from ddlbench.analysis.empirical.cheapest import ONE_LAUNCH, cheapest, global_batch, parse_target
 from ddlbench.analysis.empirical.series import Series, series_from_table
@@ -207,35 +205,3 @@ def test_the_oracle_asks_every_strategy_at_the_one_global_batch_or_says_why_not(
                 assert candidate.prediction.global_batch_size == batch
         runs_other = [c for c in verdict.ranked if c.setting.global_batch_size != batch]
         assert bool(runs_other) == (batch == 50)
-
-
-def test_the_pick_check_compares_strategies_like_for_like():
-    """ddp at batch 8 and gpipe at 16 on 2 ranks both run 16 samples a step: one group. ddp at 16 runs 32:
-    another group, with no second strategy. Threads tell groups apart and are named."""
-    rows = []
-    for strategy, batch, split, threads, measured, predicted in [
-        ("ddp", 8, 1, 1, 1.0, 1.2),
-        ("gpipe", 16, 2, 1, 0.8, 0.9),
-        ("ddp", 16, 1, 1, 2.0, 2.0),
-        ("ddp", 8, 1, 2, 0.5, 0.7),
-        ("gpipe", 16, 2, 2, 0.6, 0.6),
-    ]:
-        point = Point(
-            model="resnet8", dataset="cifar10", strategy=strategy, nodes=1, ranks_per_node=2, batch_size=batch,
-            threads=threads, repetition=0, warmup_steps=1, steps=3, seed=0, learning_rate=0.05, timeout_s=60.0,
-            split=split, micro_batches=2 if strategy == "gpipe" else 1,
-        )  # fmt: skip
-        rows.append(
-            {"strategy": strategy, "model": point.model, "dataset": point.dataset, "nodes": 1, "ranks_per_node": 2,
-             "batch_size": batch, "split": split, "micro_batches": point.micro_batches, "threads": threads,
-             "global_batch_size": point.global_batch_size, "precision": "fp32",
-             "step_time_s_median": measured, "predicted_step_time_s": predicted}
-        )  # fmt: skip
-    found = picks(pd.DataFrame(rows))
-    assert [(p.strategies, p.predicted_best, p.measured_best) for p in found] == [
-        (2, "gpipe", "gpipe"),
-        (2, "gpipe", "ddp"),
-    ]
-    assert "global_batch_size=16" in found[0].group and "threads=1" in found[0].group
-    assert "threads=2" in found[1].group
-    assert found[1].regret == pytest.approx(0.6 / 0.5 - 1)

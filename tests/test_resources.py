@@ -3,6 +3,9 @@ what SLURM prints. Pure: no cluster needed; the real cluster is in test_slurm_cl
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import yaml
 from conftest import make_point
@@ -370,7 +373,9 @@ def test_the_default_profile_leaves_memory_to_the_partition_and_asks_for_whole_n
 
     from ddlbench.launch.resources import load_site
 
-    env = {"XDG_CONFIG_HOME": str(tmp_path)}
+    # no SLURM on PATH: the profile is written without reading limits, whatever state a cluster here is in
+    # (a stopped controller would keep scontrol retrying for a minute a call)
+    env = {"XDG_CONFIG_HOME": str(tmp_path), "PATH": str(Path(sys.executable).parent)}
     assert run_cli("profile", "slurm", "--partition", "cpu", env=env).returncode == 0
     site = load_site(tmp_path / "snakemake" / "slurm" / "ddlbench-site.yaml")
     assert (site.mem_per_rank_mb, site.exclusive) == (None, True)
