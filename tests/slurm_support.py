@@ -55,6 +55,32 @@ def profile_env(tmp_path_factory, site: Site) -> dict[str, str]:
     }
 
 
+# a login node without torch (issue 30): refuses torch and torch.* wherever SLURM_JOB_ID is unset, so the
+# login-side commands (submit, its wait, its finish) cannot import it while the jobs they start can
+LOGIN_WITHOUT_TORCH = """\
+import os
+import sys
+
+
+class LoginWithoutTorch:
+    def find_spec(self, name, path=None, target=None):
+        if (name == "torch" or name.startswith("torch.")) and not os.environ.get("SLURM_JOB_ID"):
+            raise ImportError("torch is not importable on this login node (a test's blocker)")
+        return None
+
+
+sys.meta_path.insert(0, LoginWithoutTorch())
+"""
+
+
+def login_without_torch(folder: Path) -> dict[str, str]:
+    """Environment for a login-side command that cannot import torch: a sitecustomize first on PYTHONPATH,
+    written into `folder`, refusing torch outside SLURM jobs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(LOGIN_WITHOUT_TORCH)
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))}
+
+
 def wait_until(predicate, *, timeout_s: float, what: str, poll_s: float = 1.0):
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:

@@ -17,7 +17,7 @@ import time
 import pytest
 import yaml
 from conftest import BIN, REPO, job_counts, run_cli, run_snakemake
-from slurm_support import one_row_per_point, profile_env, records_of, sweep, wait_until
+from slurm_support import login_without_torch, one_row_per_point, profile_env, records_of, sweep, wait_until
 
 from ddlbench.launch.resources import Site
 from ddlbench.records import read_record
@@ -257,11 +257,13 @@ def test_submit_runs_an_array_and_requeues_a_preempted_point(slurm_env, write_sw
 def test_submit_resubmits_once_a_point_whose_job_was_lost_before_it_ran(slurm_env, write_sweep, tmp_path):
     # the job of repetition 1 exits at once, before its point runs, the first time (DDLBENCH_INJECT_FAULT=lost):
     # SLURM says FAILED and there is no record; submit submits that point once more, and only that one
+    # and submit, its wait and its finish run as on a login node without torch (the jobs have it)
     sweep_file = sweep(write_sweep, "lost", nodes=[1], repetitions=2, timeout_s=120)
     sweep_dir = tmp_path / "results" / "lost"
-    env = slurm_env | {"DDLBENCH_INJECT_FAULT": "lost@-r1-"}
+    env = slurm_env | {"DDLBENCH_INJECT_FAULT": "lost@-r1-"} | login_without_torch(tmp_path / "no-torch")
     done = run_cli("submit", "--configfile", str(sweep_file), env=env)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    assert (sweep_dir / "report.html").exists()  # finished on the login node too
     lost = next(point for point in json.loads((sweep_dir / "slurm-jobs.json").read_text()) if "-r1-" in point)
     assert f"1 point(s) whose job failed before the point ran, submitted once more: {lost} (FAILED)" in done.stdout
     index = json.loads((sweep_dir / "slurm-jobs.json").read_text())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, REPO, run_cli
-from slurm_support import one_row_per_point, profile_env, records_of, sweep, wait_until
+from slurm_support import login_without_torch, one_row_per_point, profile_env, records_of, sweep, wait_until
 from test_slurm_limits import LIMIT, QOS, limited_qos  # noqa: F401 (limited_qos: a fixture)
 
 from ddlbench.launch.resources import Site
@@ -39,7 +39,9 @@ def test_a_packed_sweep_runs_every_point_as_a_step_of_one_allocation(slurm_env, 
     planned = run_cli("plan", "--configfile", str(sweep_file), "--pack", "2", env=slurm_env)
     assert planned.returncode == 0, planned.stderr
     assert planned.stdout.startswith("4 points in 1 allocation(s) of up to 2 node(s)")
-    submitted = run_cli("submit", "--configfile", str(sweep_file), "--pack", "auto", env=slurm_env)
+    # as on a login node without torch: the allocation's dispatcher and its points' ranks have it
+    no_torch = login_without_torch(tmp_path / "no-torch")
+    submitted = run_cli("submit", "--configfile", str(sweep_file), "--pack", "auto", env=slurm_env | no_torch)
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     (job_id,) = _allocations(submitted.stdout)
     records = records_of(sweep_dir)
