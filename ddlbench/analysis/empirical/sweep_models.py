@@ -19,7 +19,7 @@ from ddlbench.analysis.empirical.modelling import model_series
 from ddlbench.analysis.empirical.series import series_from_table
 from ddlbench.config import SweepConfig
 from ddlbench.errors import DdlbenchError
-from ddlbench.parallel import map_forked, start_forked
+from ddlbench.parallel import start_forked
 
 SERIES_PER_WORKER = 100  # below this many series a worker process costs more than it saves
 DEFAULT_FIGURES = ("step_time_s", "samples_per_s", "speedup", "efficiency", "cost_node_h_per_epoch")
@@ -56,15 +56,22 @@ def start_sweep_models(config: SweepConfig, table: pd.DataFrame) -> Callable[[],
         )
     at = list(itertools.product(*(map(float, given[name]) for name in over))) if given else []
     method = scaling.get("method", "ddlbench")
-    tasks = [(s, method, at or beyond(s)) for s in series]
-    fitted = start_forked(_model, tasks, least=SERIES_PER_WORKER)
+    fitted = start_model_all(series, method=method, at=at)
     return lambda: {"over": list(over), "models": fitted()}
 
 
 def model_all(series: list, *, method: str, at: list[tuple[float, ...]], workers: int | None = None) -> list[dict]:
     """model_series of every series (at `at`, or where `beyond` says), in order, over the CPUs this
     process may use where there are many (ddlbench.parallel)."""
-    return map_forked(_model, [(s, method, at or beyond(s)) for s in series], least=SERIES_PER_WORKER, workers=workers)
+    return start_model_all(series, method=method, at=at, workers=workers)()
+
+
+def start_model_all(
+    series: list, *, method: str, at: list[tuple[float, ...]], workers: int | None = None
+) -> Callable[[], list[dict]]:
+    """model_all begun by forked workers (ddlbench.parallel.start_forked); the function returned waits."""
+    tasks = [(s, method, at or beyond(s)) for s in series]
+    return start_forked(_model, tasks, least=SERIES_PER_WORKER, workers=workers)
 
 
 def _model(task: tuple) -> dict[str, Any]:
