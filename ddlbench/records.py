@@ -168,7 +168,8 @@ class RankResult:
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
         data = dict(data)
         tuples = ("step_times_s", "losses", "step_starts_s", "step_ends_s", "warmup_times_s", "cpus")
-        for name in (*tuples, "input_wait_s", "loader_cpus", "update_starts_s", "update_ends_s", "timeline"):
+        more = ("input_wait_s", "loader_cpus", "update_starts_s", "update_ends_s", "timeline", "anatomy_steps")
+        for name in (*tuples, *more):
             if name in data:
                 data[name] = tuple(data[name])
         if "anatomy" in data:
@@ -197,6 +198,9 @@ class Straggler:
     hostname: str  # its host
     slowest_steps: int  # kept steps in which this rank was the slowest
     steps: int  # kept steps
+    # the measured steps (0 = the first) that anatomy and update_*_s cover, in order; () = every measured
+    # step. On CUDA only the traced steps are stamped (ddlbench.train.kernel.stamped_steps).
+    anatomy_steps: tuple[int, ...] = ()
     skew_s: Stats  # per step: max − min over ranks of busy time (s)
     wait_s: Stats  # per step: mean over the other ranks of the busy time they lack on the slowest (s)
     wait_share: Stats  # per step: wait_s ÷ the job's step time

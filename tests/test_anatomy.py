@@ -259,6 +259,39 @@ def test_update_gaps_are_between_one_update_and_the_next():
     assert anatomy_figures(ranks, dropped=1, job_step_times=steps)["update_gap_s"].n == 1
 
 
+def test_figures_of_a_cuda_record_come_from_its_stamped_steps_only():
+    """On CUDA only the traced steps are stamped (RankResult.anatomy_steps): the point's figures are taken
+    over the kept steps every rank stamped, each value matched to its own step."""
+    from ddlbench.analysis.inside.figures import rank_medians
+
+    job = [1.0, 1.0, 1.0, 1.0, 1.0]
+    stamped = (3, 4)  # the last two of five measured steps
+    ranks = [
+        rank_result(
+            0, [0.6, 0.7], [1.0, 1.0], anatomy_steps=stamped, update_starts_s=(3.8, 4.9), update_ends_s=(3.9, 5.0)
+        ),
+        rank_result(
+            1, [0.9, 0.2], [1.0, 1.0], anatomy_steps=stamped, update_starts_s=(3.8, 4.7), update_ends_s=(3.9, 4.8)
+        ),
+    ]
+    figures = anatomy_figures(ranks, dropped=1, job_step_times=job)
+    straggler = figures["straggler"]
+    assert straggler.steps == 2 and straggler.slowest_steps == 1 and straggler.rank == 0  # a tie: the lower rank
+    assert figures["phases_s"]["comm_exposed_s"].n == 2
+    # step 3's mean exposed wait: (0.4 + 0.1) / 2; step 4's: (0.3 + 0.8) / 2
+    assert sorted(
+        [figures["phases_s"]["comm_exposed_s"].min, figures["phases_s"]["comm_exposed_s"].max]
+    ) == pytest.approx([0.25, 0.55])
+    gaps = figures["update_gap_s"]  # step 4's update start minus step 3's update end, per rank: 1.0 and 0.8
+    assert gaps.n == 1 and gaps.median == pytest.approx(0.9)
+    # a dropped step that was stamped is left out; a rank without the step leaves it out for all
+    assert anatomy_figures(ranks, dropped=4, job_step_times=job)["straggler"].steps == 1
+    other = rank_result(1, [0.5], [1.0], anatomy_steps=(4,))
+    assert anatomy_figures([ranks[0], other], dropped=0, job_step_times=job)["straggler"].steps == 1
+    assert anatomy_figures(ranks, dropped=5, job_step_times=job)["phases_s"] is None
+    assert rank_medians(ranks[1], dropped=4)["busy_s"] == pytest.approx(0.2)
+
+
 def test_records_without_anatomy_have_no_inside_figures():
     plain = RankResult(rank=0, hostname="h", step_times_s=(1.0,), losses=(1.0,), peak_rss_bytes=0)
     assert anatomy_figures([plain], dropped=0, job_step_times=[1.0])["phases_s"] is None

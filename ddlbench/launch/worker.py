@@ -116,6 +116,10 @@ def _join(point: Point | CalibrationPoint, env: RankEnv):
         world_size=env.world_size,
         timeout=timedelta(seconds=point.timeout_s),
     )
+    if device.type == "cuda" and backend == "gloo":  # ranks sharing a GPU (ddlbench.train.shared_gpu)
+        from ddlbench.train.shared_gpu import stage_point_to_point
+
+        stage_point_to_point()
     return RankContext(
         rank=env.rank, world_size=env.world_size, local_rank=env.local_rank, device=device, backend=backend
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from ddlbench.analysis.inside.figures import rank_medians
+from ddlbench.analysis.inside.figures import kept_values, rank_medians
 from ddlbench.records import RecordError, read_record, record_path
 from ddlbench.report.figures import number
 from ddlbench.statistics import percentile
@@ -60,7 +60,9 @@ def _rank_rows(record: Any) -> list[dict[str, str]]:
             continue
         shares = [
             w / s
-            for w, s in zip(rank.anatomy["exposed_p2p_s"][dropped:], rank.anatomy["step_s"][dropped:], strict=True)
+            for w, s in zip(
+                kept_values(rank, "exposed_p2p_s", dropped), kept_values(rank, "step_s", dropped), strict=True
+            )
             if s > 0
         ]
         share = percentile(sorted(shares), 50) if shares else None
@@ -68,7 +70,7 @@ def _rank_rows(record: Any) -> list[dict[str, str]]:
             {
                 "rank": str(rank.rank),
                 "host": rank.hostname,
-                "steps": str(len(rank.anatomy["step_s"]) - dropped),  # n of every median in the row
+                "steps": str(len(kept_values(rank, "step_s", dropped))),  # n of every median in the row
                 **{
                     heading: number(medians[figure] * MS)
                     for heading, figure in (

@@ -19,6 +19,7 @@ from ddlbench.records import RankResult
 from ddlbench.train import recording
 from ddlbench.train.clock import StepTimer, estimate_offset, host_group
 from ddlbench.train.data import BatchSource, open_dataset
+from ddlbench.train.energy import open_energy_window, rank_provenance
 from ddlbench.train.data.loader import LOADER_MEMORY_NOTE, open_point_loader, reads_through_loader
 from ddlbench.train.execution import Execution, configure_execution
 from ddlbench.train.faults import delay_s, planned_fault, strike
@@ -128,10 +129,29 @@ def start_recorder(device: torch.device) -> IterationRecorder:
     return recorder
 
 
-def anatomy_note(on_cuda: bool, completions: dict[str, int], fault: str | None) -> str:
+def traced_steps(point: Point) -> range:
+    """The steps written as a timeline: the last max(1, trace_steps) measured ones (indices of all steps)."""
+    last = point.warmup_steps + point.steps
+    return range(max(point.warmup_steps, last - max(1, point.trace_steps)), last)
+
+
+def stamped_steps(point: Point, on_cuda: bool) -> range:
+    """The measured steps whose phases are stamped (the record's anatomy): every one on the CPU, the traced
+    ones on CUDA. A stamp on CUDA is an event, and a step with the recorder's ten or so ran 0.3-1.1 ms
+    longer than a bare one (resnet18, batch 32 and 128, bf16, one H200, benchmarks/gpu_probe.py, medians of
+    3 rounds of 40 steps): more than the 2 % a benchmark harness may cost at a 5-10 ms step."""
+    if on_cuda:
+        return traced_steps(point)
+    return range(point.warmup_steps, point.warmup_steps + point.steps)
+
+
+def anatomy_note(on_cuda: bool, completions: dict[str, int], fault: str | None, stamped: int = 0) -> str:
     """How the rank's phases and collectives were stamped, for the record."""
     if on_cuda:
-        note = "phases by CUDA events on the compute stream; collectives not traced on CUDA"
+        note = (
+            f"phases by CUDA events on the compute stream, in the last {stamped} measured step(s) only (the "
+            "traced ones: stamps cost a fast GPU step time); collectives not traced on CUDA"
+        )
     else:
         counts = ", ".join(f"{count} {how}" for how, count in completions.items() if count)
         note = (
@@ -211,19 +231,23 @@ def train_point(
     figures = memory.finish(pool_bytes)
 
     timer = StepTimer(ctx.device)
+    stamped = stamped_steps(point, on_cuda)
     dist.barrier()  # the window opens on every rank together
-    timer.open_window()
+    timer.open_window(point.steps)
     recorder.open_window()
+    energy = open_energy_window(ctx.device, ctx.local_rank)  # counters read outside the timed steps
     for step in range(point.warmup_steps, point.warmup_steps + point.steps):
         if fault and not delay and step == point.warmup_steps:
             strike(fault, model)
         if loader is None:
             inputs, targets = batches[step % len(batches)]
             timer.start()
-            recorder.begin_step(step)
+            if step in stamped:
+                recorder.begin_step(step)
         else:  # the step includes reading its input, as a training loop on real data does; the wait is timed apart
             timer.start()
-            recorder.begin_step(step)
+            if step in stamped:
+                recorder.begin_step(step)
             with recording.phase("data"):
                 inputs, targets = loader.next_batch()
         if delay:
@@ -233,6 +257,7 @@ def train_point(
         timer.end()
         losses.append(loss)
     starts, ends = timer.close_window()  # the window's one synchronisation
+    energy_readings = energy.close()  # after the closing synchronisation
     recorder.close_window()
     recording.install(None)
     if loader:
@@ -244,8 +269,7 @@ def train_point(
     inside = recorder.figures()
     cuda_peaks = memory.cuda_run_peaks() if on_cuda else (None, None)  # the whole run's, inputs included
     offset = clock.offset_s
-    last = point.warmup_steps + point.steps
-    traced = range(last - max(1, point.trace_steps), last)
+    traced = traced_steps(point)
     result = RankResult(
         rank=ctx.rank,
         hostname=socket.gethostname(),
@@ -279,14 +303,18 @@ def train_point(
         loader_binding=loader.cores.binding if loader else "",
         execution=execution.facts(model),
         anatomy=dict(inside.figures),
+        anatomy_steps=() if len(stamped) == point.steps else tuple(step - point.warmup_steps for step in stamped),
         update_starts_s=tuple(None if t is None else t + offset for t in inside.update_starts),
         update_ends_s=tuple(None if t is None else t + offset for t in inside.update_ends),
-        anatomy_note=anatomy_note(on_cuda, inside.completions, fault),
+        anatomy_note=anatomy_note(on_cuda, inside.completions, fault, len(stamped)),
         timeline=tuple(
             {**event, "start": event["start"] + offset, "end": event["end"] + offset, "step": step}
             for step in traced
             for event in recorder.events(step)
         ),
+        energy=energy_readings,
+        energy_note=energy.note,
+        **rank_provenance(ctx.device),  # the software and the card, read after the window
     )
     state = trainer.full_state_dict() if keep_state else None
     close = getattr(trainer, "close", None)

@@ -32,53 +32,66 @@ PHASE_FIGURES = tuple(name for name in ANATOMY_FIGURES if name not in ("step_s",
 
 
 def anatomy_figures(ranks: list[RankResult], dropped: int, job_step_times: list[float]) -> dict[str, Any]:
-    """The point's inside figures over its kept steps (from `dropped` on), as records.Metrics fields; all
-    None when some rank recorded none (records from before the recorder)."""
+    """The point's inside figures over its kept steps (from `dropped` on) that every rank stamped (all of
+    them on the CPU, the traced ones on CUDA: RankResult.anatomy_steps), as records.Metrics fields; all None
+    when no kept step was stamped on every rank (records from before the recorder)."""
     steps = len(job_step_times)
-    if not ranks or any(len(rank.anatomy.get("busy_s", ())) != steps for rank in ranks):
+    positions = [_positions(rank, steps) for rank in ranks]
+    kept = [i for i in range(dropped, steps) if positions and all(i in where for where in positions)]
+    if not kept:
         return {"phases_s": None, "comm_overlap": None, "update_gap_s": None, "straggler": None}
-    kept = range(dropped, steps)
     count = len(ranks)
-    phases = {
-        name: Stats.of([math.fsum(rank.anatomy[name][i] for rank in ranks) / count for i in kept])
-        for name in PHASE_FIGURES
-    }
+
+    def per_rank(name: str, i: int) -> list[float]:
+        return [rank.anatomy[name][where[i]] for rank, where in zip(ranks, positions, strict=True)]
+
+    phases = {name: Stats.of([math.fsum(per_rank(name, i)) / count for i in kept]) for name in PHASE_FIGURES}
     overlap = []
     for i in kept:
-        comm = math.fsum(rank.anatomy["comm_s"][i] for rank in ranks)
+        comm = math.fsum(per_rank("comm_s", i))
         if comm > 0:
-            overlap.append(math.fsum(rank.anatomy["comm_hidden_s"][i] for rank in ranks) / comm)
+            overlap.append(math.fsum(per_rank("comm_hidden_s", i)) / comm)
     return {
         "phases_s": phases,
         "comm_overlap": Stats.of(overlap) if overlap else None,
-        "update_gap_s": _update_gaps(ranks, kept),
-        "straggler": _straggler(ranks, kept, job_step_times),
+        "update_gap_s": _update_gaps(ranks, positions, kept),
+        "straggler": _straggler(ranks, positions, kept, job_step_times),
     }
 
 
-def _update_gaps(ranks: list[RankResult], kept: range) -> Stats | None:
+def _positions(rank: RankResult, steps: int) -> dict[int, int]:
+    """Measured step -> its place in the rank's anatomy; {} when the anatomy does not match its steps."""
+    stamped = rank.anatomy_steps or tuple(range(steps))
+    if len(rank.anatomy.get("busy_s", ())) != len(stamped) or (not rank.anatomy_steps and len(stamped) != steps):
+        return {}
+    return {step: place for place, step in enumerate(stamped)}
+
+
+def _update_gaps(ranks: list[RankResult], positions: list[dict[int, int]], kept: list[int]) -> Stats | None:
     gaps = []
     for i in kept:
-        if i == kept.start:
+        if i - 1 not in kept:
             continue
-        per_rank = [
-            rank.update_starts_s[i] - rank.update_ends_s[i - 1]
-            for rank in ranks
-            if len(rank.update_starts_s) > i
-            and rank.update_starts_s[i] is not None
-            and rank.update_ends_s[i - 1] is not None
-        ]
+        per_rank = []
+        for rank, where in zip(ranks, positions, strict=True):
+            now, before = where[i], where[i - 1]
+            if len(rank.update_starts_s) > now and len(rank.update_ends_s) > before:
+                start, end = rank.update_starts_s[now], rank.update_ends_s[before]
+                if start is not None and end is not None:
+                    per_rank.append(start - end)
         if per_rank:
             gaps.append(math.fsum(per_rank) / len(per_rank))
     return Stats.of(gaps) if gaps else None
 
 
-def _straggler(ranks: list[RankResult], kept: range, job_step_times: list[float]) -> Straggler | None:
+def _straggler(
+    ranks: list[RankResult], positions: list[dict[int, int]], kept: list[int], job_step_times: list[float]
+) -> Straggler | None:
     if len(ranks) < 2 or not len(kept):
         return None
     slowest, skews, waits, shares = [], [], [], []
     for i in kept:
-        busy = {rank.rank: rank.anatomy["busy_s"][i] for rank in ranks}
+        busy = {rank.rank: rank.anatomy["busy_s"][where[i]] for rank, where in zip(ranks, positions, strict=True)}
         top = max(busy.values())
         who = min(r for r, b in busy.items() if b == top)
         slowest.append(who)
@@ -99,12 +112,21 @@ def _straggler(ranks: list[RankResult], kept: range, job_step_times: list[float]
     )
 
 
+def kept_values(rank: RankResult, name: str, dropped: int) -> list[float]:
+    """The rank's figure `name` in its stamped steps from measured step `dropped` on."""
+    values = rank.anatomy.get(name, ())
+    if not rank.anatomy_steps:
+        return list(values[dropped:])
+    return [value for step, value in zip(rank.anatomy_steps, values, strict=False) if step >= dropped]
+
+
 def rank_medians(rank: RankResult, dropped: int) -> dict[str, Any]:
-    """One rank's median of each figure over the kept steps (for the report's per-rank table)."""
+    """One rank's median of each figure over the kept steps it stamped (for the report's per-rank table)."""
     out: dict[str, Any] = {"rank": rank.rank, "hostname": rank.hostname}
-    for name, values in rank.anatomy.items():
-        if values[dropped:]:
-            out[name] = percentile(sorted(values[dropped:]), 50)
+    for name in rank.anatomy:
+        values = kept_values(rank, name, dropped)
+        if values:
+            out[name] = percentile(sorted(values), 50)
     return out
 
 
