@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from ddlbench.analysis.energy import energy_figures
 from ddlbench.analysis.inside.figures import anatomy_figures
 from ddlbench.point import Point
 from ddlbench.records import Metrics, RankResult, Stats
@@ -20,6 +21,7 @@ def summarize_ranks(point: Point, ranks: list[RankResult]) -> Metrics:
     job's, not one rank's). Over the kept window, samples_per_s_overall = global_batch_size × kept
     steps / (latest end of the last kept step − earliest start of the first): measured, not derived
     from a sum of per-step times (Hoefler & Belli's rule 3: rates are total work over total time).
+    Energy over the measured window (energy_j, samples_per_j …) is defined in ddlbench.analysis.energy.
     """
     if not ranks:
         raise ValueError("no rank results to summarize")
@@ -58,6 +60,7 @@ def summarize_ranks(point: Point, ranks: list[RankResult]) -> Metrics:
         cores_note=cores_note,
         **input_wait_figures(ranks, step_times, dropped, point.steps),
         **anatomy_figures(ranks, dropped, step_times),
+        **energy_figures(point, ranks),
     )
 
 

@@ -7,11 +7,13 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import ddlbench
-from ddlbench.records import Provenance, RankResult, SlurmJob
+from ddlbench.records import GpuFacts, Provenance, RankResult, SlurmJob
 
 SOURCE_DIR = Path(ddlbench.__file__).resolve().parents[1]
 
@@ -86,4 +88,31 @@ def collect_provenance(
         config_hash=config_hash,
         start_time=start_time,
         end_time=end_time,
+        **software_and_cards(ranks),
     )
+
+
+def software_and_cards(ranks: list[RankResult]) -> dict[str, Any]:
+    """Provenance's driver, CUDA runtime, cuDNN and NCCL versions (each one's distinct values over ranks,
+    comma-separated; None where no rank states it), every distinct GPU (by host and UUID, the lowest rank's
+    facts), and whether NVML was read ("nvml") or why not (rank 0's "no NVML: …")."""
+    ordered = sorted(ranks, key=lambda r: r.rank)
+    facts = [rank.gpu_facts for rank in ordered if rank.gpu_facts is not None]
+    gpus: dict[tuple[str, str], GpuFacts] = {}
+    for rank in ordered:
+        if rank.gpu_facts is not None and rank.gpu_facts.uuid:
+            gpus.setdefault((rank.hostname, rank.gpu_facts.uuid), rank.gpu_facts)
+    nvml = next((f.source for f in facts if f.source == "nvml"), facts[0].source if facts else None)
+    return {
+        "driver_version": _distinct(f.driver_version for f in facts),
+        "cuda_runtime_version": _distinct(rank.cuda_runtime_version for rank in ordered),
+        "cudnn_version": _distinct(rank.cudnn_version for rank in ordered),
+        "nccl_version": _distinct(rank.nccl_version for rank in ordered),
+        "gpus": tuple(gpus.values()),
+        "nvml": nvml,
+    }
+
+
+def _distinct(values: Iterable[Any]) -> str | None:
+    """The distinct values stated, sorted, comma-separated; None when none is."""
+    return ", ".join(sorted({str(value) for value in values if value is not None})) or None

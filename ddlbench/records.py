@@ -97,6 +97,47 @@ class Stats:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GpuFacts:
+    """A GPU and its driver as NVML reports them (ddlbench.train.nvml), read by the rank that trains on it
+    outside its measured steps; a fact NVML does not answer (NotSupported) is None, and without NVML
+    every fact is None and `source` says why."""
+
+    source: str  # "nvml", or "no NVML: <why>" (pynvml not installed, NVML failed to start)
+    driver_version: str | None = None  # nvmlSystemGetDriverVersion: the NVIDIA driver, e.g. 580.159.04
+    cuda_driver_version: int | None = None  # nvmlSystemGetCudaDriverVersion: the driver's CUDA, 13000 = 13.0
+    name: str | None = None  # nvmlDeviceGetName
+    uuid: str | None = None  # nvmlDeviceGetUUID: GPU-…, as nvidia-smi prints it
+    pci_bus_id: str | None = None  # nvmlDeviceGetPciInfo().busId: 00000000:00:06.0
+    sm_clock_app_mhz: int | None = None  # application clock of the SMs (MHz), what kernels run at by default
+    sm_clock_max_mhz: int | None = None  # highest SM clock the board allows (MHz)
+    mem_clock_app_mhz: int | None = None  # application clock of the memory (MHz)
+    mem_clock_max_mhz: int | None = None  # highest memory clock (MHz)
+    power_limit_w: float | None = None  # nvmlDeviceGetPowerManagementLimit ÷ 1000: the board's power cap (W)
+    ecc_mode: int | None = None  # ECC: 1 on, 0 off (current)
+    ecc_mode_pending: int | None = None  # ECC after the next reset
+    mig_mode: int | None = None  # Multi-Instance GPU: 1 on, 0 off (current)
+    mig_mode_pending: int | None = None  # MIG after the next reset
+    persistence_mode: int | None = None  # 1: the driver stays loaded without clients
+    vbios_version: str | None = None  # nvmlDeviceGetVbiosVersion
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnergyReading:
+    """The energy one hardware counter counted over a rank's measured window (ddlbench.train.energy reads
+    it: once just before the first measured step, once just after the window's closing synchronisation)."""
+
+    boundary: str  # what the counter covers: "gpu" (one GPU board) or "cpu-package" (one CPU socket, RAPL)
+    device: str  # which one: the GPU's UUID, or the RAPL domain's name (package-0)
+    method: str  # how: "nvml total energy counter" (mJ since driver load) or "rapl energy_uj" (µJ, wraps)
+    energy_j: float  # counter at the close − at the open, wrap-around undone (J)
+    window_s: float  # host time between the two reads (s)
+    # ± bound from the counter's update period T at each end: energy_j × 2T ÷ window_s (J); T = 0.1 s for
+    # NVML, 0.001 s for RAPL
+    uncertainty_j: float
+    too_short: bool  # window_s < 1 s: too short for the counter; the value is kept, left out of samples_per_j
+
+
+@dataclass(frozen=True, kw_only=True)
 class RankResult:
     """What one rank measured; written by the rank, merged by the launcher."""
 
@@ -156,6 +197,9 @@ class RankResult:
     # comm_hidden_s, exposed_<phase>_s, exposed_p2p_s, busy_s in seconds; comm_ops; comm_bytes), one
     # value per measured step. Empty in records from before it.
     anatomy: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # the measured steps (0 = the first) that anatomy and update_*_s cover, in order; () = every measured
+    # step. On CUDA only the traced steps are stamped (ddlbench.train.kernel.stamped_steps).
+    anatomy_steps: tuple[int, ...] = ()
     # each measured step's first optimizer-step start and last end, on the common clock (None: no update)
     update_starts_s: tuple[float | None, ...] = ()
     update_ends_s: tuple[float | None, ...] = ()  # … and the last optimizer-step end
@@ -163,10 +207,23 @@ class RankResult:
     # the last max(1, trace_steps) measured steps as timeline events on the common clock: dicts of cat
     # (step, phase, comm, wait), name, start, end (s), args
     timeline: tuple[dict[str, Any], ...] = ()
+    # The software and the card (ddlbench.train.energy.rank_provenance), None off CUDA and in records from
+    # before them: torch's CUDA runtime, cuDNN and NCCL, and the rank's GPU as NVML reports it
+    cuda_runtime_version: str | None = None  # torch.version.cuda: 13.0
+    cudnn_version: int | None = None  # torch.backends.cudnn.version(): 91900
+    nccl_version: str | None = None  # torch.cuda.nccl.version(), dotted: 2.28.9
+    gpu_facts: GpuFacts | None = None  # the rank's GPU and driver (NVML); on the CPU, the driver alone or why not
+    # Energy over the measured window: the rank's GPU (NVML), and its host's CPU packages (RAPL, read by
+    # local rank 0 only, so no host is counted twice); empty where neither can be read
+    energy: tuple[EnergyReading, ...] = ()
+    energy_note: str = ""  # what was not read and why: "no NVML: …", "no GPU: …", "no RAPL: …"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
         data = dict(data)
+        if data.get("gpu_facts") is not None:
+            data["gpu_facts"] = GpuFacts(**data["gpu_facts"])
+        data["energy"] = tuple(EnergyReading(**reading) for reading in data.get("energy", ()))
         tuples = ("step_times_s", "losses", "step_starts_s", "step_ends_s", "warmup_times_s", "cpus")
         more = ("input_wait_s", "loader_cpus", "update_starts_s", "update_ends_s", "timeline", "anatomy_steps")
         for name in (*tuples, *more):
@@ -198,9 +255,6 @@ class Straggler:
     hostname: str  # its host
     slowest_steps: int  # kept steps in which this rank was the slowest
     steps: int  # kept steps
-    # the measured steps (0 = the first) that anatomy and update_*_s cover, in order; () = every measured
-    # step. On CUDA only the traced steps are stamped (ddlbench.train.kernel.stamped_steps).
-    anatomy_steps: tuple[int, ...] = ()
     skew_s: Stats  # per step: max − min over ranks of busy time (s)
     wait_s: Stats  # per step: mean over the other ranks of the busy time they lack on the slowest (s)
     wait_share: Stats  # per step: wait_s ÷ the job's step time
@@ -245,6 +299,18 @@ class Metrics:
     comm_overlap: Stats | None = None  # Σ hidden ÷ Σ communication over ranks (dimensionless)
     update_gap_s: Stats | None = None  # one weight update's end to the next one's start (s)
     straggler: Straggler | None = None  # the rank the others wait for
+    # Energy over the measured window (ddlbench.analysis.energy, where each is defined), every GPU and every
+    # RAPL package counted once however many ranks share it; None where not read
+    energy_j: float | None = None  # Σ over distinct GPUs (host, UUID) of their NVML energy (J)
+    energy_uncertainty_j: float | None = None  # Σ of those readings' uncertainties (J)
+    energy_gpus: int = 0  # distinct GPUs in energy_j (n)
+    cpu_package_energy_j: float | None = None  # Σ over distinct (host, RAPL package domain) (J)
+    cpu_package_uncertainty_j: float | None = None  # Σ of those readings' uncertainties (J)
+    energy_window_s: float | None = None  # the longest window of the readings summed (s)
+    samples_per_j: float | None = None  # global samples of the measured window ÷ energy_j (samples/J)
+    samples_per_j_uncertainty: float | None = None  # samples_per_j × energy_uncertainty_j ÷ energy_j (samples/J)
+    energy_too_short: bool = False  # a GPU's window was under 1 s: energy_j kept, samples_per_j None
+    energy_note: str = ""  # how energy was read, or "not measurable here: no NVML, no RAPL"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -285,6 +351,14 @@ class Provenance:
     config_hash: str | None  # sha256 of the point's canonical spec (every setting that shaped the run)
     start_time: str  # ISO 8601, UTC
     end_time: str  # ISO 8601, UTC
+    # The software and the cards (ddlbench.provenance.collect_provenance, from the ranks): each version's
+    # distinct values over ranks, comma-separated; None off CUDA and in records from before them
+    driver_version: str | None = None  # the NVIDIA driver (NVML)
+    cuda_runtime_version: str | None = None  # torch's CUDA runtime
+    cudnn_version: str | None = None  # cuDNN, as torch.backends.cudnn.version() numbers it (91900)
+    nccl_version: str | None = None  # NCCL, dotted
+    gpus: tuple[GpuFacts, ...] = ()  # every distinct GPU of the ranks (by host and UUID), as NVML reports it
+    nvml: str | None = None  # "nvml" where some rank read NVML, else rank 0's "no NVML: <why>"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -346,6 +420,7 @@ class PointRecord:
         provenance["hostnames"] = tuple(provenance["hostnames"])
         if provenance.get("slurm") is not None:
             provenance["slurm"] = SlurmJob(**provenance["slurm"])
+        provenance["gpus"] = tuple(GpuFacts(**gpu) for gpu in provenance.get("gpus", ()))
         return cls(
             point_id=data["point_id"],
             point=Point.from_dict(data["point"]),

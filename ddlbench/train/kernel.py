@@ -19,8 +19,8 @@ from ddlbench.records import RankResult
 from ddlbench.train import recording
 from ddlbench.train.clock import StepTimer, estimate_offset, host_group
 from ddlbench.train.data import BatchSource, open_dataset
-from ddlbench.train.energy import open_energy_window, rank_provenance
 from ddlbench.train.data.loader import LOADER_MEMORY_NOTE, open_point_loader, reads_through_loader
+from ddlbench.train.energy import open_energy_window, rank_provenance
 from ddlbench.train.execution import Execution, configure_execution
 from ddlbench.train.faults import delay_s, planned_fault, strike
 from ddlbench.train.losses import loss_for
@@ -232,10 +232,12 @@ def train_point(
 
     timer = StepTimer(ctx.device)
     stamped = stamped_steps(point, on_cuda)
+    # energy counters read before the window's barrier: outside the timed steps, and no rank's reads
+    # (4 ms per NVML call on a virtualised H200) delay its first step against the others'
+    energy = open_energy_window(ctx.device, ctx.local_rank)
     dist.barrier()  # the window opens on every rank together
     timer.open_window(point.steps)
     recorder.open_window()
-    energy = open_energy_window(ctx.device, ctx.local_rank)  # counters read outside the timed steps
     for step in range(point.warmup_steps, point.warmup_steps + point.steps):
         if fault and not delay and step == point.warmup_steps:
             strike(fault, model)
