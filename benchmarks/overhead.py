@@ -319,6 +319,11 @@ def parse_args() -> argparse.Namespace:
         help="the arithmetic of both sides, as ddlbench's precision (default fp32: TF32 off, not torch's defaults)",
     )
     parser.add_argument(
+        "--sides",
+        default="ddlbench,traced,bare",
+        help="which sides run, comma-separated, bare always among them (default ddlbench,traced,bare)",
+    )
+    parser.add_argument(
         "--pin-bare", action="store_true", help="pin bare rank r to the r-th CPUs even where ddlbench pinned none"
     )
     parser.add_argument(
@@ -331,6 +336,11 @@ def parse_args() -> argparse.Namespace:
     cnns = [name for name in MODELS.names() if MODELS.get(name).input_kind == "image2d"]
     if args.model not in cnns:
         parser.error(f"--model {args.model!r} is not an image model of the catalog; known: {', '.join(cnns)}")
+    args.sides = tuple(side.strip() for side in args.sides.split(",") if side.strip())
+    if "bare" not in args.sides or not set(args.sides) <= {"ddlbench", "traced", "bare"} or len(args.sides) < 2:
+        parser.error(f"--sides {','.join(args.sides)!r}: bare and one or both of ddlbench, traced")
+    if "traced" in args.sides and "ddlbench" not in args.sides:
+        parser.error("--sides: traced is compared with ddlbench too; name ddlbench")
     if min(args.ranks, args.batch, args.threads, args.warmup, args.steps, args.pairs) < 1:
         parser.error("--ranks, --batch, --threads, --warmup, --steps and --pairs must be ≥ 1")
     return args
@@ -353,7 +363,7 @@ def main() -> None:
     print("\n".join(describe_machine(point, args.device)), flush=True)
     print(f"allocator: {args.malloc} (GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r})", flush=True)
 
-    runs: dict[str, list[Run]] = {"ddlbench": [], "traced": [], "bare": []}
+    runs: dict[str, list[Run]] = {side: [] for side in ("ddlbench", "traced", "bare") if side in args.sides}
     traced = dataclasses.replace(point, trace_steps=point.steps)
     with tempfile.TemporaryDirectory(prefix="ddlbench-overhead-") as tmp:
         for pair in range(1, args.pairs + 1):
@@ -379,6 +389,8 @@ def main() -> None:
     for side, values in figures.items():
         print(summarize(side, values))
     for side, base in (("ddlbench", "bare"), ("traced", "bare"), ("traced", "ddlbench")):
+        if side not in figures or base not in figures:
+            continue
         ratio = statistics.median(figures[side]) / statistics.median(figures[base])
         pair_ratios = sorted(a / b for a, b in zip(figures[side], figures[base], strict=True))
         met = "met" if ratio >= TARGET_RATIO else "not met"

@@ -27,7 +27,12 @@ def as_dtype(inputs: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def train_reference(
-    point: Point, *, shards: int = 1, dtype: torch.dtype = torch.float32, steps: int | None = None
+    point: Point,
+    *,
+    shards: int = 1,
+    dtype: torch.dtype = torch.float32,
+    steps: int | None = None,
+    device: torch.device | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[float]]:
     """Train the point's model in one process over the same global batches as the parallel run.
 
@@ -36,15 +41,18 @@ def train_reference(
     and what a pipeline computes over its micro-batches. It runs on the point's `threads`, like each
     of its ranks, so a second thread count regroups the reference's sums too.
     `steps` stops early (default: the point's warm-up and measured steps).
+    `device` trains on another device (CUDA, for the GPU tests); the state comes back on the CPU.
     Returns the final state dict and the loss of each step (mean over shards).
     """
+    device = device or torch.device("cpu")
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(point.threads)
     try:
-        model = build_model_as(point, dtype)
+        with device:
+            model = build_model_as(point, dtype)
         loss_fn = loss_for(DATASETS.get(point.dataset).task)
         optimizer = torch.optim.SGD(model.parameters(), lr=point.learning_rate, momentum=MOMENTUM)
-        batches = step_batches(point, 0, point.global_batch_size, torch.device("cpu"))
+        batches = step_batches(point, 0, point.global_batch_size, device)
         losses = []
         for step in range(point.warmup_steps + point.steps if steps is None else steps):
             inputs, targets = batches[step % len(batches)]
@@ -58,4 +66,4 @@ def train_reference(
             losses.append(total)
     finally:
         torch.set_num_threads(previous_threads)
-    return {name: value.detach().clone() for name, value in model.state_dict().items()}, losses
+    return {name: value.detach().to("cpu", copy=True) for name, value in model.state_dict().items()}, losses

@@ -85,6 +85,64 @@ def test_strategy_runs_with_nccl_on_cuda(tmp_path, strategy):
     assert math.isfinite(record.metrics.loss_last)
 
 
+# strategy -> (model, dataset, ranks, extra point fields) for the comparison with one process: models whose
+# norms see one sample at a time (GroupNorm, LayerNorm), so the reference trains the whole global batch at once
+EQUIVALENCE_CASES = {
+    name: (("gpt_tiny", "tokens_small", ranks, extra) if model == "gpt_tiny" else ("resnet8", "cifar10", ranks, extra))
+    for name, (model, _, ranks, extra) in GPU_CASES.items()
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(EQUIVALENCE_CASES))
+def test_strategy_on_cuda_matches_its_single_process_reference(tmp_path, strategy):
+    """Every strategy's CUDA path against one process training on the same GPU. With fewer GPUs than ranks
+    the ranks share them (share_gpus: gloo, point-to-point through host copies, ddlbench.train.shared_gpu);
+    with enough, one GPU each over NCCL. Strict fp32 on both sides (TF32 off), so that rounding alone
+    separates them (tests/equivalence.py's bound)."""
+    from tests.equivalence import assert_within_rounding, parameter_names, rounding_bound, run_for_real
+    from tests.reference import train_reference
+
+    model, dataset, ranks, extra = EQUIVALENCE_CASES[strategy]
+    shared = torch.cuda.device_count() < ranks
+    options = () if model == "gpt_tiny" else (("norm", "group"),)
+    point = layout_point(
+        model=model,
+        dataset=dataset,
+        strategy=strategy,
+        ranks_per_node=ranks,
+        batch_size=8,
+        warmup_steps=1,
+        steps=2,
+        model_options=options,
+        share_gpus=shared,
+        **extra,
+    )
+    try:
+        record = run_for_real(tmp_path, point)
+    except AssertionError as error:
+        if strategy == "horovod" and "make horovod" in str(error):
+            pytest.skip("horovod is not built on this host")
+        raise
+    assert record.provenance.backend == ("gloo" if shared else "nccl")
+    uuids = {rank.gpu.get("uuid") for rank in record.ranks}
+    assert len(uuids) == (1 if shared else ranks) and None not in uuids
+    got = torch.load(tmp_path / "params.pt", map_location="cpu")
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        want, losses = train_reference(point, device=torch.device("cuda", 0))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    from ddlbench.train.kernel import build_model
+
+    reference = build_model(point)
+    names = parameter_names(reference)
+    bound = rounding_bound(point, reference)
+    worst = assert_within_rounding(got, {n: want[n] for n in names}, reference.state_dict(), bound, label=strategy)
+    print(f"{strategy}: {'shared GPU, gloo' if shared else 'NCCL'}; worst error/bound {worst:.3g}")
+    assert abs(record.metrics.loss_last - losses[-1]) <= bound.loss_tolerance(losses[-1])
+
+
 def test_a_rank_takes_its_local_rank_gpu_and_records_what_it_is(tmp_path):
     from ddlbench.launch.devices import gpu_identity, rank_device
 
