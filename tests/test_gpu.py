@@ -59,8 +59,11 @@ def test_point_on_cuda_uses_nccl_and_records_allocator_peaks(tmp_path):
     assert metrics.input_pool_bytes > 0
     assert 0 < metrics.tensor_resident_bytes < metrics.tensor_peak_bytes
     assert metrics.tensor_peak_bytes + metrics.input_pool_bytes <= metrics.cuda_peak_allocated_bytes
-    # phases stamped by events on the stream; collectives not traced on CUDA, and said so
+    # phases stamped by events on the stream, in the traced steps only (the last one here); collectives
+    # not traced on CUDA, and said so; back-to-back steps share their boundary event
     for rank in record.ranks:
+        assert rank.anatomy_steps == (point.steps - 1,) and len(rank.anatomy["step_s"]) == 1
+        assert rank.step_starts_s[1:] == rank.step_ends_s[:-1]
         assert "CUDA events" in rank.anatomy_note
         assert min(rank.anatomy["forward_s"]) > 0 and min(rank.anatomy["backward_s"]) > 0
         assert max(rank.anatomy["comm_ops"]) == 0
