@@ -209,13 +209,15 @@ def test_the_filesystem_is_the_one_of_the_longest_mount_point_above_the_path():
 
 
 def test_a_version_1_database_is_upgraded_in_place_and_keeps_its_runs(tmp_path):
-    """Schema 2 adds each figure's per-launch values; a file of schema 1 (no `launches` column) keeps its
-    runs, reads them without launches, and stores new figures with theirs."""
+    """Schema 2 adds each figure's per-launch values, 3 each run's provenance; a file of schema 1 (neither
+    column) keeps its runs, reads them without launches or provenance, and stores new runs with both."""
     path = tmp_path / "old.sqlite"
-    old_schema = history_db._SCHEMA.replace(",\n    launches TEXT", "").replace(
-        f"'schema_version', '{history_db.SCHEMA_VERSION}'", "'schema_version', '1'"
+    old_schema = (
+        history_db._SCHEMA.replace(",\n    launches TEXT", "")
+        .replace(", provenance TEXT", "")
+        .replace(f"'schema_version', '{history_db.SCHEMA_VERSION}'", "'schema_version', '1'")
     )
-    assert "launches" not in old_schema
+    assert "launches" not in old_schema and "provenance" not in old_schema
     with sqlite3.connect(path) as connection:
         connection.executescript(old_schema)
         connection.execute(
@@ -226,15 +228,16 @@ def test_a_version_1_database_is_upgraded_in_place_and_keeps_its_runs(tmp_path):
             "INSERT INTO figures (run_id, name, unit, value) VALUES (1, 'train/x/samples_per_s', 'samples/s', 9.0)"
         )
     (old,) = list_runs(db=path)
-    assert load_run(old.id, db=path).figures[0]["launches"] == []
+    assert load_run(old.id, db=path).figures[0]["launches"] == [] and old.provenance == {}
     run = {"kind": "sweep", "name": "new", "system": "local", "partition": "cpu", "config_hash": "h2",
            "date": "d2", "ddlbench_version": "v", "measurement_version": 4, "git_commit": None, "passed": None,
            "source": None}  # fmt: skip
     new_id, _ = store_run(
-        run,
+        run | {"provenance": {"driver_version": "580.159.04"}},
         [{"name": "train/x/samples_per_s", "unit": "samples/s", "value": 10.0, "launches": (9.5, 10.0, 10.5)}],
         db=path,
     )
     assert load_run(new_id, db=path).figures[0]["launches"] == [9.5, 10.0, 10.5]
+    assert load_run(new_id, db=path).provenance == {"driver_version": "580.159.04"}
     with sqlite3.connect(path) as connection:
-        assert connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+        assert connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "3"

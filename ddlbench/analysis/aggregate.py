@@ -25,11 +25,19 @@ One row per planned point. Its columns, by group:
   memory (peak_rss_bytes, tensor_peak_bytes, tensor_resident_bytes, input_pool_bytes,
   cuda_peak_allocated_bytes, cuda_peak_reserved_bytes) and losses (loss_first, loss_last), as
   records.Metrics has them;
+- energy over the measured window (ddlbench.analysis.energy, records.Metrics): energy_j (Σ over distinct
+  GPUs, NVML), energy_uncertainty_j, energy_gpus, cpu_package_energy_j (Σ over distinct RAPL packages),
+  cpu_package_uncertainty_j, energy_window_s, samples_per_j (global samples of the window ÷ energy_j),
+  samples_per_j_uncertainty, energy_too_short, energy_note ("not measurable here: no NVML, no RAPL");
 - rank facts: mesh, stages, local_parameters_{max,min}, split_flops_share, gradient_path,
   gradient_reduction;
 - provenance: hostnames, cpu_model, gpu_model, backend, launcher, torch_version, ddlbench_version,
   git_commit, config_hash, start_time, end_time, and the SLURM job: slurm_job_id,
-  slurm_{array_task_id,partition,node_list,cpus,gpus,restarts,exclusive};
+  slurm_{array_task_id,partition,node_list,cpus,gpus,restarts,exclusive}; the software and the cards:
+  driver_version, cuda_runtime_version, cudnn_version, nccl_version, nvml ("nvml" or why not), and each
+  fact of the point's GPUs as text, its distinct values comma-separated:
+  gpu_{uuids,power_limit_w,sm_clock_app_mhz,sm_clock_max_mhz,mem_clock_app_mhz,mem_clock_max_mhz},
+  gpu_{ecc_mode,mig_mode,persistence_mode,vbios_version};
 - per configuration, over its repetitions, repeated on each of its rows that took part
   (ddlbench.analysis.configurations.POINT_SUMMARY_COLUMNS): n_repetitions, repetitions_not_ok,
   repetitions_other_version, rep_samples_per_s_* and rep_step_time_s_* …, median_repetition,
@@ -66,6 +74,7 @@ INPUT_FIGURES = ("input_wait_s", "input_wait_share")  # points that read through
 BOOLEAN_COLUMNS = (
     *(f"{figure}_noisy" for figure in (*STEP_FIGURES, *INPUT_FIGURES, *TABLE_STATS)),
     "oversubscribed",
+    "energy_too_short",
     "other_measurement_version",
     "rep_samples_per_s_noisy",
     "rep_step_time_s_noisy",
@@ -80,6 +89,7 @@ COUNT_COLUMNS = (
     "straggler_rank",
     "straggler_slowest_steps",
     "straggler_steps",
+    "energy_gpus",
 )
 # per-configuration columns of text: a key, which batch the ddp baseline holds equal, the repetitions' values (JSON)
 TEXT_COLUMNS = ("baseline_config_key", "baseline_held_equal", "rep_samples_per_s_values")
@@ -88,6 +98,25 @@ FLOAT_COLUMNS = tuple(
 )
 # rank facts copied as they are, from the first rank that states them
 FACT_COLUMNS = ("split_flops_share", "gradient_path", "gradient_reduction")
+# records.Metrics' energy fields, copied as they are (ddlbench.analysis.energy defines them)
+ENERGY_COLUMNS = (
+    "energy_j", "energy_uncertainty_j", "energy_gpus", "cpu_package_energy_j", "cpu_package_uncertainty_j",
+    "energy_window_s", "samples_per_j", "samples_per_j_uncertainty", "energy_too_short", "energy_note",
+)  # fmt: skip
+# records.GpuFacts' facts that tell two runs' cards apart: table column ← GpuFacts field, as text (the distinct
+# values over the point's GPUs, comma-separated)
+GPU_FACT_COLUMNS = {
+    "gpu_uuids": "uuid",  # the point's GPUs, by UUID (GPU-…)
+    "gpu_power_limit_w": "power_limit_w",  # their power limits (W)
+    "gpu_sm_clock_app_mhz": "sm_clock_app_mhz",  # their SMs' application clocks (MHz)
+    "gpu_sm_clock_max_mhz": "sm_clock_max_mhz",  # their SMs' highest clocks (MHz)
+    "gpu_mem_clock_app_mhz": "mem_clock_app_mhz",  # their memory's application clocks (MHz)
+    "gpu_mem_clock_max_mhz": "mem_clock_max_mhz",  # their memory's highest clocks (MHz)
+    "gpu_ecc_mode": "ecc_mode",  # ECC: 1 on, 0 off
+    "gpu_mig_mode": "mig_mode",  # Multi-Instance GPU: 1 on, 0 off
+    "gpu_persistence_mode": "persistence_mode",  # 1: the driver stays loaded without clients
+    "gpu_vbios_version": "vbios_version",  # their VBIOS versions
+}
 
 
 def build_table(plan: Plan, *, include_other_versions: bool = False) -> pd.DataFrame:
@@ -172,6 +201,7 @@ def record_row(record: PointRecord) -> dict[str, Any]:
             "loss_first": metrics.loss_first,
             "loss_last": metrics.loss_last,
         }
+        row |= {name: getattr(metrics, name) for name in ENERGY_COLUMNS}
         row |= anatomy_columns(metrics, STATS_FIELDS)
     if record.ranks:
         row |= _facts_columns(record)
@@ -198,8 +228,20 @@ def record_row(record: PointRecord) -> dict[str, Any]:
         "config_hash": prov.config_hash,  # sha256 of the point's canonical spec
         "start_time": prov.start_time,  # ISO 8601, UTC
         "end_time": prov.end_time,  # ISO 8601, UTC
+        "driver_version": prov.driver_version,  # the NVIDIA driver (NVML); empty off CUDA
+        "cuda_runtime_version": prov.cuda_runtime_version,  # torch's CUDA runtime
+        "cudnn_version": prov.cudnn_version,
+        "nccl_version": prov.nccl_version,
+        "nvml": prov.nvml,  # "nvml", or why NVML was not read
     }
+    for column, name in GPU_FACT_COLUMNS.items():  # the GPUs' facts, distinct values comma-separated
+        values = {_fact_text(getattr(gpu, name)) for gpu in prov.gpus if getattr(gpu, name) is not None}
+        row[column] = ",".join(sorted(values)) or None
     return row
+
+
+def _fact_text(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)  # a power limit of 700.0 W reads 700
 
 
 def _facts_columns(record: PointRecord) -> dict[str, Any]:

@@ -91,10 +91,10 @@ def _certify(args: argparse.Namespace) -> int:
         suite_table,
     )
     from ddlbench.certify.suite import load_suite, local_partition, resolve_suite, slurm_partition
-    from ddlbench.history.compare import regressions
+    from ddlbench.history.compare import provenance_changes, regressions
     from ddlbench.history.db import history_path, last_passing_certificate
     from ddlbench.history.figures import machine_figures, training_figures
-    from ddlbench.history.store import store_certificate
+    from ddlbench.history.store import run_provenance, store_certificate
 
     if args.references is None and args.write_references is None:
         raise DdlbenchError("--references: give a reference file (or --write-references NEW to propose one)")
@@ -157,12 +157,15 @@ def _certify(args: argparse.Namespace) -> int:
     if previous is not None:
         certificate["regressions"] = regressions(previous, certificate["figures"])
         certificate["compared_with"] = previous.id
+        if changes := provenance_changes(previous.provenance, run_provenance(table)):
+            notes.append(f"the software and cards changed since run {previous.id}: {'; '.join(changes)}")
     else:
         notes.append(
             f"no regression check: {db} holds no passing certificate of suite {suite_name} at measurement "
             f"version {version} for {args.system}:{args.partition}"
         )
     certificate["notes"] = notes
+    certificate["provenance"] = run_provenance(table)  # the software and cards, for the next comparison
     run_id, _ = store_certificate(certificate, source=str(folder), db=db)
     certificate["history_run"] = run_id
     text = json.dumps(certificate, indent=1, allow_nan=False)

@@ -41,7 +41,8 @@ def add_commands(commands: Any) -> None:
         summary="two runs of the results database side by side",
         description="Put two runs of the results database side by side, figure by figure: each value with its "
         "95 % CI, the change, and where both runs have several launches the ratio over launches with its "
-        "interval and a verdict (faster, slower, no difference) from a test over the launches.",
+        "interval and a verdict (faster, slower, no difference) from a test over the launches; and what changed in "
+        "the software and cards they ran with (driver, CUDA runtime, cuDNN, NCCL, GPU clocks and power limit).",
         example="ddlbench compare 3 7 --configfile workflow/config/default.yaml",
     )
     compare.add_argument("run_a", metavar="RUN_A", help="a run id (see `ddlbench history`)")
@@ -105,14 +106,15 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from ddlbench.history.compare import compare_runs
+    from ddlbench.history.compare import compare_runs, provenance_changes
     from ddlbench.history.db import load_run
 
     db = _database(args)
     a, b = load_run(args.run_a, db=db), load_run(args.run_b, db=db)
     rows = compare_runs(a, b)
+    changes = provenance_changes(a.provenance, b.provenance)
     if args.json:
-        print(json.dumps({"a": a.id, "b": b.id, "figures": rows}, indent=1))
+        print(json.dumps({"a": a.id, "b": b.id, "provenance_changes": changes, "figures": rows}, indent=1))
         return 0
     print(f"A: {_describe(a)}")
     print(f"B: {_describe(b)}")
@@ -120,6 +122,7 @@ def _compare(args: argparse.Namespace) -> int:
         print("note: the runs measured with different measurement versions; their figures mean different things")
     if a.config_hash != b.config_hash:
         print("note: the runs' configurations differ (config hash); a change may come from the configuration")
+    print(f"provenance: {_provenance_text(a, b, changes)}")
     header = ["figure", "node", "unit", "A [95 % CI]", "B [95 % CI]", "change", "B ÷ A over launches", "verdict"]
     body = [
         [
@@ -137,6 +140,16 @@ def _compare(args: argparse.Namespace) -> int:
     print_table(header, body)
     print(f"verdicts from launches: {TEST} over the {len(rows)} figures (p < 0.05); one launch draws none")
     return 0
+
+
+def _provenance_text(a: Any, b: Any, changes: list[str]) -> str:
+    """What changed in the software and cards, or that nothing did, or which run kept none."""
+    if changes:
+        return "changed: " + "; ".join(changes)
+    unknown = [f"run {run.id}" for run in (a, b) if not run.provenance]
+    if unknown:
+        return f"not kept for {' and '.join(unknown)} (stored before the database kept provenance)"
+    return "the same (driver, CUDA runtime, cuDNN, NCCL, torch, GPUs and their clocks and power limit, CPU)"
 
 
 def _ratio(row: dict[str, Any]) -> str:

@@ -16,6 +16,10 @@ efficiencies):
 
 `ratio` (geometric mean of B's launches ÷ A's) and its 95 % interval, `p` (Holm-adjusted) and the
 launch counts come with every tested row.
+
+Beside the figures, what changed in the software and cards the runs ran with (`provenance_changes`: "driver
+580.159.04 → 590.2; cuDNN 91900 → 92000; GPU power limit 700 W → 600 W"), from each run's provenance
+(ddlbench.history.store.run_provenance): a figure that moved may owe it to them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,47 @@ from ddlbench.analysis.verdicts import Contrast, contrast, judge
 from ddlbench.history.db import Run
 
 SAME = "same within noise"
+
+
+# each provenance fact compare names (ddlbench.history.store.PROVENANCE_COLUMNS): its name and unit
+PROVENANCE_NAMES: dict[str, tuple[str, str]] = {
+    "driver_version": ("driver", ""),
+    "cuda_runtime_version": ("CUDA runtime", ""),
+    "cudnn_version": ("cuDNN", ""),
+    "nccl_version": ("NCCL", ""),
+    "torch_version": ("torch", ""),
+    "gpu_model": ("GPU", ""),
+    "gpu_power_limit_w": ("GPU power limit", "W"),
+    "gpu_sm_clock_app_mhz": ("GPU SM application clock", "MHz"),
+    "gpu_sm_clock_max_mhz": ("GPU SM max clock", "MHz"),
+    "gpu_mem_clock_app_mhz": ("GPU memory application clock", "MHz"),
+    "gpu_mem_clock_max_mhz": ("GPU memory max clock", "MHz"),
+    "gpu_ecc_mode": ("GPU ECC mode", ""),
+    "gpu_mig_mode": ("GPU MIG mode", ""),
+    "gpu_persistence_mode": ("GPU persistence mode", ""),
+    "gpu_vbios_version": ("GPU VBIOS", ""),
+    "cpu_model": ("CPU", ""),
+}
+
+
+def provenance_changes(a: dict[str, str] | None, b: dict[str, str] | None) -> list[str]:
+    """What differs between two runs' provenance, named: ["driver 580.1 → 590.2", "GPU power limit 700 W →
+    600 W"]; a fact one run lacks reads "none". Empty where either run kept no provenance (stored before
+    the database kept it): nothing can be said."""
+    if not a or not b:
+        return []
+    changes = []
+    for key, (name, unit) in PROVENANCE_NAMES.items():
+        before, after = a.get(key), b.get(key)
+        if before != after:
+            changes.append(f"{name} {_with_unit(before, unit)} → {_with_unit(after, unit)}")
+    return changes
+
+
+def _with_unit(value: str | None, unit: str) -> str:
+    if value is None:
+        return "none"
+    return f"{value} {unit}" if unit else value
 
 
 def higher_is_better(unit: str) -> bool:

@@ -5,8 +5,10 @@ where (system, partition), which configuration (config_hash: the sweep's resolve
 UTC ISO 8601), with what (ddlbench version, measurement version, git commit) and, for a certificate,
 whether it passed. Its figures in `figures`, named as certificates name them (ddlbench.history.figures),
 each with its unit, value, 95 % interval, n and basis, its node when per node, and for a certificate its
-reference band and verdict. A run whose content was stored before (same kind, config hash and figures:
-an aggregate run again over the same records) is not stored twice.
+reference band and verdict. With each run its provenance (`provenance`, JSON: the software and cards its
+records ran with, ddlbench.history.store.run_provenance), so that `compare` names what changed. A run
+whose content was stored before (same kind, config hash and figures: an aggregate run again over the
+same records) is not stored twice.
 
 Where: one rule for every command, so that `history` and `compare` read what a sweep wrote: --db (the
 `aggregate` step's --history), else $DDLBENCH_HISTORY, else history.sqlite in the sweep's `results_dir`
@@ -37,7 +39,7 @@ import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,9 @@ from ddlbench.errors import DdlbenchError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: figures keep their per-launch values (`launches`); a version-1 file is upgraded in place
+# 2: figures keep their per-launch values (`launches`); 3: runs keep their provenance (`provenance`). An older
+# file is upgraded in place
+SCHEMA_VERSION = 3
 DB_NAME = "history.sqlite"
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another's transaction before giving up
 # filesystems whose locks may not hold across hosts (a write there logs a warning)
@@ -56,6 +60,7 @@ RUN_FIELDS = (
     "kind", "name", "system", "partition", "config_hash", "date", "ddlbench_version", "measurement_version",
     "git_commit", "passed", "source",
 )  # fmt: skip
+RUN_COLUMNS = ", ".join(("id", *RUN_FIELDS, "provenance"))  # what a Run is read from
 FIGURE_FIELDS = (
     "name", "unit", "kind", "value", "ci_low", "ci_high", "n", "basis", "node", "status", "reference", "lower",
     "upper", "passed", "launches",
@@ -67,7 +72,7 @@ CREATE TABLE IF NOT EXISTS runs (
     kind TEXT NOT NULL CHECK (kind IN ('sweep', 'certificate')),
     name TEXT NOT NULL, system TEXT NOT NULL, partition TEXT NOT NULL, config_hash TEXT NOT NULL,
     date TEXT NOT NULL, ddlbench_version TEXT NOT NULL, measurement_version INTEGER NOT NULL,
-    git_commit TEXT, passed INTEGER, source TEXT, fingerprint TEXT NOT NULL UNIQUE
+    git_commit TEXT, passed INTEGER, source TEXT, fingerprint TEXT NOT NULL UNIQUE, provenance TEXT
 );
 CREATE TABLE IF NOT EXISTS figures (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -96,6 +101,9 @@ class Run:
     passed: bool | None
     source: str | None
     figures: tuple[dict[str, Any], ...] = ()
+    # the software and cards the run's records ran with (ddlbench.history.store.run_provenance); {} for runs
+    # stored before schema 3
+    provenance: dict[str, str] = field(default_factory=dict)
 
 
 def history_path(db: str | Path | None = None, *, results_dir: str | Path = "results") -> Path:
@@ -140,8 +148,8 @@ def connect(db: str | Path | None = None, *, write: bool = False) -> Iterator[sq
             if version is None:  # a new database (a concurrent creator's schema is kept: IF NOT EXISTS)
                 connection.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\nCOMMIT;")
                 version = _schema_version(connection)
-            if version is not None and int(version) == 1:
-                version = _upgrade_from_1(connection)
+            if version is not None and int(version) < SCHEMA_VERSION:
+                version = _upgrade(connection)
             connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
@@ -166,13 +174,16 @@ def connect(db: str | Path | None = None, *, write: bool = False) -> Iterator[sq
             connection.close()
 
 
-def _upgrade_from_1(connection: sqlite3.Connection) -> str | None:
-    """Version 1 → 2: figures gain `launches`. Checked again under the write lock, so two processes that
-    both found version 1 upgrade it once."""
+def _upgrade(connection: sqlite3.Connection) -> str | None:
+    """Version 1 → 2: figures gain `launches`; 2 → 3: runs gain `provenance`. Checked again under the write
+    lock, so two processes that both found an old version upgrade it once."""
     connection.execute("BEGIN IMMEDIATE")
-    if int(_schema_version(connection) or 0) == 1:
+    version = int(_schema_version(connection) or 0)
+    if version == 1:
         connection.execute("ALTER TABLE figures ADD COLUMN launches TEXT")
-        connection.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    if version in (1, 2):
+        connection.execute("ALTER TABLE runs ADD COLUMN provenance TEXT")
+        connection.execute(f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema_version'")
     connection.execute("COMMIT")
     return _schema_version(connection)
 
@@ -223,7 +234,8 @@ def filesystem_of(path: Path, mounts: str | None = None) -> str | None:
 
 
 def store_run(run: dict[str, Any], figures: list[dict[str, Any]], *, db: str | Path | None = None) -> tuple[int, bool]:
-    """Store a run and its figures; (its id, whether it is new). `run` holds RUN_FIELDS."""
+    """Store a run and its figures; (its id, whether it is new). `run` holds RUN_FIELDS, and may hold
+    `provenance` (a dict of text; not part of the fingerprint: the same figures are the same run)."""
     missing = [field for field in RUN_FIELDS if field not in run]
     if missing:
         raise DdlbenchError(f"a history run needs {', '.join(missing)}")
@@ -236,9 +248,11 @@ def store_run(run: dict[str, Any], figures: list[dict[str, Any]], *, db: str | P
         if found:
             return int(found[0]), False
         values = [_plain(run[field]) for field in RUN_FIELDS]
+        provenance = json.dumps(run["provenance"], sort_keys=True) if run.get("provenance") else None
         cursor = connection.execute(
-            f"INSERT INTO runs ({', '.join(RUN_FIELDS)}, fingerprint) VALUES ({', '.join('?' * len(RUN_FIELDS))}, ?)",
-            (*values, fingerprint),
+            f"INSERT INTO runs ({', '.join(RUN_FIELDS)}, fingerprint, provenance) "
+            f"VALUES ({', '.join('?' * len(RUN_FIELDS))}, ?, ?)",
+            (*values, fingerprint, provenance),
         )
         run_id = int(cursor.lastrowid)
         connection.executemany(
@@ -254,7 +268,7 @@ def list_runs(
     """Runs, oldest first, filtered by place and kind; without their figures."""
     where, args = _filters(system=system, partition=partition, kind=kind)
     with connect(db) as connection:
-        rows = connection.execute(f"SELECT id, {', '.join(RUN_FIELDS)} FROM runs{where} ORDER BY date, id", args)
+        rows = connection.execute(f"SELECT {RUN_COLUMNS} FROM runs{where} ORDER BY date, id", args)
         return [_run(row) for row in rows.fetchall()]
 
 
@@ -265,7 +279,7 @@ def load_run(run_id: int | str, *, db: str | Path | None = None) -> Run:
     except ValueError:
         raise DdlbenchError(f"run {run_id!r} is not a run id (an integer; `ddlbench history` lists them)") from None
     with connect(db) as connection:
-        row = connection.execute(f"SELECT id, {', '.join(RUN_FIELDS)} FROM runs WHERE id = ?", (key,)).fetchone()
+        row = connection.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (key,)).fetchone()
         if row is None:
             count = connection.execute("SELECT count(*), min(id), max(id) FROM runs").fetchone()
             known = f"ids {count[1]}..{count[2]}" if count[0] else "none yet"
@@ -312,8 +326,9 @@ def _filters(**values: str | None) -> tuple[str, list[str]]:
 
 
 def _run(row: tuple[Any, ...]) -> Run:
-    data = dict(zip(("id", *RUN_FIELDS), row, strict=True))
+    data = dict(zip(("id", *RUN_FIELDS, "provenance"), row, strict=True))
     data["passed"] = None if data["passed"] is None else bool(data["passed"])
+    data["provenance"] = json.loads(data["provenance"]) if data["provenance"] else {}
     return Run(**data)
 
 

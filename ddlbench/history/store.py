@@ -3,7 +3,8 @@
 A sweep's figures are named and computed as a certificate's (ddlbench.history.figures), so a sweep and a
 certificate of the same configurations compare figure by figure. Where a sweep ran: the system is
 $DDLBENCH_SYSTEM (default `local`), the partition the one SLURM partition its records ran in (`local`
-outside SLURM, `mixed` over several).
+outside SLURM, `mixed` over several). With what it ran: `run_provenance`, which `compare` reads to name
+what changed between two runs.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def store_sweep(
         "git_commit": _one(table, "git_commit"),
         "passed": None,
         "source": str(config.sweep_dir),
+        "provenance": run_provenance(table),
     }
     return store_run(run, figures, db=db)
 
@@ -53,8 +55,32 @@ def store_certificate(certificate: dict[str, Any], *, source: str, db: str | Pat
         "git_commit": certificate.get("git_commit"),
         "passed": certificate["passed"],
         "source": source,
+        "provenance": certificate.get("provenance") or {},
     }
     return store_run(run, certificate["figures"], db=db)
+
+
+# the table's columns (ddlbench.analysis.aggregate) that say with which software and cards a run's records
+# ran, in the order compare names them (ddlbench.history.compare.PROVENANCE_NAMES)
+PROVENANCE_COLUMNS = (
+    "driver_version", "cuda_runtime_version", "cudnn_version", "nccl_version", "torch_version", "gpu_model",
+    "gpu_power_limit_w", "gpu_sm_clock_app_mhz", "gpu_sm_clock_max_mhz", "gpu_mem_clock_app_mhz",
+    "gpu_mem_clock_max_mhz", "gpu_ecc_mode", "gpu_mig_mode", "gpu_persistence_mode", "gpu_vbios_version",
+    "cpu_model",
+)  # fmt: skip
+
+
+def run_provenance(table: pd.DataFrame) -> dict[str, str]:
+    """Each provenance column's distinct values over the run's points ("a, b": several), where any point
+    has one; a table's cell may already hold several, comma-separated."""
+    provenance = {}
+    for column in PROVENANCE_COLUMNS:
+        if column not in table.columns:
+            continue
+        values = {part.strip() for value in table[column].dropna() for part in str(value).split(",")}
+        if values := sorted(value for value in values if value):
+            provenance[column] = ", ".join(values)
+    return provenance
 
 
 def _partition(table: pd.DataFrame) -> str:

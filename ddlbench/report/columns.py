@@ -105,6 +105,15 @@ COLUMNS: dict[str, Column] = {
     "cost_node_h": Column(
         heading="Cost", unit="node-h per 10⁶ samples", description="nodes ÷ throughput, in node-hours per million"
     ),
+    "samples_per_j": Column(
+        heading="Samples per joule",
+        unit="samples/J",
+        description="global samples of the measured window ÷ the GPUs' energy over it (NVML), each GPU counted "
+        "once (a configuration's: its median repetition's)",
+    ),
+    "energy_j": Column(
+        heading="GPU energy", unit="J", description="Σ over distinct GPUs of NVML's energy over the measured window"
+    ),
     "winner": Column(heading="Best strategy", description="highest throughput at this scale (over launches)"),
     "runner_up": Column(heading="Runner-up"),
     "margin": Column(

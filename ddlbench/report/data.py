@@ -35,6 +35,8 @@ INSIDE_PREFIXES = (
     *(f"phase_{name}" for name in PHASES), "comm_overlap", "update_gap_s", "straggler_wait_s", "straggler_wait_share"
 )  # fmt: skip
 INSIDE_SINGLE = ("straggler_rank", "straggler_host", "straggler_slowest_steps", "straggler_steps", "trace_file")
+# the median repetition's energy over its measured window (ddlbench.analysis.energy), carried the same way
+ENERGY_SINGLE = ("samples_per_j", "samples_per_j_uncertainty", "energy_j", "energy_gpus", "energy_note")
 
 CONFIG_SPECS = [
     Spec(key="point_id", kind="text"),
@@ -60,6 +62,7 @@ CONFIG_SPECS = [
     Spec(key="scaling_efficiency"),
     Spec(key="base_nodes"),
     Spec(key="cost_node_h"),
+    Spec(key="samples_per_j"),
     Spec(key="warmup_dropped_steps"),
     Spec(key="split_flops_share"),
     Spec(key="tensor_peak_mib"),
@@ -84,9 +87,9 @@ CONFIG_SPECS = [
 OVERVIEW = [
     "strategy", "strategy_options", "nodes", "ranks_per_node", "split", "micro_batches", "batch_size", "setting",
     "global_batch_size", "samples_per_s", "samples_per_s_steps", "vs_baseline", "baseline_samples_per_s", "speedup",
-    "scaling_efficiency", "base_nodes", "cost_node_h", "step_time_ms", "warmup_dropped_steps", "split_flops_share",
-    "tensor_peak_mib", "peak_rss_mib", "cuda_peak_mib", "local_parameters_max", "stages", "input_wait_s",
-    "input_wait_share",
+    "scaling_efficiency", "base_nodes", "cost_node_h", "samples_per_j", "step_time_ms", "warmup_dropped_steps",
+    "split_flops_share", "tensor_peak_mib", "peak_rss_mib", "cuda_peak_mib", "local_parameters_max", "stages",
+    "input_wait_s", "input_wait_share",
 ]  # fmt: skip
 PHASE_VIEW = [
     "strategy", "nodes", "ranks_per_node", "batch_size", "setting", "point_id", "step_time_ms",
@@ -104,6 +107,8 @@ POINT_FIGURES = [
     # its interval is the throughput's, turned over (global batch ÷ the same order statistics)
     Spec(key="step_time_median_ms", source="step_time_s_median", factor=MS),
     Spec(key="warmup_dropped_steps"),
+    Spec(key="samples_per_j"),
+    Spec(key="energy_j"),
     # memory is in the configurations' tables (max over repetitions: a configuration's need); losses, every
     # figure of a point and its provenance in table.csv beside the report
     Spec(key="input_wait_s", kind="figure", n_column="input_wait_s_n"),
@@ -164,7 +169,7 @@ def configurations_frame(
 
 def _with_median_repetition(frame: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     wanted = [f"{p}_{s}" for p in INSIDE_PREFIXES for s in ("median", "ci_low", "ci_high", "noisy")]
-    columns = ["config_key", "repetition", "point_id", *INSIDE_SINGLE, *wanted]
+    columns = ["config_key", "repetition", "point_id", *INSIDE_SINGLE, *ENERGY_SINGLE, *wanted]
     inside = table[table["status"] == "ok"].reindex(columns=columns)
     inside = inside.rename(columns={"repetition": "median_repetition"})
     inside["median_repetition"] = pd.to_numeric(inside["median_repetition"])

@@ -289,6 +289,13 @@ def provenance(table: pd.DataFrame, config: SweepConfig) -> dict[str, str]:
         "Backend": _values(table, "backend"),
         "Launcher": _values(table, "launcher"),
         "torch": _values(table, "torch_version"),
+        "NVIDIA driver": _values(table, "driver_version", split=", "),
+        "CUDA runtime, cuDNN, NCCL": " · ".join(
+            _values(table, name, split=", ") for name in ("cuda_runtime_version", "cudnn_version", "nccl_version")
+        ),
+        "GPU power limit (W)": _values(table, "gpu_power_limit_w", split=","),
+        "GPU SM clock, application (MHz)": _values(table, "gpu_sm_clock_app_mhz", split=","),
+        "NVML": _values(table, "nvml"),
         "ddlbench (records)": _values(table, "ddlbench_version"),
         "Git commit (records)": _values(table, "git_commit"),
         "SLURM partition": _values(table, "slurm_partition"),

@@ -1,4 +1,5 @@
 """One section per model × dataset: throughput, speedup, efficiency and memory per rank against nodes,
+samples per joule against nodes or why energy was not measured (ddlbench.report.energy),
 throughput against the study's axes (threads, ranks per node, batch per replica) where the sweep varies
 them, and views of the configurations' tables (figures, phases, stragglers).
 
@@ -21,6 +22,7 @@ from markupsafe import Markup
 from ddlbench.analysis.keys import describe, varying_fields
 from ddlbench.report.charts import Axis, Line, Mark, colour, line_chart
 from ddlbench.report.data import OVERVIEW, PHASE_VIEW, STRAGGLER_VIEW
+from ddlbench.report.energy import energy_block
 from ddlbench.report.figures import missing, number
 from ddlbench.report.summary import BASIS_TEXT, basis, throughput
 from ddlbench.report.tables import view
@@ -68,6 +70,7 @@ def pair_section(
         "drawings": [],
         "predicted": None,
         "scaling": None,
+        "energy": None,
     }
     if pair.empty:
         nodes = Axis(label=node_label, from_zero=False)
@@ -79,6 +82,7 @@ def pair_section(
     section["selection"] = note
     section["legend"] = [{"label": label, "colour": colour(i)} for i, (label, _) in enumerate(lines)]
     section["charts"] = [Markup(svg) for svg in _node_charts(lines, level, node_label)]
+    section["energy"] = energy_block(lines, points, node_label)  # samples per joule, or why not measured
     section["study"] = _study_charts(pair, level)
 
     def shown(keys: list[str]) -> list[str]:
