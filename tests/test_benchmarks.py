@@ -36,6 +36,7 @@ TESTED = {
     "analytic_accuracy.py",
     "bare_ddp.py",
     "empirical_accuracy.py",
+    "gpu_analytic.py",  # tested in test_gpu_analytic.py: its CPU smoke run, its rescoring, and on a GPU
     "overhead.py",
     "packed_wall.py",
     "packing_plan.py",

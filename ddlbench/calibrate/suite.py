@@ -7,7 +7,8 @@ the spec's `kind`):
   memory bandwidth;
 - one `collectives` point per backend and node count: every collective over every message size, within
   a node (1 node × ranks_per_node ranks) or across nodes (n nodes × 1 rank);
-- one `layer_timings` point per entry of `layer_timings` and precision: ranks_per_node ranks on one node,
+- one `layer_timings` point per entry of `layer_timings` and precision: ranks_per_node ranks (the entry's
+  `ranks` where it gives them: 1 on a host with one GPU) on one node,
   each training the model alone on synthetic batches and timing every block's forward and backward
   (ddlbench.train.calibration.layer_timing_kernel), all at once, as the ranks of a training point share a node;
 - one `operators` point per entry of the suite's `operators.ranks`: that many ranks on one node timing
@@ -127,7 +128,7 @@ def expand_suite(data: dict[str, Any]) -> tuple[CalibrationPoint, ...]:
                     benchmark="layer_timings",
                     backend="",
                     nodes=1,
-                    ranks_per_node=data["ranks_per_node"],
+                    ranks_per_node=entry.get("ranks", data["ranks_per_node"]),
                     precisions=(precision,),
                     model=entry["model"],
                     dataset=entry["dataset"],

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddlbench.analysis.analytic.memory import CudaMemoryTerms
 from ddlbench.analysis.analytic.operators import OperatorModel, fit_operator_model
 from ddlbench.analysis.machine.machine_file import read_machine
 from ddlbench.errors import DdlbenchError
@@ -222,6 +223,9 @@ class MachineModel:
     operator_timings: tuple[Mapping[str, Any], ...] = ()  # ddlbench.analysis.machine.operator_timings, fitted on use
     hosts: int = 1  # hosts the calibration ran on (1: every "node" of a local run is this host)
     notes: tuple[str, ...] = field(default=())
+    # what CUDA's caching allocator counts beyond the tensors (ddlbench.analysis.analytic.memory, "On CUDA"),
+    # fitted by a GPU calibration; applied to predictions only when device_kind is cuda
+    cuda_memory: CudaMemoryTerms | None = None
 
     @classmethod
     def from_file(cls, path: Path) -> MachineModel:
@@ -251,6 +255,7 @@ class MachineModel:
             layer_timings=tuple(_layer_timings(entry) for entry in data.get("layer_timings") or ()),
             operator_timings=tuple(data.get("operator_timings") or ()),
             hosts=max(1, len(data.get("hosts") or ())),
+            cuda_memory=CudaMemoryTerms.from_dict(data.get("cuda_memory")),
         )
 
     # compute ------------------------------------------------------------------------------------

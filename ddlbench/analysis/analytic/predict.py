@@ -22,6 +22,7 @@ from ddlbench.analysis.analytic.data_parallel import StrategyRun, model_ddp, mod
 from ddlbench.analysis.analytic.layer_splits import model_filter_channel_layers, model_spatial_layers
 from ddlbench.analysis.analytic.layout import Context, Setting
 from ddlbench.analysis.analytic.machine_model import MachineModel
+from ddlbench.analysis.analytic.memory import RankMemory, with_cuda_terms
 from ddlbench.analysis.analytic.pipelines import model_pipeline
 from ddlbench.analysis.analytic.splits import model_tensor
 from ddlbench.analysis.analytic.table_cache import find_table
@@ -157,6 +158,16 @@ def run_strategy(ctx: Context) -> StrategyRun:
     raise DdlbenchError(f"the analytical model has no strategy {name!r}")
 
 
+def device_memory(memory: RankMemory, setting: Setting, table: ModelTable, machine: MachineModel) -> RankMemory:
+    """The rank's memory as its device counts it: on a CUDA machine whose file has `cuda_memory` terms,
+    with the caching allocator's workspaces and rounding (ddlbench.analysis.analytic.memory.with_cuda_terms,
+    at the rank's micro-batch); otherwise (every CPU machine) exactly the strategy model's."""
+    if machine.device_kind != "cuda" or machine.cuda_memory is None:
+        return memory
+    micro = setting.batch_size / max(1, setting.micro_batches)
+    return with_cuda_terms(memory, table=table, batch=micro, terms=machine.cuda_memory)
+
+
 def memory_per_rank(machine: MachineModel, setting: Setting, memory_per_device: int | None) -> int | None:
     if memory_per_device:
         return memory_per_device
@@ -179,6 +190,7 @@ def predict(
     table = tables(setting.model, setting.dataset, resolved_options(setting))
     ctx = Context(setting=setting, table=table, machine=machine, sharing=ranks_sharing(setting, machine))
     run = run_strategy(ctx)
+    memory = device_memory(run.memory, setting, table, machine)
     timeline = run.timeline
     step = timeline.step_s
     compute = timeline.mean("compute_s")
@@ -186,7 +198,7 @@ def predict(
     bubble = timeline.mean("bubble_s")
     comm = timeline.mean("comm_s")
     limit = memory_per_rank(machine, setting, memory_per_device)
-    fits = None if limit is None else run.memory.peak_bytes <= limit
+    fits = None if limit is None else memory.peak_bytes <= limit
     if fits is False:
         bottleneck = "memory"
     else:
@@ -224,20 +236,20 @@ def predict(
         comm_exposed_s=exposed,
         comm_hidden_s=max(0.0, comm - exposed),
         bubble_s=bubble,
-        peak_memory_bytes=run.memory.peak_bytes,
-        resident_memory_bytes=run.memory.resident_bytes,
-        params_bytes=run.memory.params_bytes,
-        grads_bytes=run.memory.grads_bytes,
-        optimizer_bytes=run.memory.optimizer_bytes,
-        buffers_bytes=run.memory.buffers_bytes,
-        activations_bytes=run.memory.activations_bytes,
+        peak_memory_bytes=memory.peak_bytes,
+        resident_memory_bytes=memory.resident_bytes,
+        params_bytes=memory.params_bytes,
+        grads_bytes=memory.grads_bytes,
+        optimizer_bytes=memory.optimizer_bytes,
+        buffers_bytes=memory.buffers_bytes,
+        activations_bytes=memory.activations_bytes,
         memory_per_rank_bytes=limit,
         fits=fits,
         max_batch_size=max_batch,
         bottleneck=bottleneck,
         compute_source=times.source,
         comm=run.comm,
-        memory_detail=run.memory.detail,
+        memory_detail=memory.detail,
         notes=tuple(dict.fromkeys([*times.notes, *ctx.notes])),
     )
 
@@ -249,7 +261,7 @@ def _peak(setting: Setting, machine: MachineModel, table: ModelTable, batch: int
         machine=machine,
         sharing=ranks_sharing(setting, machine),
     )
-    return run_strategy(ctx).memory.peak_bytes
+    return device_memory(run_strategy(ctx).memory, ctx.setting, table, machine).peak_bytes
 
 
 def largest_batch(

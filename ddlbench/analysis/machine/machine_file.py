@@ -25,6 +25,9 @@ and unit in its key's name, measured ones with their statistics and sample size.
          samples: [{kind, batch, in_channels, height, width, out_channels, kernel, stride,
                     forward_s, backward_s, n}]}
     failed_points: [{point_id, status, reason}]   # status "refused": a precision the device cannot run
+    cuda_memory:                     # optional, CUDA machines: what the caching allocator counts beyond tensors
+      {fixed_bytes, per_call_byte, block_bytes, method, fitted_on: [{label, measured_bytes, base_bytes, ...}]}
+      # ddlbench.analysis.analytic.memory (CudaMemoryTerms, fit_cuda_terms); written by benchmarks/gpu_analytic.py
 
 machine_version stays 1: layer_timings and operator_timings are optional, so files written before it still read, and a
 reader that does not know it ignores it. Files written before the key was renamed call layer_timings

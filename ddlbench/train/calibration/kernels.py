@@ -117,9 +117,12 @@ def _measure(refusal: str | None, make: Callable[[], Callable[[], Any]], timer: 
 
 
 def _precision_switch(precision: str) -> None:
+    """torch's TF32 switches as a training point of `precision` sets them (ddlbench.train.execution.
+    configure_execution): fp32 strict, TF32 only for tf32. Process-wide; cuDNN's own default is TF32 on."""
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
 
 
 def _matmul(n: int, precision: str, device: torch.device) -> Callable[[], Any]:

@@ -4,7 +4,9 @@ For each shape of the point (ddlbench.train.calibration.operator_shapes draws th
 model holds it (nn.Conv2d without bias, nn.BatchNorm2d in training mode, nn.ReLU, nn.MaxPool2d(2),
 nn.Linear with bias, a residual add of two tensors) on a random input that requires a gradient (a
 3-channel convolution's input does not: it stands for a model's first layer, whose backward computes
-no input gradient). Every rank of the point times the same shapes at once, after a barrier per shape,
+no input gradient), all on the rank's device (CUDA where the rank has a GPU: ddlbench.launch.devices), with
+torch's TF32 switches as a training point of the precision sets them (fp32 strict; cuDNN's own default
+would run fp32 convolutions in TF32). Every rank of the point times the same shapes at once, after a barrier per shape,
 so the operators share the node's cores and memory bandwidth as a training point's ranks do. Per shape,
 in each of ROUNDS passes over all shapes, `warmup` untimed then iterations / ROUNDS timed repetitions of:
 - forward: y = op(x) with autograd recording, as in training;
@@ -27,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ddlbench.train.calibration.kernels import DTYPES, Timer
+from ddlbench.train.calibration.kernels import DTYPES, Timer, _precision_switch
 from ddlbench.train.calibration.operator_shapes import OperatorShape, sample_shapes
 from ddlbench.train.calibration.point import CalibrationPoint
 
@@ -36,10 +38,11 @@ ROUNDS = 2  # passes over every shape (run_operators)
 
 
 def build_operator(
-    shape: OperatorShape, own_group: dist.ProcessGroup | None = None
+    shape: OperatorShape, own_group: dist.ProcessGroup | None = None, device: torch.device | None = None
 ) -> tuple[Callable[[Tensor, Tensor | None], Tensor], list[nn.Parameter]]:
-    """The operator as a function of its input(s), and its parameters. `own_group`: a process group of
-    this rank alone, over which a slab batch norm shares its statistics (its arithmetic, no peer)."""
+    """The operator as a function of its input(s), and its parameters, on `device` (parameters and buffers:
+    a batch norm's running statistics too). `own_group`: a process group of this rank alone, over which a
+    slab batch norm shares its statistics (its arithmetic, no peer)."""
     if shape.kind == "conv2d":
         module: nn.Module = nn.Conv2d(
             shape.in_channels,
@@ -66,6 +69,8 @@ def build_operator(
     else:
         raise ValueError(f"operator kind {shape.kind!r} unknown")
     module.train()
+    if device is not None:
+        module.to(device)
     return (lambda x, _other: module(x)), list(module.parameters())
 
 
@@ -90,9 +95,7 @@ def time_operator(
     own_group: dist.ProcessGroup | None = None,
 ) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(SEED)
-    op, params = build_operator(shape, own_group)
-    for param in params:
-        param.data = param.data.to(device)
+    op, params = build_operator(shape, own_group, device)
     x = _input(shape, generator, device)
     other = torch.randn(x.shape, generator=generator).to(device).requires_grad_() if shape.kind == "add" else None
     with autocast():
@@ -161,6 +164,7 @@ def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[st
                 return contextlib.nullcontext()
             return torch.autocast(device_type=device.type, dtype=dtype)
 
+        _precision_switch(precision)  # fp32 strict on CUDA, as a training point of that precision runs
         chains = time_autograd_call(device, timer, warmup=point.warmup, iterations=point.iterations)
         out.append({"kind": "autograd_call", "precision": precision, **chains})
         # every shape in ROUNDS passes over all of them, a share of the iterations each: a shape's times
