@@ -172,6 +172,9 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     print(f"device: {facts}", flush=True)
     if facts["meaningless"]:
         print("NOTE: not a GPU run at full size: every figure below only shows that the steps run; none means anything")
+    print(f"held out (fixed): {', '.join(f'{m} b{b}' for m, b in (QUICK_HELD_OUT if args.quick else HELD_OUT))}")
+    memory_points = QUICK_MEMORY_CALIBRATION if args.quick else MEMORY_CALIBRATION
+    print(f"memory calibration: {', '.join(f'{m} b{b}' for m, b in memory_points)}")
     suite_file = HERE / ("gpu_quick_calibration.yaml" if args.quick else "gpu_calibration.yaml")
     threads = int(_yaml(suite_file)["threads"])
     steps = QUICK_STEPS if args.quick else STEPS
@@ -481,7 +484,7 @@ def report(summary: dict[str, Any]) -> None:
         print(f"calibration: layer timings of {where}")
     memory = calibration["memory"]
     print(
-        f"calibration: cuda_memory fixed {mb(memory['fixed_bytes'])}, per call byte {memory['per_call_byte']}, "
+        f"calibration: cuda_memory fixed {mb(memory['fixed_bytes'])}, per call byte {memory['per_call_byte']:.4g}, "
         f"blocks of {memory['block_bytes']} B; leave-one-model-out accuracy {pct(memory['loo_accuracy_mean'])}"
     )
     print(f"  {'memory calibration point':<32} {'measured':>11} {'tensors':>11} {'fitted':>11} {'acc':>8} {'LOMO':>8}")
