@@ -370,6 +370,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("gpu_probe: needs a CUDA GPU; torch sees none here")
     for part in (versions, nvml, host, event_costs, stamp_cost_in_steps):
         try:
             part()

@@ -36,6 +36,7 @@ TESTED = {
     "analytic_accuracy.py",
     "bare_ddp.py",
     "empirical_accuracy.py",
+    "gpu_probe.py",
     "gpu_analytic.py",  # tested in test_gpu_analytic.py: its CPU smoke run, its rescoring, and on a GPU
     "overhead.py",
     "packed_wall.py",
@@ -188,6 +189,17 @@ def test_sampling_accuracy_compares_its_quick_sweeps(tmp_path):
 
 
 @pytest.mark.slow
+def test_gpu_probe_says_it_needs_a_gpu_and_overhead_refuses_sides_without_bare():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    probe = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_probe.py")], capture_output=True, text=True, env=env)
+    assert probe.returncode == 1 and "needs a CUDA GPU" in probe.stderr
+    for sides, why in (("ddlbench,traced", "bare and one or both"), ("traced,bare", "name ddlbench")):
+        bad = subprocess.run(
+            [sys.executable, str(BENCHMARKS / "overhead.py"), "--sides", sides], capture_output=True, text=True
+        )
+        assert bad.returncode == 2 and why in bad.stderr, bad.stderr
+
+
 def test_overhead_runs_ddlbench_and_the_bare_loop_on_the_same_job():
     output = run_benchmark("overhead.py", "--pairs", "1", "--steps", "2", "--warmup", "2", "--batch", "4")
     figure(output, r"allocator: fixed \(GLIBC_TUNABLES='.*glibc\.malloc\.mmap_threshold=\d+.*'\)")
