@@ -12,7 +12,8 @@
 # 3. benchmarks/gpu_analytic.py: the analytical model calibrated on the GPU, scored on configurations the
 #    calibration never ran (time ≥ 90 %, memory ≥ 95 %);
 # 4. benchmarks/gpu_probe.py: versions, NVML readings, NUMA, the cost of event stamps, gloo on CUDA tensors.
-# Timed parts run alone, one after the other. Where the package's dependencies are missing (a bare GPU
+# Timed parts run alone, one after the other. Each part's limit can be set (GPU_TESTS_S, OVERHEAD_S,
+# ANALYTIC_S; PROBE=0 leaves the probe out). Where the package's dependencies are missing (a bare GPU
 # image), wheels in .whl/ are installed first into /tmp/site (pip download ... -d .whl jsonschema
 # jsonschema-specifications referencing rpds-py).
 set -uo pipefail
@@ -48,6 +49,6 @@ for precision in ${OVERHEAD_PRECISIONS:-fp32 tf32 bf16}; do
     done
 done
 [ -f benchmarks/gpu_analytic.py ] && run analytic "${ANALYTIC_S:-130}" $PY benchmarks/gpu_analytic.py --out "$OUT/analytic"
-run probe 90 $PY benchmarks/gpu_probe.py --json "$OUT/probe.json"
+[ "${PROBE:-1}" = 1 ] && run probe 90 $PY benchmarks/gpu_probe.py --json "$OUT/probe.json"
 grep -h "ratio of medians\|^=== .*exit" "$OUT"/*.log
 exit $status
