@@ -55,6 +55,9 @@ class Point:
     # the one node a single-node point must run on (per-node certification: `each_node`; SLURM --nodelist,
     # locally this host's name); "" anywhere. A field, so each node's run is a configuration of its own
     node: str = ""
+    # let ranks of a host share its GPUs where it has fewer than ranks (local rank r takes cuda:(r mod count),
+    # and every rank meets over gloo: NCCL refuses two ranks on one device); off, such a point is refused
+    share_gpus: bool = False
 
     @property
     def world_size(self) -> int:
@@ -99,6 +102,7 @@ class Point:
                 (f"-w{self.loader_workers}", self.loader_workers > 0),
                 (f"-tr{self.trace_steps}", self.trace_steps > 0),
                 (f"-on_{node_tag(self.node)}", bool(self.node)),
+                ("-sharedgpu", self.share_gpus),
             )
             if used
         )
@@ -149,6 +153,7 @@ _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "loader_workers": 0,
     "trace_steps": 0,
     "node": "",
+    "share_gpus": False,
 }
 
 

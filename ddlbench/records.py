@@ -177,8 +177,14 @@ class RankResult:
     cpu_binding: str = ""  # who set that affinity: ddlbench (local pinning), slurm (its --cpu-bind), or none
     slurm_node: str = ""  # SLURMD_NODENAME: the SLURM node the rank ran on ("" outside SLURM)
     # The rank's GPU (ddlbench.launch.devices): `visible` (CUDA_VISIBLE_DEVICES as the rank saw it,
-    # None when unset), and on CUDA `index` (torch's), `name`, `uuid`, `pci_bus_id`
+    # None when unset), `bind` (the srun step's --gpu-bind, where it bound one GPU to each task), and on
+    # CUDA `index` (torch's), `name`, `uuid`, `pci_bus_id`, `numa_node` (the kernel's; None where it says
+    # -1: no NUMA information), `local_cpus` (the CPUs local to the GPU), `cpu_alignment` (whether the
+    # rank's CPUs were moved onto them) and `shared_with` (the local ranks on the same GPU: share_gpus)
     gpu: dict[str, Any] = field(default_factory=dict)
+    # NCCL, gloo and fabric variables (ddlbench.launch.placement.NETWORK_ENV_NAMES) as the rank saw them:
+    # the site's network_env, or the user's own environment; only those names
+    network_env: dict[str, str] = field(default_factory=dict)
     # Input (ddlbench.train.data.loader): "resident" batches made before timing (synthetic data, and real
     # data in records before the loader), or "loader": real data read during the steps, inside the step
     # timer. input_wait_s, per measured step: host time blocked on the loader's next batch plus enqueueing

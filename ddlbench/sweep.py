@@ -56,6 +56,7 @@ def expand_sweep(config: SweepConfig) -> Plan:
                 "strategy_options": _changed_options(values["strategy"], strategy_options.get(values["strategy"], ())),
                 "data_path": data.get(values["dataset"], ""),
                 "oversubscribe": config.oversubscribe,
+                "share_gpus": config.share_gpus,
                 "trace_steps": min(config.trace_steps, config.steps),
             }
         )

@@ -26,6 +26,14 @@ def _history_outside_the_repository(tmp_path_factory):
         yield
 
 
+@pytest.fixture(autouse=True)
+def _no_site_launch_settings_left_behind():
+    """A test that plans SLURM resources passes its site's launch settings on in the environment
+    (ddlbench.launch.placement.pass_on); the next test starts without them."""
+    yield
+    os.environ.pop("DDLBENCH_LAUNCH_SETTINGS", None)
+
+
 SLURM_MODULES = "test_slurm_"  # the modules of the tests marked slurm: one group under xdist
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -159,6 +160,58 @@ def test_a_rank_takes_its_local_rank_gpu_and_records_what_it_is(tmp_path):
     record = run_point(make_point(), out=tmp_path / "r.json", launcher="local")
     assert record.status == "ok", record.reason
     assert record.ranks[0].gpu["index"] == 0 and record.ranks[0].gpu["uuid"] == identity["uuid"]
+
+
+def test_a_rank_slurm_bound_to_one_gpu_takes_cuda_0_whichever_gpu_it_is(tmp_path):
+    """As an srun step with --gpus-per-task=1 --gpu-bind=… leaves it: one GPU visible (the host's last),
+    the binding said; local rank 1 of 2 trains on cuda:0, which is that GPU."""
+    import subprocess
+    import sys
+
+    from ddlbench.launch.placement import GPU_BIND_VAR
+
+    last = torch.cuda.device_count() - 1
+    probe = (
+        "import os, torch; from ddlbench.launch.devices import rank_device, gpu_identity; "
+        "d, b = rank_device(1, 2, os.environ); print(d, b, gpu_identity(d, os.environ)['uuid'])"
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(last), GPU_BIND_VAR: "single:1"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    device, backend, uuid = out.stdout.split()
+    assert (device, backend) == ("cuda:0", "nccl")
+    assert uuid == f"GPU-{torch.cuda.get_device_properties(last).uuid}"
+
+
+def test_a_rank_records_its_gpus_numa_node_its_cpus_and_the_network_variables(tmp_path, monkeypatch):
+    from ddlbench.launch.placement import LAUNCH_VAR
+
+    network = '{"gpu_bind":"single:1","gpus_per_rank":0,"network_env":{"NCCL_DEBUG":"WARN"}}'
+    monkeypatch.setenv(LAUNCH_VAR, network)
+    record = run_point(make_point(threads=2), out=tmp_path / "r.json", launcher="local")
+    assert record.status == "ok", record.reason
+    (rank,) = record.ranks
+    gpu = rank.gpu
+    assert {"uuid", "pci_bus_id", "numa_node", "local_cpus", "cpu_alignment", "shared_with"} <= set(gpu), gpu
+    assert gpu["shared_with"] == [] and rank.network_env == {"NCCL_DEBUG": "WARN"}
+    print(f"numa_node {gpu['numa_node']}, local_cpus {gpu['local_cpus']}, cpus {rank.cpus}: {gpu['cpu_alignment']}")
+    if gpu["numa_node"] is None:  # -1 (a VM, say): no NUMA information, nothing moved
+        assert "no NUMA information" in gpu["cpu_alignment"]
+    elif gpu["cpu_alignment"].startswith(("restricted", "already")):
+        assert set(rank.cpus) <= set(gpu["local_cpus"])
+
+
+def test_two_ranks_on_one_gpu_are_refused_unless_the_point_shares_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    refused = run_point(make_point(ranks_per_node=2), out=tmp_path / "no" / "r.json", launcher="local")
+    said = " ".join([refused.reason or "", *(failure.message for failure in refused.failures)])
+    assert refused.status == "failed" and "need one GPU each, but 1 are visible" in said, said
+    assert "CUDA_VISIBLE_DEVICES='0'" in said and "`share_gpus: true`" in said
+    shared = run_point(make_point(ranks_per_node=2, share_gpus=True), out=tmp_path / "yes" / "r.json", launcher="local")
+    assert shared.status == "ok", shared.reason
+    assert shared.provenance.backend == "gloo"
+    assert len({rank.gpu["uuid"] for rank in shared.ranks}) == 1
+    assert sorted(rank.gpu["shared_with"] for rank in shared.ranks) == [[0], [1]]
 
 
 def test_points_in_one_cuda_launch_measure_as_they_would_alone(tmp_path):

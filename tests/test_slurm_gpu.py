@@ -1,8 +1,9 @@
 """GPU requests on a real SLURM controller: the test cluster's nodes declare 2 GPUs each as GRES
-(placeholder devices), so sbatch and srun parse, allocate and bind ddlbench's requests for real; the
-ranks run on the CPU and record what SLURM made visible to them. Also: the srun step's environment,
-and refusals that depend on the cluster's state. Skips without the cluster of tests/cluster/slurm.sh,
-unless DDLBENCH_REQUIRE_SLURM=1."""
+(placeholder devices), so sbatch and srun parse, allocate and bind ddlbench's requests for real (the
+job asks for GPUs per node, the ranks' step binds one to each task); the ranks run on the CPU and
+record what SLURM made visible to them. Also: the srun step's environment, the site's network
+variables, and refusals that depend on the cluster's state. Skips without the cluster of
+tests/cluster/slurm.sh, unless DDLBENCH_REQUIRE_SLURM=1."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 from conftest import BIN, make_point, run_cli, run_snakemake
 from slurm_support import profile_env, records_of, sweep
 
+from ddlbench.launch.launchers import SrunLauncher
+from ddlbench.launch.placement import LAUNCH_VAR, settings_of
 from ddlbench.launch.resources import Site
 from ddlbench.records import PointRecord, read_record
 
@@ -24,8 +27,12 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture(scope="module")
 def gpu_env(tmp_path_factory) -> dict[str, str]:
-    """A profile as `ddlbench profile slurm --partition gpu --gpus-per-rank 1` writes it."""
-    return profile_env(tmp_path_factory, Site(partition="gpu", gpus_per_rank=1, time_margin_s=60))
+    """A profile as `ddlbench profile slurm --partition gpu --gpus-per-rank 1 --network-env …` writes it."""
+    return profile_env(tmp_path_factory, Site(partition="gpu", gpus_per_rank=1, time_margin_s=60, network_env=NETWORK))
+
+
+# what the site's network_env gives every rank (NCCL's logging: harmless where no NCCL runs)
+NETWORK = {"NCCL_DEBUG": "WARN", "NCCL_IB_DISABLE": "1"}
 
 
 def sacct(job_id: str, env: dict[str, str]) -> dict[str, dict[str, str]]:
@@ -65,8 +72,12 @@ def assert_two_gpus_on_each_of_two_nodes(record: PointRecord, env: dict[str, str
     assert sorted(rank.rank for rank in record.ranks) == [0, 1, 2, 3]
     per_node = Counter(rank.slurm_node for rank in record.ranks)
     assert sorted(per_node.values()) == [2, 2] and "" not in per_node, per_node
-    # every rank of a node sees both of the node's GPUs and would take the one of its local rank
-    assert {rank.gpu["visible"] for rank in record.ranks} == {"0,1"}
+    # the step bound one GPU to each task: each rank sees its own, and the two of a node differ
+    for node in per_node:
+        seen = sorted(rank.gpu["visible"] for rank in record.ranks if rank.slurm_node == node)
+        assert seen == ["0", "1"], (node, seen)
+    assert {rank.gpu.get("bind") for rank in record.ranks} == {"single:1"}
+    assert all(rank.network_env == NETWORK for rank in record.ranks)
 
 
 def test_gpu_sweep_through_snakemake_gets_its_gpus_per_node(gpu_env, write_sweep, tmp_path):
@@ -83,7 +94,7 @@ def test_gpu_sweep_through_snakemake_gets_its_gpus_per_node(gpu_env, write_sweep
     # one rank asks for one GPU and sees one; its exclusive job holds the node's two (SLURM gives an
     # --exclusive job every GRES of its nodes), which the record says
     single = records["n1x1"]
-    assert [rank.gpu["visible"] for rank in single.ranks] == ["0"]
+    assert [(rank.gpu["visible"], rank.gpu["bind"]) for rank in single.ranks] == [("0", "single:1")]
     assert (single.provenance.slurm.num_gpus, single.provenance.slurm.exclusive) == (2, True)
 
 
@@ -93,6 +104,36 @@ def test_gpu_point_through_submit_gets_its_gpus_per_node(gpu_env, write_sweep, t
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     (record,) = records_of(tmp_path / "results" / "gpus-submit").values()
     assert_two_gpus_on_each_of_two_nodes(record, gpu_env)
+
+
+def test_the_ranks_srun_step_gives_each_task_a_gpu_of_its_own(gpu_env, tmp_path):
+    """The srun options SrunLauncher gives a 2-rank point's step on a site with gpus_per_rank 1, run for real
+    on a node of the gpu partition in a job that asked for the node's 2 GPUs (--gres, as a point's job
+    does): srun takes --gpus-per-task and --gpu-bind beside --ntasks-per-node and --cpus-per-task, and each
+    task sees exactly one GPU, not its neighbour's. A site's map_gpu binding is followed; `none` binds
+    nothing (CUDA_VISIBLE_DEVICES unset: every GPU of the node)."""
+    point = make_point(ranks_per_node=2)
+    steps = []
+    for bind in ("single:1", "map_gpu:1,0", "none"):
+        settings = settings_of(Site(partition="gpu", gpus_per_rank=1, gpu_bind=bind)).to_json()
+        command = SrunLauncher({LAUNCH_VAR: settings}).command(point, rank_dir=tmp_path, dump_params=None)
+        options = command[: command.index("--export=ALL") + 1]
+        assert options[5:8] == ["--gpus-per-task=1", f"--gpu-bind={bind}", "--overlap"], options
+        show = f'echo "{bind} $SLURM_LOCALID ${{CUDA_VISIBLE_DEVICES-unset}}"'
+        steps.append(shlex.join([*options, "bash", "-c", show]))
+    out = tmp_path / "job.out"
+    batch = subprocess.run(
+        ["sbatch", "--wait", "-p", "gpu", "--nodes=1", "--ntasks=2", "--gres=gpu:2", "--mem=1000M", "--time=5",
+         f"--output={out}", "--wrap", " && ".join(steps)],
+        capture_output=True, text=True, env={**os.environ, **gpu_env}, timeout=300,
+    )  # fmt: skip
+    assert batch.returncode == 0, batch.stderr + out.read_text()
+    seen = sorted(tuple(line.split()) for line in out.read_text().splitlines() if line.split()[:1] != ["srun:"])
+    assert seen == [
+        ("map_gpu:1,0", "0", "1"), ("map_gpu:1,0", "1", "0"),
+        ("none", "0", "unset"), ("none", "1", "unset"),
+        ("single:1", "0", "0"), ("single:1", "1", "1"),
+    ], out.read_text()  # fmt: skip
 
 
 def test_ranks_start_whatever_task_geometry_the_job_script_exported(gpu_env, tmp_path):

@@ -61,6 +61,12 @@ def add_commands(commands: Any) -> None:
         type=int,
         help="cores granted to the point (Snakemake's {threads}); a local launch needing more is refused",
     )
+    run.add_argument(
+        "--site",
+        type=Path,
+        help="a site file whose GPU binding and network variables the ranks get (default: those passed on by "
+        "the submission, else none)",
+    )
     run.set_defaults(handler=_run_point)
 
     group = commands.add_parser(
@@ -127,6 +133,12 @@ def _run_point(args: argparse.Namespace) -> int:
     from ddlbench.point import Point
     from ddlbench.records import record_path
     from ddlbench.sweep import expand_sweep
+
+    if args.site:
+        from ddlbench.launch.placement import pass_on
+        from ddlbench.launch.resources import load_site
+
+        pass_on(load_site(args.site))
 
     if args.spec:
         if args.point or args.configfile or args.config_json:
@@ -209,13 +221,14 @@ def _run_calibration_point(spec: dict, args: argparse.Namespace) -> int:
 
 def _run_packed(args: argparse.Namespace) -> int:
     from ddlbench.launch.allocation import run_allocation
-    from ddlbench.launch.inside import run_inside, site_margin_s
+    from ddlbench.launch.inside import pass_on_profile_site, run_inside, site_margin_s
 
     if args.plan and (args.configfile or args.config_json or args.out):
         raise DdlbenchError("give either --plan, or a sweep (--configfile, --config-json) with --out, not both")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
     if args.plan:
         return run_allocation(args.plan)
+    pass_on_profile_site()
     return run_inside(read_sweep(args), margin_s=site_margin_s(), out=args.out)
 
 

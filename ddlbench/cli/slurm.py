@@ -126,6 +126,17 @@ def _add_site_options(parser: argparse.ArgumentParser) -> None:
         help="how long every scheduler call keeps trying while the controller does not answer (1800)",
     )
     parser.add_argument("--require-account", action="store_true", help="refuse to submit without an account")
+    parser.add_argument(
+        "--gpu-bind",
+        help="how the ranks' srun step binds one GPU to each task with --gpus-per-rank 1: srun's --gpu-bind "
+        "(single:1 by default; closest, per_task:N, map_gpu:LIST, mask_gpu:LIST, none)",
+    )
+    parser.add_argument(
+        "--network-env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a network variable for every rank (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, GLOO_SOCKET_IFNAME…); repeat it",
+    )
 
 
 def _add_submission_options(parser: argparse.ArgumentParser) -> None:
@@ -145,6 +156,7 @@ SITE_OPTIONS = (
     "time_margin_s",
     "exclusive",
     "controller_patience_s",
+    "gpu_bind",
 )
 
 
@@ -152,6 +164,12 @@ def _site_overrides(args: argparse.Namespace) -> dict:
     given = {key: getattr(args, key) for key in SITE_OPTIONS if getattr(args, key) is not None}
     if args.require_account:
         given["require_account"] = True
+    if args.network_env:
+        pairs = [item.partition("=") for item in args.network_env]
+        bad = [name for name, sign, _ in pairs if not sign or not name]
+        if bad:
+            raise DdlbenchError(f"--network-env {bad[0]!r}: give NAME=VALUE, e.g. NCCL_SOCKET_IFNAME=ib0")
+        given["network_env"] = {name: value for name, _, value in pairs}
     return given
 
 
@@ -168,6 +186,8 @@ def _site(args: argparse.Namespace):
         return site_from_mapping(overrides, source="the command line")
     else:
         base = load_default_site()
+    if "network_env" in overrides:  # added to the site's, name by name
+        overrides["network_env"] = {**base.network_env, **overrides["network_env"]}
     return site_from_mapping(replace(base, **overrides).to_dict(), source="the site file and the command line")
 
 

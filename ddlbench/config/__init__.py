@@ -73,6 +73,7 @@ class SweepConfig:
     slurm_pinned_one_at_a_time: bool = False
     each_node: tuple[str, ...] = ()  # single-node points run once on each of these nodes
     oversubscribe: bool = False
+    share_gpus: bool = False
     trace_steps: int = 0
     machine: str = ""  # machine file the points are predicted on ("" none)
     calibrate: str = ""  # calibration suite run first into machine_path ("" none)
@@ -172,6 +173,7 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
         slurm_pinned_one_at_a_time=bool(data["slurm"].get("pinned_one_at_a_time", False)),
         each_node=tuple(data["each_node"]),
         oversubscribe=data["oversubscribe"],
+        share_gpus=data["share_gpus"],
         trace_steps=data["trace_steps"],
         machine=data["machine"],
         calibrate=data["calibrate"],

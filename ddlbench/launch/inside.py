@@ -134,6 +134,29 @@ def site_margin_s() -> float:
     return float(next(field.default for field in fields(Site) if field.name == "time_margin_s"))
 
 
+def pass_on_profile_site() -> None:
+    """Inside an allocation the user holds, the runners' launchers bind GPUs and set the network variables
+    as the profile's site file says (ddlbench.launch.placement), unless settings were passed on already;
+    an allocation that holds no GPU gets no GPU options, whatever the site's gpus_per_rank."""
+    from dataclasses import replace
+
+    from ddlbench.launch.placement import LAUNCH_VAR, pass_on
+    from ddlbench.launch.profile import default_site_file
+    from ddlbench.launch.resources import load_site
+    from ddlbench.launch.slurm import current_allocation
+
+    path = default_site_file()
+    if os.environ.get(LAUNCH_VAR) or not path.exists():
+        return
+    site = load_site(path)
+    if site.gpus_per_rank:
+        job = current_allocation(os.environ)
+        if job is not None and not job.num_gpus:
+            log.info("allocation %s holds no GPU: its points' steps bind none", job.job_id)
+            site = replace(site, gpus_per_rank=0)
+    pass_on(site)
+
+
 def kill_wait_s() -> float:
     """The cluster's KillWait (one `scontrol show config`; the dispatcher's default where it does not say)."""
     from ddlbench.launch.allocation import DEFAULT_KILL_WAIT_S

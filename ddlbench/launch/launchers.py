@@ -23,6 +23,7 @@ from ddlbench.launch.command import thread_env, worker_command
 from ddlbench.launch.cores import PIN_VAR, CoreGrant, check_cores, claimed_cores, grant_for, rank_cpus
 from ddlbench.launch.mpi import MpirunLauncher, find_mpirun
 from ddlbench.launch.patience import OutageOver, current_patience, is_transient, keep_trying
+from ddlbench.launch.placement import GPU_BIND_VAR, launch_settings
 from ddlbench.launch.processes import LaunchOutcome, StderrTee, start_process, supervise
 from ddlbench.launch.rendezvous import INIT_METHOD_VAR, slurm_master_port
 from ddlbench.launch.slurm import current_allocation, first_host
@@ -79,12 +80,14 @@ class LocalLauncher:
     ) -> LaunchOutcome:
         rendezvous = rank_dir / "rendezvous"
         rendezvous.unlink(missing_ok=True)
+        network = launch_settings(os.environ).rank_env()  # the site's NCCL/gloo variables, where one was given
         processes = []
         for rank in range(point.world_size):
             pin = {PIN_VAR: ",".join(map(str, rank_cpus(claimed, rank, point.cores_per_rank)))} if claimed else {}
             env = {
                 **pin,
                 **os.environ,
+                **network,
                 **thread_env(point),
                 "RANK": str(rank),
                 "WORLD_SIZE": str(point.world_size),
@@ -95,6 +98,7 @@ class LocalLauncher:
                 # a file store: no port to pick, so points running side by side cannot collide
                 INIT_METHOD_VAR: f"file://{rendezvous.resolve()}",
             }
+            env.pop(GPU_BIND_VAR, None)  # no SLURM binding here: every rank sees the host's GPUs
             processes.append(start_process(worker_command(point, rank_dir, dump_params, group), env))
         ranks = [(rank,) for rank in range(point.world_size)]
         return supervise(processes, ranks_of_process=ranks, timeout_s=timeout_s)
@@ -141,7 +145,13 @@ class SrunLauncher:
 
     In a packed allocation ($DDLBENCH_STEP_NODES set), the step runs on those nodes only, holding its
     CPUs alone (`--exclusive`), so that points run side by side on disjoint nodes; srun says its step
-    id (`-v`) and the record keeps it."""
+    id (`-v`) and the record keeps it.
+
+    Where the site asks for GPUs (its launch settings, ddlbench.launch.placement), each task gets its own:
+    `--gpus-per-task=1 --gpu-bind=<the site's gpu_bind>`, so SLURM makes one GPU visible to each rank, and
+    the ranks learn it from GPU_BIND_VAR (ddlbench.launch.devices.rank_device takes cuda:0 then). A point
+    whose ranks may share GPUs (`share_gpus`) asks for fewer GPUs than ranks: its step binds none, and its
+    ranks take the job's GPUs in turn. The site's network variables go into the step's environment."""
 
     name = "srun"
 
@@ -170,11 +180,28 @@ class SrunLauncher:
             f"--ntasks={point.world_size}",
             f"--ntasks-per-node={point.ranks_per_node}",
             f"--cpus-per-task={point.cores_per_rank}",
+            *self.gpu_options(point),
             *placement,
             "--kill-on-bad-exit=0",  # ddlbench stops the step itself, after collecting failure texts
             "--export=ALL",
             *worker_command(point, rank_dir, dump_params, group),
         ]
+
+    def gpu_options(self, point: Point) -> list[str]:
+        """srun's GPU options for the ranks' step: one GPU per task, bound as the site says; none where
+        the site asks for no GPUs or the point's ranks may share them."""
+        if getattr(point, "share_gpus", False):
+            return []
+        return launch_settings(self.environ).srun_options()
+
+    def step_env(self, point: Point) -> dict[str, str]:
+        """What the launcher adds to the step's environment for placement: the site's network variables,
+        and the binding its GPU options asked for (the ranks read it: ddlbench.launch.devices)."""
+        settings = launch_settings(self.environ)
+        env = settings.rank_env()
+        if self.gpu_options(point):
+            env[GPU_BIND_VAR] = settings.gpu_bind
+        return env
 
     def rendezvous_env(self) -> dict[str, str]:
         job_id = self.environ["SLURM_JOB_ID"]
@@ -195,7 +222,12 @@ class SrunLauncher:
     def launch(
         self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float, group: Path | None = None
     ) -> LaunchOutcome:
-        env = {**step_environment(self.environ), **thread_env(point), **self.rendezvous_env()}
+        env = {
+            **{key: value for key, value in step_environment(self.environ).items() if key != GPU_BIND_VAR},
+            **thread_env(point),
+            **self.rendezvous_env(),
+            **self.step_env(point),
+        }
         command = self.command(point, rank_dir=rank_dir, dump_params=dump_params, group=group)
         began = time.monotonic()
         last: dict[str, LaunchOutcome] = {}

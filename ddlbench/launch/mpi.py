@@ -38,6 +38,7 @@ from ddlbench.launch.cores import (
     grant_for,
     rank_cpus,
 )
+from ddlbench.launch.placement import NETWORK_ENV_NAMES, launch_settings
 from ddlbench.launch.processes import LaunchOutcome, supervise
 from ddlbench.launch.rendezvous import MPI_VAR
 from ddlbench.point import Point
@@ -235,7 +236,7 @@ class MpirunLauncher:
         group: Path | None = None,
     ) -> list[str]:
         """The mpirun command of `plan`, naming for Open MPI the variables of `env` its ranks need."""
-        passed_on = (*_PASSED_ON, *_SET_FOR_RANKS, *thread_env(point))
+        passed_on = (*_PASSED_ON, *_SET_FOR_RANKS, *thread_env(point), *NETWORK_ENV_NAMES)
         exported = tuple(sorted(name for name in env if name.startswith("DDLBENCH_") or name in passed_on))
         return mpirun_command(
             plan.flavour,
@@ -249,6 +250,7 @@ class MpirunLauncher:
 
     def rank_environment(self, point: Point, claimed: tuple[int, ...] | None) -> dict[str, str]:
         env = {key: value for key, value in self.environ.items() if key not in (PIN_VAR, PIN_BY_LOCAL_RANK_VAR)}
+        env |= launch_settings(self.environ).rank_env()  # the site's network variables
         env |= thread_env(point) | {
             MPI_VAR: "1",
             # ranks per host as mpirun is told to place them: the worker maps local ranks to GPUs by it

@@ -10,13 +10,14 @@ import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ddlbench.errors import ConfigError, DdlbenchError
+from ddlbench.launch.placement import DEFAULT_GPU_BIND, check_gpu_bind, check_network_env
 from ddlbench.point import Point
 
 # The batch step on the first node holds the point's launcher (run-point: supervision, the record) and,
@@ -48,6 +49,11 @@ class Site:
     # how long every scheduler call keeps trying while the controller does not answer (a restart with its
     # state reloaded takes minutes); past it the call fails (ddlbench.launch.patience)
     controller_patience_s: int = 1800
+    # how the ranks' srun step binds a GPU to each task where gpus_per_rank is 1 (srun --gpus-per-task=1
+    # --gpu-bind=…; ddlbench.launch.placement says why single:1, not closest)
+    gpu_bind: str = DEFAULT_GPU_BIND
+    # NCCL/gloo network variables every launcher puts into its ranks' environment (placement.NETWORK_ENV_NAMES)
+    network_env: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,7 +98,10 @@ def site_from_mapping(raw: object, *, source: str = "site settings") -> Site:
     for key in ("require_account", "exclusive"):
         if not isinstance(raw.get(key, False), bool):
             raise ConfigError(key, f"{raw[key]!r} is not accepted; give true or false")
-    return Site(**raw)
+    checked = dict(raw)
+    checked["gpu_bind"] = check_gpu_bind(raw.get("gpu_bind", DEFAULT_GPU_BIND))
+    checked["network_env"] = check_network_env(raw.get("network_env"))
+    return Site(**checked)
 
 
 def load_site(path: str | Path) -> Site:
@@ -177,7 +186,7 @@ def resources_for(
         nodes=point.nodes,
         tasks_per_node=point.ranks_per_node,
         cpus_per_task=point.cores_per_rank,
-        gpus_per_node=site.gpus_per_rank * point.ranks_per_node,
+        gpus_per_node=gpus_per_node(point, site),
         mem_per_node_mb=math.ceil(per_rank * point.ranks_per_node * mem_factor) + LAUNCHER_MEM_MB,
         time_min=math.ceil((point.timeout_s * time_factor + site.time_margin_s) / 60),
         signal_delay_s=max(10, min(90, site.time_margin_s // 2)),
@@ -186,6 +195,13 @@ def resources_for(
         node=getattr(point, "node", ""),  # calibration points are never pinned
         after_earlier_jobs=bool(getattr(point, "node", "")) and pinned_one_at_a_time,
     )
+
+
+def gpus_per_node(point: Point, site: Site) -> int:
+    """GPUs a point asks of each node: gpus_per_rank for each of its ranks, or, where its ranks may share
+    GPUs (`share_gpus`), gpus_per_rank for all of them together (an --exclusive job gets every GPU of its
+    nodes all the same, and the ranks take them in turn: ddlbench.launch.devices)."""
+    return site.gpus_per_rank * (1 if getattr(point, "share_gpus", False) else point.ranks_per_node)
 
 
 def _mem_per_rank(point: Point, site: Site, sweep_mb: int | None, defaults: MemoryDefaults | None) -> tuple[float, str]:
@@ -272,9 +288,9 @@ def snakemake_resources(resources: Resources) -> dict[str, Any]:
     if resources.constraint:
         out["constraint"] = resources.constraint
     if resources.gpus_per_node:
-        # GPUs per node, seen by every rank of the node (ddlbench.launch.devices). tasks_per_gpu 0 keeps
-        # the plugin from adding --ntasks-per-gpu (it falls back to `tasks` when the key is absent), which
-        # would bind one GPU to each task and clash with --ntasks-per-node.
+        # GPUs per node for the job; the ranks' srun step binds one to each task (--gpus-per-task,
+        # ddlbench.launch.placement). tasks_per_gpu 0 keeps the plugin from adding --ntasks-per-gpu to the
+        # job (it falls back to `tasks` when the key is absent), which clashes with --ntasks-per-node.
         out["gres"] = f"gpu:{resources.gpus_per_node}"
         out["tasks_per_gpu"] = 0
     # present for every point: "" where nodes may be shared

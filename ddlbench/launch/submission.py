@@ -25,6 +25,7 @@ from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.limits import UserLimits, is_limit_refusal, read_limits
 from ddlbench.launch.patience import set_patience
+from ddlbench.launch.placement import pass_on
 from ddlbench.launch.resources import MemoryDefaults, Resources, Site, resources_for, submitit_parameters
 from ddlbench.launch.result_watch import ResultNap  # QueueWatch's sleep: noticed job ends
 from ddlbench.launch.slurm import ClusterFacts, QueuedJob, SlurmError, query_cluster
@@ -55,6 +56,7 @@ def plan_resources(
     waits for the controller as long as the site says (ddlbench.launch.patience)."""
     environ = os.environ if environ is None else environ
     set_patience(site.controller_patience_s)
+    pass_on(site)  # the jobs' launchers bind GPUs and set the network variables as the site says
     points = list(points)
     partition = getattr(sweep, "slurm_partition", None) or site.partition
     sweep_mem = getattr(sweep, "slurm_mem_per_rank_mb", None)

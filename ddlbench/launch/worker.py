@@ -31,6 +31,9 @@ from ddlbench.train.calibration.point import CalibrationPoint
 log = logging.getLogger("ddlbench.worker")
 
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+# what _join did to place the rank (ddlbench.launch.devices): its CPUs' move onto the GPU's NUMA node, the
+# local ranks on its GPU; recorded in the rank's `gpu`
+_PLACEMENT: dict[str, object] = {}
 
 
 def rank_file(rank_dir: Path, rank: int) -> Path:
@@ -98,9 +101,8 @@ def main(argv: list[str] | None = None) -> None:
 def _join(point: Point | CalibrationPoint, env: RankEnv):
     """Check torch, take the rank's device and join the process group; the rank's RankContext."""
     import torch
-    import torch.distributed as dist
 
-    from ddlbench.launch.devices import rank_device
+    from ddlbench.launch.devices import init_process_group, place_on_gpu_numa_node, rank_device
     from ddlbench.train.strategies import RankContext
     from ddlbench.train.torch_floor import check_torch_floor
 
@@ -108,14 +110,24 @@ def _join(point: Point | CalibrationPoint, env: RankEnv):
 
     # local launches run every rank on this host (LOCAL_WORLD_SIZE); under srun a node has ranks_per_node
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", point.ranks_per_node))
-    device, backend = rank_device(env.local_rank, local_ranks, os.environ)
-    dist.init_process_group(
+    share_gpus = bool(getattr(point, "share_gpus", False))  # calibration points never share
+    device, backend = rank_device(env.local_rank, local_ranks, os.environ, share_gpus=share_gpus)
+    # onto the GPU's NUMA node before the process group's and the thread pools' threads exist
+    _PLACEMENT["cpu_alignment"] = place_on_gpu_numa_node(device, point.cores_per_rank)
+    backend, shared_with = init_process_group(
+        device,
         backend,
         init_method=env.init_method,
         rank=env.rank,
         world_size=env.world_size,
+        local_rank=env.local_rank,
+        local_ranks=local_ranks,
         timeout=timedelta(seconds=point.timeout_s),
+        environ=os.environ,
+        share_gpus=share_gpus,
     )
+    if device.type == "cuda":
+        _PLACEMENT["shared_with"] = shared_with
     if device.type == "cuda" and backend == "gloo":  # ranks sharing a GPU (ddlbench.train.shared_gpu)
         from ddlbench.train.shared_gpu import stage_point_to_point
 
@@ -143,6 +155,7 @@ def _run(point: Point, env: RankEnv, rank_dir: Path, dump_params: Path | None, b
 def _train(point: Point, ctx, rank_dir: Path, binding: str, *, keep_state: bool = False):
     """Train `point` on this rank and write its result; the final state dict when `keep_state`."""
     from ddlbench.launch.devices import gpu_identity
+    from ddlbench.launch.placement import network_env_seen
     from ddlbench.train.kernel import train_point
 
     result, state = train_point(point, ctx, keep_state=keep_state)
@@ -150,7 +163,8 @@ def _train(point: Point, ctx, rank_dir: Path, binding: str, *, keep_state: bool 
         result,
         cpu_binding=binding,
         slurm_node=os.environ.get("SLURMD_NODENAME", ""),
-        gpu=gpu_identity(ctx.device, os.environ),
+        gpu=gpu_identity(ctx.device, os.environ, **{key: value for key, value in _PLACEMENT.items() if value != ""}),
+        network_env=network_env_seen(os.environ),
     )
     write_json_atomic(rank_file(rank_dir, ctx.rank), asdict(placed))
     return state
