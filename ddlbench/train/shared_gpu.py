@@ -45,6 +45,13 @@ def _buffer(tensor: torch.Tensor) -> torch.Tensor:
     return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
 
 
+def _fill(tensor: torch.Tensor, host: torch.Tensor) -> None:
+    """The received bytes into the receiving tensor, as a transfer writes them: outside autograd (a
+    pipeline stage receives into a leaf that requires grad)."""
+    with torch.no_grad():
+        tensor.copy_(host)
+
+
 class StagedWork:
     """A point-to-point Work over host copies: waiting on it waits on the transfer, then copies a
     received buffer into its tensor (once)."""
@@ -58,7 +65,7 @@ class StagedWork:
             if self._work is not None:
                 self._work.wait() if timeout is None else self._work.wait(timeout)
             if self._received:
-                self._tensor.copy_(self._host)
+                _fill(self._tensor, self._host)
             self._done = True
         return True
 
@@ -80,7 +87,7 @@ def _recv(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         return recv(tensor, *args, **kwargs)
     host = _buffer(tensor)
     sender = recv(host, *args, **kwargs)
-    tensor.copy_(host)
+    _fill(tensor, host)
     return sender
 
 
