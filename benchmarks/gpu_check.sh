@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# The GPU checks of one short device lease, in one go (about 9 minutes on one H100/H200): what CI, which has
-# no GPU, never runs. Run from the repository root on a machine with CUDA and torch:
+# The GPU checks of one short device lease: what CI, which has no GPU, never runs. Run from the repository
+# root on a machine with CUDA and torch, all parts or some of them:
 #
-#   benchmarks/gpu_check.sh            # logs under $OUT (default /tmp/ddlbench-gpu-check)
+#   benchmarks/gpu_check.sh                        # tests overhead analytic probe; logs under $OUT
+#   benchmarks/gpu_check.sh tests analytic         # one device call (~4.5 min on an H200)
+#   benchmarks/gpu_check.sh overhead               # another (~6.5 min): a lease's 15 minutes hold both
 #
-# 1. every test marked `gpu`, in parallel (not timed): every strategy's CUDA path against one process on
-#    the same GPU (on one GPU the ranks share it, over gloo), NCCL where the host has a GPU per rank, CUDA
-#    events and the traced steps, the allocator's figures, precisions, energy and NVML provenance;
-# 2. benchmarks/overhead.py on CUDA: ddlbench against a bare DDP loop, one rank, resnet18, at fp32, tf32
-#    and bf16, batch 128 and 32 (a step of a few ms), 3 alternating rounds each (issue 31: ≥ 0.98);
-# 3. benchmarks/gpu_analytic.py: the analytical model calibrated on the GPU, scored on configurations the
-#    calibration never ran (time ≥ 90 %, memory ≥ 95 %);
-# 4. benchmarks/gpu_probe.py: versions, NVML readings, NUMA, the cost of event stamps, gloo on CUDA tensors.
+# Parts, with their wall time on one H200 (2026-11-28; each ddlbench or bare launch took 9-11 s there):
+#   tests     every test marked `gpu`, in parallel (not timed; 40+ tests, more than 110 s with 6 workers):
+#             every strategy's CUDA path against one process on the same GPU (on one GPU the ranks share
+#             it, over gloo), NCCL where the host has a GPU per rank, binding and NUMA facts, CUDA events
+#             and the traced steps, the allocator's figures, precisions, energy and NVML provenance;
+#   overhead  benchmarks/overhead.py on CUDA: ddlbench against a bare DDP loop, one rank, resnet18, at
+#             fp32, tf32 and bf16, batch 128 and 32 (steps of 7-20 ms), 3 alternating rounds each
+#             (issue 31: ≥ 0.98): 6 × 3 × 2 launches, ~60 s per configuration;
+#   analytic  benchmarks/gpu_analytic.py: the analytical model calibrated on the GPU, scored on
+#             configurations the calibration never ran (time ≥ 90 %, memory ≥ 95 %): 63 s;
+#   probe     benchmarks/gpu_probe.py: versions, NVML readings, NUMA, the cost of event stamps, gloo on
+#             CUDA tensors: 93 s.
 # Timed parts run alone, one after the other. Each part's limit can be set (GPU_TESTS_S, OVERHEAD_S,
-# ANALYTIC_S; PROBE=0 leaves the probe out). Where the package's dependencies are missing (a bare GPU
-# image), wheels in .whl/ are installed first into /tmp/site (pip download ... -d .whl jsonschema
-# jsonschema-specifications referencing rpds-py).
+# ANALYTIC_S). Where the package's dependencies are missing (a bare GPU image), wheels in .whl/ are
+# installed first into /tmp/site (pip download ... -d .whl jsonschema jsonschema-specifications
+# referencing rpds-py). The device tool returns at most 8 files: run with OUT=/tmp/gc and tar /tmp/gc.
 set -uo pipefail
 OUT=${OUT:-/tmp/ddlbench-gpu-check}
 mkdir -p "$OUT"
@@ -38,17 +44,25 @@ run() {  # run NAME SECONDS COMMAND...: one check, its log under $OUT, its exit 
     echo "=== $name: exit $rc after $((SECONDS - started)) s"
     [ "$rc" -eq 0 ] || status=1
 }
-WORKERS=${GPU_TEST_WORKERS:-6}
-run gpu-tests "${GPU_TESTS_S:-170}" $PY -m pytest -p no:cacheprovider -q -ra -s -m gpu -n "$WORKERS" \
-    tests/test_gpu*.py tests/test_memory.py tests/test_execution.py
-for precision in ${OVERHEAD_PRECISIONS:-fp32 tf32 bf16}; do
-    for batch in ${OVERHEAD_BATCHES:-128 32}; do
-        run "overhead-$precision-b$batch" "${OVERHEAD_S:-60}" $PY benchmarks/overhead.py --device cuda --ranks 1 \
-            --model resnet18 --batch "$batch" --precision "$precision" --warmup 10 --steps 150 --pairs 3 \
-            --sides ddlbench,bare
-    done
+WORKERS=${GPU_TEST_WORKERS:-8}
+PARTS=${*:-tests overhead analytic probe}
+for part in $PARTS; do
+    case $part in
+    tests)  # -v: with xdist only verbose output names each test as it ends (a summary needs a finished run)
+        run gpu-tests "${GPU_TESTS_S:-240}" $PY -m pytest -p no:cacheprovider -v -ra -m gpu -n "$WORKERS" \
+            tests/test_gpu*.py tests/test_memory.py tests/test_execution.py ;;
+    overhead)
+        for precision in ${OVERHEAD_PRECISIONS:-fp32 tf32 bf16}; do
+            for batch in ${OVERHEAD_BATCHES:-128 32}; do
+                run "overhead-$precision-b$batch" "${OVERHEAD_S:-75}" $PY benchmarks/overhead.py --device cuda \
+                    --ranks 1 --model resnet18 --batch "$batch" --precision "$precision" --warmup 10 --steps 150 \
+                    --pairs 3 --sides ddlbench,bare
+            done
+        done ;;
+    analytic) run analytic "${ANALYTIC_S:-130}" $PY benchmarks/gpu_analytic.py --out "$OUT/analytic" ;;
+    probe) run probe 120 $PY benchmarks/gpu_probe.py --json "$OUT/probe.json" ;;
+    *) echo "gpu_check: unknown part $part; parts: tests overhead analytic probe" >&2; exit 2 ;;
+    esac
 done
-[ -f benchmarks/gpu_analytic.py ] && run analytic "${ANALYTIC_S:-130}" $PY benchmarks/gpu_analytic.py --out "$OUT/analytic"
-[ "${PROBE:-1}" = 1 ] && run probe 90 $PY benchmarks/gpu_probe.py --json "$OUT/probe.json"
 grep -h "ratio of medians\|^=== .*exit" "$OUT"/*.log
 exit $status
