@@ -57,7 +57,12 @@ DATASET, STRATEGY = "cifar10", "ddp"
 # Fixed on 2026-11-29, before this script had run on any GPU; never to be tuned to GPU figures. The held-out
 # models and batches are none of the calibration's: resnet8 is layer-timed, resnet8, vgg16 and alexnet are the
 # memory calibration's.
-HELD_OUT = tuple((model, batch) for model in ("resnet20", "vgg11", "resnet18") for batch in (32, 64, 128))
+# The first held-out set was scored once, on an H200 on 2026-11-28 (time 64.8 %, memory 91.8 %); the host
+# floor (cuda_host, fitted on the memory calibration's steps alone) came after that look, so that set is no
+# longer unseen. The second set, added the same day and never run, is the one the headline scores.
+SEEN_HELD_OUT = tuple((model, batch) for model in ("resnet20", "vgg11", "resnet18") for batch in (32, 64, 128))
+UNSEEN_HELD_OUT = tuple((model, batch) for model in ("mobilenet_v2", "resnet50") for batch in (32, 64, 128))
+HELD_OUT = SEEN_HELD_OUT + UNSEEN_HELD_OUT
 MEMORY_CALIBRATION = (
     ("resnet8", 32),
     ("resnet8", 128),
@@ -319,8 +324,66 @@ def write_machine(out: Path, folder: Path | None = None):
         "fitted_on": fitted,
         "not_measured": [{"label": row["label"], "status": row["status"]} for row in unmeasured],
     }
+    machine["cuda_host"] = fit_host(out, machine)
     write((folder or out) / "machine.yaml", machine)
     return terms
+
+
+HOST_GRID = tuple(1e-6 * 1.05**i for i in range(160))  # 1 µs to about 2.4 ms per layer, 5 % apart
+
+
+def fit_host(out: Path, machine: dict[str, Any]) -> dict[str, Any]:
+    """The host's time to issue one layer (`cuda_host.per_layer_s`, ddlbench.analysis.analytic.compute.host_floor)
+    fitted to the memory calibration's measured steps alone: the h of HOST_GRID whose predictions have the
+    least mean relative error |p − m| / m over those points; with each model left out in turn, the h fitted
+    on the others predicts it (loo_accuracy). Never fitted on the held-out points."""
+    from ddlbench.analysis.analytic.layout import Setting
+    from ddlbench.analysis.analytic.machine_model import MachineModel
+    from ddlbench.analysis.analytic.predict import predict
+
+    points = []
+    for record in records_in(out / "memory-calibration"):
+        measured, _ = measured_of(record)
+        if measured:
+            points.append((label(record), record.point.model, Setting.of_point(record.point), measured))
+    if not points:
+        return {"per_layer_s": None, "method": "no measured memory-calibration point to fit on"}
+    predicted = {}
+    for h in HOST_GRID:
+        model = MachineModel.from_dict(machine | {"cuda_host": {"per_layer_s": h}})
+        predicted[h] = [predict(setting, model, search_batch=False).step_time_s for _, _, setting, _ in points]
+
+    def best(keep) -> float:
+        def error(h: float) -> float:
+            pairs = [(p, m) for p, (_, model, _, m), k in zip(predicted[h], points, keep, strict=True) if k]
+            return sum(abs(p - m) / m for p, m in pairs) / len(pairs)
+
+        return min(HOST_GRID, key=error)
+
+    h = best([True] * len(points))
+    rows = []
+    for index, (name, model, _, measured) in enumerate(points):
+        others = [other != model for _, other, _, _ in points]
+        loo = best(others) if any(others) else None
+        rows.append(
+            {
+                "label": name,
+                "measured_step_s": measured,
+                "fitted_step_s": predicted[h][index],
+                "accuracy": accuracy(predicted[h][index], measured),
+                "loo_step_s": predicted[loo][index] if loo else None,
+                "loo_accuracy": accuracy(predicted[loo][index], measured) if loo else None,
+            }
+        )
+    loo_values = [row["loo_accuracy"] for row in rows if row["loo_accuracy"] is not None]
+    return {
+        "per_layer_s": h,
+        "method": "benchmarks/gpu_analytic.py: the memory calibration's measured steps, predicted with a floor of "
+        "h per layer forward and 2h backward per block (ddlbench.analysis.analytic.compute.host_floor); h of a "
+        "5 % grid from 1 µs with the least mean relative error; applied on CUDA machines only",
+        "loo_accuracy_mean": sum(loo_values) / len(loo_values) if loo_values else None,
+        "fitted_on": rows,
+    }
 
 
 def accuracy(predicted: float | None, measured: float | None) -> float | None:
@@ -356,6 +419,7 @@ def score(out: Path, *, machine_file: Path | None = None) -> dict[str, Any]:
             {
                 "label": label(record),
                 "point_id": record.point_id,
+                "seen": (record.point.model, record.point.batch_size) in SEEN_HELD_OUT,
                 "status": record.status,
                 "reason": record.reason,
                 "predicted_step_s": predicted.step_time_s,
@@ -371,22 +435,34 @@ def score(out: Path, *, machine_file: Path | None = None) -> dict[str, Any]:
             }
         )
     write_json(out / "predictions.json", rows)
-    time_mean = mean(r["time_accuracy"] for r in rows)
-    memory_mean = mean(r["memory_accuracy"] for r in rows)
+    unseen = [r for r in rows if not r["seen"]]
+    headline = unseen or rows  # a --quick run has no unseen set
+    time_mean = mean(r["time_accuracy"] for r in headline)
+    memory_mean = mean(r["memory_accuracy"] for r in headline)
+    seen = [r for r in rows if r["seen"]]
     return {
         "device": raw.get("device"),
         "torch_version": raw.get("torch_version"),
         "targets": {"time": TIME_TARGET, "memory": MEMORY_TARGET},
         "held_out": rows,
-        "n_time": sum(r["time_accuracy"] is not None for r in rows),
-        "n_memory": sum(r["memory_accuracy"] is not None for r in rows),
+        "headline": "unseen held-out set"
+        if unseen
+        else "held-out set seen before (not a held-out figure any more)"
+        if seen
+        else "quick points",
+        "n_time": sum(r["time_accuracy"] is not None for r in headline),
+        "n_memory": sum(r["memory_accuracy"] is not None for r in headline),
         "time_accuracy_mean": time_mean,
         "memory_accuracy_mean": memory_mean,
-        "memory_accuracy_without_cuda_terms_mean": mean(r["memory_accuracy_without_cuda_terms"] for r in rows),
-        "time_accuracy_worst": min((r["time_accuracy"] for r in rows if r["time_accuracy"] is not None), default=None),
-        "memory_accuracy_worst": min(
-            (r["memory_accuracy"] for r in rows if r["memory_accuracy"] is not None), default=None
+        "memory_accuracy_without_cuda_terms_mean": mean(r["memory_accuracy_without_cuda_terms"] for r in headline),
+        "time_accuracy_worst": min(
+            (r["time_accuracy"] for r in headline if r["time_accuracy"] is not None), default=None
         ),
+        "memory_accuracy_worst": min(
+            (r["memory_accuracy"] for r in headline if r["memory_accuracy"] is not None), default=None
+        ),
+        "seen_time_accuracy_mean": mean(r["time_accuracy"] for r in seen) if unseen else None,
+        "seen_memory_accuracy_mean": mean(r["memory_accuracy"] for r in seen) if unseen else None,
         "calibration": calibration_fit(out, machine, raw),
     }
 
@@ -441,6 +517,8 @@ def calibration_fit(out: Path, machine, raw: dict[str, Any]) -> dict[str, Any]:
         "memory": {key: memory.get(key) for key in ("fixed_bytes", "per_call_byte", "block_bytes", "loo_accuracy_mean")}
         | {"rows": memory.get("fitted_on") or [], "not_measured": memory.get("not_measured") or []},
         "memory_calibration_times": times,
+        "host": {key: (raw.get("cuda_host") or {}).get(key) for key in ("per_layer_s", "loo_accuracy_mean")}
+        | {"rows": (raw.get("cuda_host") or {}).get("fitted_on") or []},
     }
 
 
@@ -501,6 +579,17 @@ def report(summary: dict[str, Any]) -> None:
             f"  {row['label']:<32} {ms(row['predicted_step_s']):>10} {ms(row['measured_step_s']):>10} "
             f"{pct(row['time_accuracy']):>8}  {row['compute_source']}"
         )
+    host = calibration.get("host") or {}
+    if host.get("per_layer_s"):
+        print(
+            f"calibration: cuda_host {1e6 * host['per_layer_s']:.1f} µs per layer issued (forward; backward twice), "
+            f"fitted on the memory calibration's steps; leave-one-model-out accuracy {pct(host['loo_accuracy_mean'])}"
+        )
+        for row in host["rows"]:
+            print(
+                f"  {row['label']:<32} {ms(row['fitted_step_s']):>10} {ms(row['measured_step_s']):>10} "
+                f"{pct(row['accuracy']):>8}  LOMO {pct(row['loo_accuracy'])}"
+            )
     for point in calibration["failed_points"]:
         print(f"calibration point failed: {point['point_id']}: {point['status']}: {point['reason']}")
 
@@ -520,8 +609,14 @@ def report(summary: dict[str, Any]) -> None:
             f"{pct(row['memory_accuracy']):>8} | {pct(row['memory_accuracy_without_cuda_terms']):>13}"
         )
     t, m = summary["time_accuracy_mean"], summary["memory_accuracy_mean"]
+    print(f"\nscored on: {summary.get('headline', 'every held-out point')}")
+    if summary.get("seen_time_accuracy_mean") is not None:
+        print(
+            f"(the set seen before the host floor: time {pct(summary['seen_time_accuracy_mean'])}, memory "
+            f"{pct(summary['seen_memory_accuracy_mean'])}; not a held-out figure any more)"
+        )
     print(
-        f"\ntime:   mean accuracy {pct(t)} (worst {pct(summary['time_accuracy_worst'])}), n = {summary['n_time']}, "
+        f"time:   mean accuracy {pct(t)} (worst {pct(summary['time_accuracy_worst'])}), n = {summary['n_time']}, "
         f"target ≥ {100 * TIME_TARGET:.0f} %: {verdict(t, TIME_TARGET)}"
     )
     print(

@@ -82,6 +82,39 @@ def test_cuda_terms_change_cuda_predictions_only(model, batch):
     assert cuda_terms.step_time_s == cuda_plain.step_time_s
 
 
+def test_host_floor_holds_a_cuda_step_at_its_layers_issue_time_and_leaves_the_cpu_alone():
+    """cuda_host: each block's forward at least n·h and backward 2n·h (n its layers); a fast GPU's small step
+    then costs the host's issue time; CPU machines never change."""
+    from ddlbench.analysis.analytic.compute import BACKWARD_ISSUES, block_times
+    from ddlbench.analysis.analytic.machine_model import CudaHostTerms
+    from ddlbench.analysis.analytic.operators import FREE_TYPES
+
+    s = setting("resnet20", 32)
+    table = introspected_table(s.model, s.dataset, resolved_options(s))
+    h = 50e-6
+    layers = [
+        sum(1 for layer in table.layers if layer.block == block and layer.type not in FREE_TYPES)
+        for block in range(len(table.blocks))
+    ]
+
+    def with_host(kind: str) -> MachineModel:
+        return replace(machine(kind, None), cuda_host=CudaHostTerms(per_layer_s=h))
+
+    def times(model: MachineModel):
+        return block_times(table, model, batch=32, precision="fp32", threads=1)
+
+    plain, floored = times(machine("cuda", None)), times(with_host("cuda"))
+    for n, before, after in zip(layers, plain.forward_s, floored.forward_s, strict=True):
+        assert after == pytest.approx(max(before, n * h))
+    for n, before, after in zip(layers, plain.backward_s, floored.backward_s, strict=True):
+        assert after == pytest.approx(max(before, BACKWARD_ISSUES * n * h))
+    assert sum(floored.forward_s) > sum(plain.forward_s) and "host floor" in floored.notes[-1]
+    assert times(with_host("cpu")) == times(machine("cpu", None))
+    cuda_step = predict(s, with_host("cuda"), search_batch=False).step_time_s
+    assert cuda_step > predict(s, machine("cuda", None), search_batch=False).step_time_s
+    assert predict(s, with_host("cpu"), search_batch=False) == predict(s, machine("cpu", None), search_batch=False)
+
+
 def test_rounding_and_largest_call_follow_the_layers():
     table = introspected_table("resnet20", "cifar10", resolved_options(setting("resnet20", 1)))
     waste = parameter_rounding_bytes(table)

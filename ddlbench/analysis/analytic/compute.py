@@ -85,13 +85,17 @@ def block_times(
     operators = machine.operator_model_for(precision, threads, sharing=sharing)
     if timed is not None and len(timed.forward) == len(table.blocks):
         params = max(1, table.params)
-        return BlockTimes(
-            forward_s=tuple(fit.at(batch) * f for fit, f in zip(timed.forward, factors, strict=True)),
-            backward_s=tuple(fit.at(batch) * f for fit, f in zip(timed.backward, factors, strict=True)),
-            loss_s=timed.loss.at(batch),
-            update_per_param_s=timed.update_s / params,
-            source="layer_timings",
-            notes=(f"layer timings: {timed.ranks_per_node} rank(s) × {timed.threads} thread(s) at once",),
+        return host_floor(
+            table,
+            machine,
+            BlockTimes(
+                forward_s=tuple(fit.at(batch) * f for fit, f in zip(timed.forward, factors, strict=True)),
+                backward_s=tuple(fit.at(batch) * f for fit, f in zip(timed.backward, factors, strict=True)),
+                loss_s=timed.loss.at(batch),
+                update_per_param_s=timed.update_s / params,
+                source="layer_timings",
+                notes=(f"layer timings: {timed.ranks_per_node} rank(s) × {timed.threads} thread(s) at once",),
+            ),
         )
     if operators is not None:
         times = _from_operators(table, machine, operators, layers, batch=batch, precision=precision, threads=threads)
@@ -101,8 +105,37 @@ def block_times(
                 forward_s=tuple(t * f for t, f in zip(times.forward_s, factors, strict=True)),
                 backward_s=tuple(t * f for t, f in zip(times.backward_s, factors, strict=True)),
             )
+        return host_floor(table, machine, times)
+    return host_floor(
+        table, machine, _from_rates(table, machine, batch=batch, precision=precision, threads=threads, factors=factors)
+    )
+
+
+BACKWARD_ISSUES = 2  # a layer's backward issues about twice its forward's kernels (input and weight gradients)
+
+
+def host_floor(table: ModelTable, machine: MachineModel, times: BlockTimes) -> BlockTimes:
+    """On a CUDA machine whose file has `cuda_host`: each block's forward at least n × h and its backward at
+    least BACKWARD_ISSUES × n × h seconds, n the block's layers (FREE_TYPES left out) and h the host's time
+    to issue one layer's forward. An eager step issues its kernels from one host thread; a small model on a
+    fast GPU waits on that thread (resnet20 on an H200 took 11-13 ms a step at batch 32 to 128). The floor
+    is not scaled by a strategy's share of a block: a rank issues every layer of its blocks whatever their
+    width. Other machines: `times` as they are."""
+    host = machine.cuda_host
+    if machine.device_kind != "cuda" or host is None or len(times.forward_s) != len(table.blocks):
         return times
-    return _from_rates(table, machine, batch=batch, precision=precision, threads=threads, factors=factors)
+    layers = [0] * len(table.blocks)
+    for layer in table.layers:
+        if layer.type not in FREE_TYPES:
+            layers[layer.block] += 1
+    forward = tuple(max(t, n * host.per_layer_s) for t, n in zip(times.forward_s, layers, strict=True))
+    backward = tuple(
+        max(t, n * BACKWARD_ISSUES * host.per_layer_s) for t, n in zip(times.backward_s, layers, strict=True)
+    )
+    bound = sum(f > t for f, t in zip(forward, times.forward_s, strict=True))
+    bound += sum(b > t for b, t in zip(backward, times.backward_s, strict=True))
+    note = f"host floor {host.per_layer_s * 1e6:.1f} µs per layer issued: {bound} of {2 * len(layers)} block passes"
+    return replace(times, forward_s=forward, backward_s=backward, notes=(*times.notes, note))
 
 
 def layer_times(

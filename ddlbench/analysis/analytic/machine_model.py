@@ -205,6 +205,21 @@ class _LazyFits(dict):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CudaHostTerms:
+    """A machine file's `cuda_host`: the host's share of an eager CUDA step. The rank's thread issues every
+    layer's kernels one after the other; where that takes longer than the GPU runs them, the GPU waits,
+    and a block's time is the issue time, not its kernels' (ddlbench.analysis.analytic.compute.host_floor)."""
+
+    per_layer_s: float  # host seconds to issue one layer's forward (its backward: BACKWARD_ISSUES times as many)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> CudaHostTerms | None:
+        if not data or not data.get("per_layer_s"):
+            return None
+        return cls(per_layer_s=float(data["per_layer_s"]))
+
+
+@dataclass(frozen=True, kw_only=True)
 class MachineModel:
     """A machine file read for prediction."""
 
@@ -226,6 +241,8 @@ class MachineModel:
     # what CUDA's caching allocator counts beyond the tensors (ddlbench.analysis.analytic.memory, "On CUDA"),
     # fitted by a GPU calibration; applied to predictions only when device_kind is cuda
     cuda_memory: CudaMemoryTerms | None = None
+    # the host's time to issue a layer's kernels, fitted by a GPU calibration; cuda only, as cuda_memory
+    cuda_host: CudaHostTerms | None = None
 
     @classmethod
     def from_file(cls, path: Path) -> MachineModel:
@@ -256,6 +273,7 @@ class MachineModel:
             operator_timings=tuple(data.get("operator_timings") or ()),
             hosts=max(1, len(data.get("hosts") or ())),
             cuda_memory=CudaMemoryTerms.from_dict(data.get("cuda_memory")),
+            cuda_host=CudaHostTerms.from_dict(data.get("cuda_host")),
         )
 
     # compute ------------------------------------------------------------------------------------

@@ -28,6 +28,9 @@ and unit in its key's name, measured ones with their statistics and sample size.
     cuda_memory:                     # optional, CUDA machines: what the caching allocator counts beyond tensors
       {fixed_bytes, per_call_byte, block_bytes, method, fitted_on: [{label, measured_bytes, base_bytes, ...}]}
       # ddlbench.analysis.analytic.memory (CudaMemoryTerms, fit_cuda_terms); written by benchmarks/gpu_analytic.py
+    cuda_host:                       # optional, CUDA machines: the host's time to issue one layer's forward
+      {per_layer_s, method, fitted_on: [{label, measured_step_s, ...}]}
+      # ddlbench.analysis.analytic.compute.host_floor; fitted by benchmarks/gpu_analytic.py
 
 machine_version stays 1: layer_timings and operator_timings are optional, so files written before it still read, and a
 reader that does not know it ignores it. Files written before the key was renamed call layer_timings
