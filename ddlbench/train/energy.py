@@ -2,9 +2,11 @@
 
 Counters: the rank's GPU by NVML's total-energy counter (ddlbench.train.nvml), and its host's CPU packages
 by RAPL (/sys/class/powercap/intel-rapl:<n>/energy_uj, where readable), read by local rank 0 of each host
-only, so that no host is counted once per rank. The kernel opens the window after the window's opening
-synchronisation and before the first step's start stamp, and closes it after the closing synchronisation
-(ddlbench.train.kernel, ddlbench.train.clock.StepTimer): no read sits inside a timed step.
+only, so that no host is counted once per rank. The kernel opens the window just before the barrier that
+opens the measured steps (an NVML read takes milliseconds, the first one longer: read after the barrier, it
+would make the ranks start their first step apart) and closes it after the closing synchronisation
+(ddlbench.train.kernel, ddlbench.train.clock.StepTimer): no read sits inside a timed step, and the energy
+window holds the measured steps plus the barrier and the timer's opening synchronisations (its own window_s).
 
 Each reading is one counter's difference over the window, labelled with its boundary, its device and how it
 was read. Its uncertainty: a counter refreshed every T seconds is stale by up to T at each end, so the
