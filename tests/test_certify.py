@@ -123,10 +123,12 @@ def test_a_pass_is_certain_only_when_the_whole_interval_is_inside_the_band():
 
     assert subset({"status": "pass", "passed": True, "certain": True}, judge(figure(95, 91, 99), ref))
     assert judge(figure(95, 85, 99), ref)["certain"] is False  # within the noise of the lower bound
-    assert subset({"status": "fail", "passed": False, "certain": True}, judge(figure(80, 70, 85), ref))
+    assert subset({"status": "slow", "passed": False, "certain": True}, judge(figure(80, 70, 85), ref))
     assert judge(figure(95, None, None), ref)["certain"] is None
-    missing = Figure(name="f", unit="u", kind="throughput", value=None, ci_low=None, ci_high=None, n=0, basis="")
-    assert judge(missing, ref)["status"] == "not measured" and judge(missing, ref)["passed"] is False
+    crashed = Figure.unmeasured("f", unit="u", kind="throughput", why="no successful repetition (failed)")
+    assert subset({"status": "failed", "passed": False}, judge(crashed, ref))
+    absent = Figure.unmeasured("f", unit="u", kind="throughput", why="no record", never_ran=True)
+    assert subset({"status": "missing", "passed": False}, judge(absent, ref))
     assert subset({"status": "no reference", "passed": None}, judge(figure(95, 91, 99), None))
 
 
@@ -167,10 +169,11 @@ def test_every_referenced_figure_within_its_band_passes(tmp_path):
     )
     code, cert = certify(tmp_path, folder, refs)
     assert code == 0 and cert["passed"] is True and cert["nodes_outside"] == []
-    assert cert["counts"]["pass"] == 5 and cert["counts"]["fail"] == 0  # 3 partition figures + 2 nodes
+    assert cert["counts"]["pass"] == 5  # 3 partition figures + 2 nodes
+    assert cert["counts"]["slow"] == cert["counts"]["failed"] == cert["counts"]["missing"] == 0
 
 
-def test_a_failed_point_is_not_measured_and_fails_its_reference(tmp_path):
+def test_a_failed_point_fails_its_reference_with_the_cause(tmp_path):
     plan = plan_of(tmp_path / "s", strategies=["ddp"], nodes=[1, 2])
     write(
         plan, [record_for(plan.points[0], 100.0, steps=steps_around(100.0)), record_for(plan.points[1], status="oom")]
@@ -178,13 +181,44 @@ def test_a_failed_point_is_not_measured_and_fails_its_reference(tmp_path):
     refs = references(tmp_path, {TWO: [150.0, -0.1, 0.1, "samples/s"]})
     code, cert = certify(tmp_path, plan.config.sweep_dir, refs)
     entry = next(f for f in cert["figures"] if f["name"] == TWO)
-    assert code == 1 and entry["status"] == "not measured" and "oom" in entry["why_missing"]
+    assert code == 1 and entry["status"] == "failed" and "oom" in entry["why_missing"]
+
+
+def test_a_referenced_figure_the_run_never_produced_is_missing_and_fails(tmp_path, capsys):
+    """A reference to a figure of a family the suite produces, but that no point produced (a configuration
+    that did not run): `missing`, which fails safe; the one-line summary names it."""
+    folder = sweep_records(tmp_path, {"n1": 100.0}, two_nodes=180.0)
+    absent = "train/resnet8-cifar10-ddp-n4x1-b32-t1/samples_per_s"
+    refs = references(tmp_path, {ONE: [100.0, -0.2, 0.2, "samples/s"], absent: [300.0, -0.2, 0.2, "samples/s"]})
+    code, cert = certify(tmp_path, folder, refs)
+    entry = next(f for f in cert["figures"] if f["name"] == absent)
+    assert code == 1 and cert["passed"] is False
+    assert entry["status"] == "missing" and entry["value"] is None and entry["passed"] is False
+    assert cert["counts"]["missing"] == 1 and cert["counts"]["pass"] >= 1
+    assert f"missing: {absent}" in capsys.readouterr().out
+
+
+def test_a_planned_point_that_left_no_record_is_missing_not_failed(tmp_path):
+    """Read from its records the run has no figure of that point (`missing`); planned, its table row says
+    `missing` and its figure is one that never ran, judged the same."""
+    from ddlbench.analysis.aggregate import build_table
+    from ddlbench.history.figures import training_figures
+
+    plan = plan_of(tmp_path / "s", strategies=["ddp"], nodes=[1, 2])
+    write(plan, [record_for(plan.points[0], 100.0, steps=steps_around(100.0))])  # the 2-node point never ran
+    refs = references(tmp_path, {TWO: [150.0, -0.1, 0.1, "samples/s"]})
+    code, cert = certify(tmp_path, plan.config.sweep_dir, refs)
+    entry = next(f for f in cert["figures"] if f["name"] == TWO)
+    assert code == 1 and entry["status"] == "missing" and entry["value"] is None
+    planned = {figure.name: figure for figure in training_figures(build_table(plan))}
+    assert planned[TWO].never_ran and "never ran" in planned[TWO].why_missing
+    assert judge(planned[TWO], load_references(refs).for_partition("lab", "cpu")[TWO])["status"] == "missing"
 
 
 @pytest.mark.parametrize(
     ("figures", "system", "partition", "needle"),
     [
-        ({"train/nosuchmodel/samples_per_s": [1, -0.1, 0.1, "samples/s"]}, "lab", "cpu", "train/nosuchmodel"),
+        ({"trian/nosuchmodel/samples_per_s": [1, -0.1, 0.1, "samples/s"]}, "lab", "cpu", "trian/nosuchmodel"),
         ({ONE: [1, -0.1, 0.1, "samples/s"]}, "elsewhere", "cpu", "--system"),
         ({ONE: [1, -0.1, 0.1, "samples/s"]}, "lab", "gpu", "--partition"),
         ({ONE: [1, 0.5, 0.1, "samples/s"]}, "lab", "cpu", f"{ONE}.lower"),
@@ -234,7 +268,7 @@ def test_proposed_references_certify_the_run_they_came_from_and_catch_a_slower_o
     assert code == 0 and cert["passed"] is True
     slower = sweep_records(tmp_path, {"n1": 80.0, "n2": 81.0}, two_nodes=150.0, name="slower")
     code, cert = certify(tmp_path, slower, str(proposed))
-    assert code == 1 and ONE in {f["name"] for f in cert["figures"] if f["status"] == "fail"}
+    assert code == 1 and ONE in {f["name"] for f in cert["figures"] if f["status"] == "slow"}
 
 
 def test_certificate_html_escapes_names_from_references_and_records():

@@ -281,6 +281,18 @@ def test_the_health_block_shows_the_certificate_or_says_there_is_none(tmp_path):
     assert "machine/memory_bandwidth" in health and "-16.7 %" in health and "2025-05-01" in health  # a regression
     assert "Machine certificate FAILED for testbox cpu" in markdown and "machine/allreduce/busbw" in markdown
 
+    # a version-2 certificate: slow, failed and missing figures all listed as not passing, with the cause
+    cert = certificate()
+    cert["figures"][1] |= {"status": "slow"}
+    cert["figures"].append(
+        {"name": "machine/matmul", "unit": "FLOP/s", "value": None, "why_missing": "rank 1: RuntimeError: boom",
+         "reference": 1e12, "lower": 9e11, "upper": None, "passed": False, "status": "failed", "node": None}
+    )  # fmt: skip
+    (plan.config.sweep_dir / "certificate.json").write_text(json.dumps(cert))
+    health = between(render_report(plan.config, table), "<h3>Machine health</h3>", "<h3>Best strategy</h3>")
+    assert "1 pass, 1 slow, 1 failed, 1 no reference of 4 figure(s)" in health
+    assert "failed: rank 1: RuntimeError: boom" in health
+
     (plan.config.sweep_dir / "certificate.json").write_text(json.dumps(certificate(passed=True, figures=[])))
     assert "Machine certificate passed" in render_report(plan.config, table)
     (plan.config.sweep_dir / "certificate.json").write_text("{not json")

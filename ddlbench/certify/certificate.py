@@ -1,15 +1,23 @@
 """A certificate: every figure of a run judged against its reference band, per node where pinned.
 
-Verdicts (ReFrame's rule: the measured value, here the median, must lie within the band, ends included):
+Verdicts, four for a referenced figure (what an administrator accepting hardware keeps apart: NVIDIA's
+cluster readiness engine tells "ran but too slow" from "crashed", and fails a missing measurement safe):
 
-- `pass` / `fail`: the figure has a reference; `passed` true or false. `certain` says whether the whole
-  95 % interval lies on the same side as the value (inside the band for a pass, outside for a fail),
-  None without an interval: a pass that is not certain is within the measurement's noise of a bound;
-- `no reference`: listed, `passed` null, and never counted as a pass;
-- `not measured`: referenced, but its points failed: `passed` false.
+- `pass`: ran, and its value (the median) lies within the band, ends included (ReFrame's rule);
+- `slow`: ran, and its value lies outside the band (`deviation` says by how much and which way);
+- `failed`: the suite ran its points and they crashed, ran out of memory or time: no value, and
+  `why_missing` gives the cause;
+- `missing`: referenced, but the run produced no such figure at all (a node that did not run, a part the
+  suite left out): it fails, as a measurement nobody made cannot vouch for the hardware;
+- `no reference`: a figure without a reference: listed, `passed` null, never counted as a pass.
+
+For a pass or a slow figure, `certain` says whether the whole 95 % interval lies on the same side as the
+value (inside the band for a pass, outside for a slow one), None without an interval: a pass that is not
+certain is within the measurement's noise of a bound.
 
 The certificate passes when every referenced figure passes and at least one figure is referenced.
-Nodes outside: the nodes with a per-node figure that fails.
+Nodes outside: the nodes with a per-node figure that does not pass. Version 2: `slow`, `failed` and
+`missing` replace version 1's `fail` and `not measured`.
 
 A regression (ddlbench.certify.regressions) is judged apart: it does not change `passed`.
 """
@@ -26,19 +34,29 @@ from ddlbench.history.figures import Figure
 from ddlbench.provenance import utc_now
 from ddlbench.records import MEASUREMENT_VERSION
 
-CERTIFICATE_VERSION = 1
+CERTIFICATE_VERSION = 2
+VERDICTS = ("pass", "slow", "failed", "missing", "no reference")  # in the order reports list them
+NOT_PASSING = ("slow", "failed", "missing")
+
+
+def family(name: str) -> str:
+    """A figure name's family: its first part (machine, throughput, scaling, …)."""
+    return name.split("/", 1)[0]
 
 
 def check_reference_names(
     references: dict[str, Reference], figures: list[Figure], *, unknown_prefixes: Iterable[str] = ()
 ) -> None:
-    """A reference to a figure the suite does not produce is bad input: refused with the name and what
-    the suite produces. `unknown_prefixes`: families whose names cannot be known (their part failed
-    before naming them), whose references are then judged `not measured` instead."""
+    """A reference to a figure of a family the suite does not produce at all is bad input (a misspelt
+    family, another suite's file): refused with the name and what the suite produces. A reference to a
+    figure of a family it produces, but not this figure this time (a node that did not run), is judged
+    `missing`. `unknown_prefixes`: families whose names cannot be known (their part failed before naming
+    them), whose references are judged `failed` with the part's cause."""
     produced = {figure.name for figure in figures}
+    families = {family(name) for name in produced}
     prefixes = tuple(unknown_prefixes)
     for name in references:
-        if name in produced or (prefixes and name.startswith(prefixes)):
+        if name in produced or family(name) in families or (prefixes and name.startswith(prefixes)):
             continue
         shown = sorted(produced)
         more = f" … ({len(shown) - 12} more)" if len(shown) > 12 else ""
@@ -72,9 +90,9 @@ def judge(figure: Figure, reference: Reference | None) -> dict[str, Any]:
     if reference.unit != figure.unit:
         entry["unit_note"] = f"reference unit {reference.unit!r} differs from the figure's {figure.unit!r}"
     if figure.value is None:
-        return entry | {"passed": False, "status": "not measured"}
+        return entry | {"passed": False, "status": "missing" if figure.never_ran else "failed"}
     passed = bool(reference.holds(figure.value))
-    entry |= {"passed": passed, "status": "pass" if passed else "fail", "deviation": reference.deviation(figure.value)}
+    entry |= {"passed": passed, "status": "pass" if passed else "slow", "deviation": reference.deviation(figure.value)}
     if figure.ci_low is not None and figure.ci_high is not None:
         ends = (reference.holds(figure.ci_low), reference.holds(figure.ci_high))
         entry["certain"] = bool(all(ends) if passed else not any(ends))
@@ -95,13 +113,17 @@ def build_certificate(
     """The certificate as JSON-able data. `unmeasured`: referenced names the run could not produce
     (a part that failed before naming its figures), with why."""
     references = references or {}
+    unmeasured = unmeasured or {}
     entries = [judge(figure, references.get(figure.name)) for figure in figures]
-    for name, why in (unmeasured or {}).items():
+    for name, why in unmeasured.items():
         placeholder = Figure.unmeasured(name, unit=references[name].unit, kind="machine", why=why)
         entries.append(judge(placeholder, references[name]))
+    produced = {figure.name for figure in figures} | set(unmeasured)
+    for name in sorted(set(references) - produced):
+        entries.append(judge(missing_figure(name, references[name]), references[name]))
     referenced = [entry for entry in entries if entry["status"] != "no reference"]
     nodes_outside = sorted({entry["node"] for entry in referenced if entry["node"] and entry["passed"] is False})
-    counts = {status: sum(entry["status"] == status for entry in entries) for status in _STATUSES}
+    counts = {status: sum(entry["status"] == status for entry in entries) for status in VERDICTS}
     return {
         "certificate_version": CERTIFICATE_VERSION,
         "system": system,
@@ -121,7 +143,11 @@ def build_certificate(
     }
 
 
-_STATUSES = ("pass", "fail", "not measured", "no reference")
+def missing_figure(name: str, reference: Reference) -> Figure:
+    """The placeholder of a referenced figure no point of the run produced."""
+    return Figure.unmeasured(
+        name, unit=reference.unit, kind=family(name), why="no point of this run produced it", never_ran=True
+    )
 
 
 def _nodes(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -6,8 +6,8 @@ results database and writes the certificate (JSON and HTML).
                      [--from-records DIR] [--json out.json] [--html out.html] [--write-references new.yaml]
                      [--profile slurm] [--cores N] [--nodes N] [--db history.sqlite]
 
-Exit status: 0 when every referenced figure passes, 1 when any fails (or nothing is referenced), 2 for bad
-input (one line naming the key and the problem).
+Exit status: 0 when every referenced figure passes, 1 when any is slow, failed or missing (or nothing is
+referenced), 2 for bad input (one line naming the key and the problem).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def add_commands(commands: Any) -> None:
         "through a Snakemake profile or packed SLURM allocations, or judge the records of one that ran "
         "(--from-records); compare every figure with its reference band for this system:partition and with "
         "the last passing certificate, store the run in the results database and write the certificate. Exit "
-        "status 0 when every referenced figure passes, 1 when any fails, 2 for bad input. --write-references "
-        "proposes a reference file from this run.",
+        "status 0 when every referenced figure passes, 1 when any is slow, failed or missing, 2 for bad input. "
+        "--write-references proposes a reference file from this run.",
         example=[
             "ddlbench certify --system mycluster --partition gpu --references refs.yaml --profile slurm",
             "ddlbench certify --system laptop --partition local --write-references refs.yaml",
@@ -134,8 +134,12 @@ def _certify(args: argparse.Namespace) -> int:
     if references:
         check_reference_names(references, figures, unknown_prefixes=() if machine else ("machine/",))
         produced = {figure.name for figure in figures}
+        # a calibration that wrote no machine file failed: its figures are `failed`; any other referenced figure
+        # the run did not produce is `missing` (ddlbench.certify.certificate)
         unmeasured = {
-            name: "the suite's calibration wrote no machine file" for name in references if name not in produced
+            name: "the suite's calibration wrote no machine file"
+            for name in references
+            if name not in produced and name.startswith("machine/") and not machine
         }
     certificate = build_certificate(
         figures,
@@ -235,9 +239,12 @@ def _print_summary(certificate: dict[str, Any], html: Path) -> None:
     for entry in certificate["figures"]:
         if entry["passed"] is False:
             where = f" on {entry['node']}" if entry["node"] else ""
-            value = "not measured" if entry["value"] is None else _number(entry["value"])
             band = f"[{_number(entry['lower'])}, {_number(entry['upper'])}]"
-            print(f"  fail: {entry['name']}{where}: {value} {entry['unit']} outside {band}")
+            if entry["value"] is None:  # failed (the cause) or missing (never produced)
+                print(f"  {entry['status']}: {entry['name']}{where}: {entry['why_missing']}")
+            else:
+                value = f"{_number(entry['value'])} {entry['unit']}"
+                print(f"  {entry['status']}: {entry['name']}{where}: {value} outside {band}")
     if certificate["nodes_outside"]:
         print(f"  nodes outside their band: {', '.join(certificate['nodes_outside'])}")
     for row in certificate["regressions"]:

@@ -49,6 +49,9 @@ _ID_TAIL = re.compile(r"-r\d+-[0-9a-f]{8}$")
 _NODE_TAG = re.compile(r"-on_[a-z0-9_]+$")
 
 
+NEVER_RAN = "never ran: no point of the run left a record of it"  # the basis of such an unmeasured figure
+
+
 @dataclass(frozen=True, kw_only=True)
 class Figure:
     """One measured figure of a certification run; value None when its points did not succeed."""
@@ -74,12 +77,19 @@ class Figure:
         return data
 
     @classmethod
-    def unmeasured(cls, name: str, *, unit: str, kind: str, why: str, node: str | None = None) -> Figure:
-        """A figure the suite should produce but has no value for, and why."""
+    def unmeasured(
+        cls, name: str, *, unit: str, kind: str, why: str, node: str | None = None, never_ran: bool = False
+    ) -> Figure:
+        """A figure the suite should produce but has no value for, and why: its points failed, or (`never_ran`)
+        none of them left a record (basis NEVER_RAN)."""
         return cls(
-            name=name, unit=unit, kind=kind, value=None, ci_low=None, ci_high=None, n=0, basis="", node=node,
-            why_missing=why,
+            name=name, unit=unit, kind=kind, value=None, ci_low=None, ci_high=None, n=0,
+            basis=NEVER_RAN if never_ran else "", node=node, why_missing=why,
         )  # fmt: skip
+
+    @property
+    def never_ran(self) -> bool:
+        return self.value is None and self.basis == NEVER_RAN
 
 
 def machine_figures(machine: dict[str, Any]) -> list[Figure]:
@@ -206,8 +216,12 @@ def _hashes(frame: pd.DataFrame, columns: list[str]) -> list[str]:
 def _throughput(row: dict[str, Any], summary: dict[str, Any] | None) -> Figure:
     name = f"train/{row['label']}/samples_per_s"
     if summary is None or missing(summary.get("samples_per_s_median")):
-        why = f"no successful repetition ({row['status']})"
-        return Figure.unmeasured(name, unit="samples/s", kind="throughput", why=why, node=_node(row))
+        # the repetitions' statuses ("missing: 2", "ok: 1, failed: 2"): all missing = no record of any
+        never_ran = all(part.strip().startswith("missing") for part in str(row["status"]).split(","))
+        why = "no record: the point never ran" if never_ran else f"no successful repetition ({row['status']})"
+        return Figure.unmeasured(
+            name, unit="samples/s", kind="throughput", why=why, node=_node(row), never_ran=never_ran
+        )
     reps = int(summary["n_repetitions"])
     if reps >= MIN_CI_N:
         value, low, high = (summary[f"rep_samples_per_s_{s}"] for s in ("median", "ci_low", "ci_high"))
@@ -237,7 +251,9 @@ def _over_nodes(name: str, group: list[Figure]) -> Figure:
     if len(group) == 1 and values:  # one node: its figure is the partition's, interval and all
         return replace(group[0], node=None, basis=f"the one node's: {group[0].basis}")
     if not values:
-        return Figure.unmeasured(name, unit="samples/s", kind="throughput", why="no node succeeded")
+        never_ran = all(figure.never_ran for figure in group)
+        why = "no node left a record" if never_ran else "no node succeeded"
+        return Figure.unmeasured(name, unit="samples/s", kind="throughput", why=why, never_ran=never_ran)
     interval = median_ci(values)
     return Figure(
         name=name,

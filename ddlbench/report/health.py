@@ -18,7 +18,9 @@ from typing import Any
 from ddlbench.report.figures import interval_text, missing, number
 
 CERTIFICATE = "certificate.json"
-VERDICTS = ("pass", "fail", "not measured", "no reference")
+# certificate version 2's verdicts (ddlbench.certify.certificate), then version 1's, for certificates kept from before
+VERDICTS = ("pass", "slow", "fail", "failed", "not measured", "missing", "no reference")
+NOT_PASSING = ("slow", "failed", "missing", "fail", "not measured")
 
 
 def health_section(sweep_dir: Path) -> dict[str, Any]:
@@ -41,7 +43,7 @@ def _summarise(data: dict[str, Any]) -> dict[str, Any]:
     for figure in figures:
         status = str(figure.get("status") or "no reference")
         counts[status] = counts.get(status, 0) + 1
-    failing = [_figure_row(f) for f in figures if f.get("status") in ("fail", "not measured")]
+    failing = [_figure_row(f) for f in figures if f.get("status") in NOT_PASSING]
     regressions = [
         {
             "name": _text(r.get("name")),
@@ -71,7 +73,8 @@ def _figure_row(figure: dict[str, Any]) -> dict[str, str]:
     value = figure.get("value")
     if missing(value):
         why = _text(figure.get("why_missing"))
-        measured = f"not measured: {why}" if why else "not measured"
+        status = _text(figure.get("status")) or "not measured"
+        measured = f"{status}: {why}" if why else status
     else:
         n = figure.get("n")
         measured = f"{interval_text(value, figure.get('ci_low'), figure.get('ci_high'), n, unit='measurements')} {unit}"
