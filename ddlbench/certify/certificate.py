@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import ddlbench
+from ddlbench.certify.cards import card_shares, find_card
 from ddlbench.certify.references import Reference
 from ddlbench.errors import ConfigError
 from ddlbench.history.figures import Figure
@@ -109,6 +110,7 @@ def build_certificate(
     config_hash: str,
     references_path: str | None,
     unmeasured: dict[str, str] | None = None,
+    device_name: str | None = None,
 ) -> dict[str, Any]:
     """The certificate as JSON-able data. `unmeasured`: referenced names the run could not produce
     (a part that failed before naming its figures), with why."""
@@ -121,6 +123,9 @@ def build_certificate(
     produced = {figure.name for figure in figures} | set(unmeasured)
     for name in sorted(set(references) - produced):
         entries.append(judge(missing_figure(name, references[name]), references[name]))
+    card = find_card(device_name)
+    for entry in entries:  # the card's peak and achievable beside its measured figures (ddlbench.certify.cards)
+        entry["card"] = card_shares(entry["name"], entry["value"], card)
     referenced = [entry for entry in entries if entry["status"] != "no reference"]
     nodes_outside = sorted({entry["node"] for entry in referenced if entry["node"] and entry["passed"] is False})
     counts = {status: sum(entry["status"] == status for entry in entries) for status in VERDICTS}
@@ -134,6 +139,8 @@ def build_certificate(
         "ddlbench_version": ddlbench.__version__,
         "measurement_version": MEASUREMENT_VERSION,
         "references": references_path,
+        "device": device_name,
+        "card": card.name if card else None,
         "passed": bool(referenced) and all(entry["passed"] for entry in referenced),
         "counts": counts,
         "nodes": _nodes(entries),

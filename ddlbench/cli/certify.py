@@ -150,6 +150,7 @@ def _certify(args: argparse.Namespace) -> int:
         config_hash=config_hash,
         references_path=str(args.references) if args.references else None,
         unmeasured=unmeasured,
+        device_name=((machine or {}).get("device") or {}).get("name"),
     )
     if not references:
         notes.append("no reference file: nothing is certified (see --write-references)")
@@ -215,7 +216,8 @@ def render_certificate(certificate: dict[str, Any]) -> str:
     from ddlbench.templating import template_environment
 
     env = template_environment(autoescape=True)
-    return env.get_template("certificate.html.j2").render(c=certificate, fmt=_number, pct=_percent)
+    share = lambda value: "" if value is None else f"{100 * value:.1f} %"  # noqa: E731 - a template filter
+    return env.get_template("certificate.html.j2").render(c=certificate, fmt=_number, pct=_percent, share=share)
 
 
 def _rerender_report(folder: Path) -> None:
