@@ -19,21 +19,23 @@ def _exchange(rank: int, init: str, answers) -> None:
     try:
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
         staged: list[torch.Tensor] = []
-        copies: set[int] = set()  # the host copies staging made: a CUDA tensor's stand-ins are the others
+        # the host copies staging made, kept alive (an id is unique only while its object lives): a CUDA
+        # tensor's stand-ins are every other tensor
+        copies: list[torch.Tensor] = []
         original_host, original_buffer = shared_gpu._host, shared_gpu._buffer
 
         def counting_host(tensor):
             staged.append(tensor)
             copy = original_host(tensor)
-            copies.add(id(copy))
+            copies.append(copy)
             return copy
 
         def marked_buffer(tensor):
             buffer = original_buffer(tensor)
-            copies.add(id(buffer))
+            copies.append(buffer)
             return buffer
 
-        shared_gpu.needs_staging = lambda tensor: id(tensor) not in copies
+        shared_gpu.needs_staging = lambda tensor: not any(tensor is copy for copy in copies)
         shared_gpu._host, shared_gpu._buffer = counting_host, marked_buffer
         shared_gpu.stage_point_to_point()
         peer = 1 - rank
