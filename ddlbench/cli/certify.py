@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,14 @@ def add_commands(commands: Any) -> None:
             "ddlbench certify --system mycluster --partition gpu --references refs.yaml --profile slurm",
             "ddlbench certify --system laptop --partition local --write-references refs.yaml",
         ],
+    )
+    certify.add_argument(
+        "--level",
+        choices=("quick", "standard"),
+        default="standard",
+        help="quick: this node's readiness in seconds (a short GEMM per precision and a memory copy per device, "
+        "judged against the references' quick/ bands; one line and an exit status for a prolog or Slurm's "
+        "HealthCheckProgram; nothing stored); standard (default): the whole suite",
     )
     certify.add_argument("--system", required=True, help="the system's name, as the reference file names it")
     certify.add_argument("--partition", required=True, help="the partition certified (SLURM's name; any name locally)")
@@ -78,6 +88,58 @@ def add_commands(commands: Any) -> None:
 
 
 def _certify(args: argparse.Namespace) -> int:
+    if args.level == "quick":
+        return _certify_quick(args)
+    return _certify_suite(args)
+
+
+def _certify_quick(args: argparse.Namespace) -> int:
+    """--level quick (ddlbench.certify.quick): measure here, judge the quick/ references, one line."""
+    from ddlbench.atomic import write_text_atomic
+    from ddlbench.certify.certificate import build_certificate, family
+    from ddlbench.certify.propose import propose_references, references_text
+    from ddlbench.certify.quick import health_note, quick_figures, quick_line
+    from ddlbench.certify.references import load_references
+
+    for option in ("from_records", "profile", "pack", "suite"):
+        if getattr(args, option) is not None:
+            raise DdlbenchError(
+                f"--{option.replace('_', '-')}: not with --level quick, which measures this node itself"
+            )
+    if args.references is None and args.write_references is None:
+        raise DdlbenchError("--references: give a reference file (or --write-references NEW to propose one)")
+    references = None
+    if args.references is not None:
+        every = load_references(args.references).for_partition(args.system, args.partition)
+        references = {name: ref for name, ref in every.items() if family(name) == "quick"}
+    began = time.perf_counter()
+    figures, device = quick_figures()
+    certificate = build_certificate(
+        figures,
+        references,
+        system=args.system,
+        partition=args.partition,
+        suite="quick",
+        config_hash="quick",
+        references_path=str(args.references) if args.references else None,
+        device_name=device if device != "cpu" else None,
+    )
+    text = json.dumps(certificate, indent=1, allow_nan=False)
+    if args.json:
+        write_text_atomic(args.json, text + "\n")
+    if args.write_references:
+        proposal = propose_references(
+            figures, system=args.system, partition=args.partition, min_tolerance=args.min_tolerance
+        )
+        source = f"ddlbench certify --level quick on {socket.gethostname()} ({certificate['date']})"
+        write_text_atomic(
+            args.write_references, references_text(proposal, source=source, min_tolerance=args.min_tolerance)
+        )
+    print(quick_line(certificate, time.perf_counter() - began, health_note()))
+    return 0 if certificate["passed"] else 1
+
+
+def _certify_suite(args: argparse.Namespace) -> int:
     from ddlbench.atomic import write_text_atomic
     from ddlbench.certify.certificate import build_certificate, check_reference_names
     from ddlbench.certify.propose import propose_references, references_text
