@@ -23,15 +23,15 @@ CALIBRATION = {
 }  # fmt: skip
 
 
-def suite(tmp_path) -> str:
+def suite(tmp_path, results: str = "results") -> str:
     (tmp_path / "calibration.yaml").write_text(yaml.safe_dump(CALIBRATION))
     raw = {
-        "name": "tiny", "results_dir": str(tmp_path / "results"), "calibrate": str(tmp_path / "calibration.yaml"),
+        "name": "tiny", "results_dir": str(tmp_path / results), "calibrate": str(tmp_path / "calibration.yaml"),
         "models": ["resnet8"], "datasets": ["cifar10"], "strategies": ["ddp"], "nodes": [1, 4, "partition"],
         "each_node": "all", "batch_size": [16], "warmup_steps": 2, "steps": 8, "timeout_s": 120,
     }  # fmt: skip
-    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(raw))
-    return str(tmp_path / "suite.yaml")
+    (tmp_path / f"suite-{results}.yaml").write_text(yaml.safe_dump(raw))
+    return str(tmp_path / f"suite-{results}.yaml")
 
 
 def test_a_bad_calibration_in_the_suite_is_refused_before_anything_runs(tmp_path):
@@ -83,7 +83,7 @@ def test_certify_runs_the_suite_and_judges_its_figures(tmp_path):
     failed = run_cli(
         *common, "--references", str(tmp_path / "harder.yaml"), "--from-records", str(folder), "--db", str(history)
     )
-    assert failed.returncode == 1 and f"fail: {two}" in failed.stdout, failed.stdout
+    assert failed.returncode == 1 and f"slow: {two}" in failed.stdout, failed.stdout
     # the suite's report shows the machine's health from its latest certificate
     assert "Machine certificate FAILED for here local" in (folder / "report.md").read_text()
     assert "Machine certificate FAILED" in (folder / "report.html").read_text()
@@ -92,3 +92,21 @@ def test_certify_runs_the_suite_and_judges_its_figures(tmp_path):
     assert [run.kind for run in runs] == ["sweep", "certificate", "certificate", "certificate"]
     assert [run.passed for run in runs[1:]] == [False, True, False]
     assert (folder / "report.html").exists() and (folder / "certificate.html").exists()
+
+    # the suite run again with faults, against the same references: a straggler's one-node figures are slow,
+    # the two-node point that raised is failed with its cause, the efficiency built on it failed too
+    faulty = run_cli(
+        *common,
+        "--suite",
+        suite(tmp_path, results="faulty"),
+        "--references",
+        str(proposed),
+        "--json",
+        str(certificate),
+        env={"DDLBENCH_HISTORY": str(history), "DDLBENCH_INJECT_FAULT": "slow:0.3@n1x1,raise@n2x1"},
+    )
+    assert faulty.returncode == 1, faulty.stdout + faulty.stderr[-2000:]
+    verdicts = {(f["name"], f["node"]): f for f in json.loads(certificate.read_text())["figures"]}
+    assert verdicts[(one, None)]["status"] == "slow" and verdicts[(one, None)]["deviation"] < -0.2
+    assert verdicts[(two, None)]["status"] == "failed" and "failed" in verdicts[(two, None)]["why_missing"]
+    assert f"slow: {one}" in faulty.stdout and f"failed: {two}" in faulty.stdout
