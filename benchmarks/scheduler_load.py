@@ -478,6 +478,9 @@ def cluster_roads(code: str, root: Path, folder: Path, log: Path, points: int) -
         **os.environ,
         "PATH": f"{log.parent / 'shims'}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}",
         "XDG_CONFIG_HOME": str(folder / "xdg"),
+        # each code's own results database: a database today's code has upgraded is refused by the baseline's
+        # (an inherited DDLBENCH_HISTORY, as under pytest, would be shared by both)
+        "DDLBENCH_HISTORY": str(folder / "history.sqlite"),
     }
     if root != REPO:  # the jobs inherit it (sbatch exports the environment)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
