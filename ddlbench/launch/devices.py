@@ -32,6 +32,7 @@ import torch
 
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.placement import GPU_BIND_VAR
+from ddlbench.train.energy import cuda_identity
 
 # where the kernel lists PCI devices: <domain:bus:device.function>/numa_node and local_cpulist (tests point
 # it at a folder of their own)
@@ -273,15 +274,12 @@ def gpu_identity(device: torch.device, environ: Mapping[str, str], **placement: 
         identity["bind"] = environ[GPU_BIND_VAR]
     if device.type != "cuda":
         return identity
-    properties = torch.cuda.get_device_properties(device)
-    identity |= {"index": device.index, "name": properties.name}
-    uuid = getattr(properties, "uuid", None)
+    identity |= {"index": device.index, "name": torch.cuda.get_device_properties(device).name}
+    uuid, bus_id = cuda_identity(device)  # as NVML and nvidia-smi print them
     if uuid is not None:
-        identity["uuid"] = f"GPU-{uuid}"
-    # pci_{domain,bus,device}_id: torch's cudaDeviceProp fields, printed as nvidia-smi prints the bus id
-    bus = [getattr(properties, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
-    if None not in bus:
-        identity["pci_bus_id"] = f"{bus[0]:08X}:{bus[1]:02X}:{bus[2]:02X}.0"
-        numa_node, local_cpus = gpu_numa(identity["pci_bus_id"])
+        identity["uuid"] = uuid
+    if bus_id is not None:
+        identity["pci_bus_id"] = bus_id
+        numa_node, local_cpus = gpu_numa(bus_id)
         identity |= {"numa_node": numa_node, "local_cpus": list(local_cpus) if local_cpus else None}
     return identity | placement
