@@ -58,6 +58,10 @@ class Point:
     # let ranks of a host share its GPUs where it has fewer than ranks (local rank r takes cuda:(r mod count),
     # and every rank meets over gloo: NCCL refuses two ranks on one device); off, such a point is refused
     share_gpus: bool = False
+    # after the measured window, every rank trains the model alone for this many steps on the same samples
+    # with deterministic kernels and records checksums (ddlbench.train.replay): the silent-data-corruption
+    # check of certification, which names a GPU whose checksums differ from the others'. 0: no replay
+    replay_steps: int = 0
 
     @property
     def world_size(self) -> int:
@@ -101,8 +105,9 @@ class Point:
                 ("-compiled", self.compile),
                 (f"-w{self.loader_workers}", self.loader_workers > 0),
                 (f"-tr{self.trace_steps}", self.trace_steps > 0),
-                (f"-on_{node_tag(self.node)}", bool(self.node)),
+                (f"-rp{self.replay_steps}", self.replay_steps > 0),
                 ("-sharedgpu", self.share_gpus),
+                (f"-on_{node_tag(self.node)}", bool(self.node)),  # last: the certificate strips it by pattern
             )
             if used
         )
@@ -154,6 +159,7 @@ _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "trace_steps": 0,
     "node": "",
     "share_gpus": False,
+    "replay_steps": 0,
 }
 
 

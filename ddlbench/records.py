@@ -223,6 +223,10 @@ class RankResult:
     # local rank 0 only, so no host is counted twice); empty where neither can be read
     energy: tuple[EnergyReading, ...] = ()
     energy_note: str = ""  # what was not read and why: "no NVML: …", "no GPU: …", "no RAPL: …"
+    # the silent-data-corruption replay after the window (Point.replay_steps; ddlbench.train.replay, where
+    # every field is defined): per-step losses and gradient checksums, the weights' checksum, `digest` over
+    # them all, `repeatable` across its passes. None without a replay
+    replay: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:

@@ -58,6 +58,7 @@ def expand_sweep(config: SweepConfig) -> Plan:
                 "oversubscribe": config.oversubscribe,
                 "share_gpus": config.share_gpus,
                 "trace_steps": min(config.trace_steps, config.steps),
+                "replay_steps": config.replay_steps,
             }
         )
         points = [Point(**fixed, repetition=repetition) for repetition in range(config.repetitions)]

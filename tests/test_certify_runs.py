@@ -28,7 +28,7 @@ def suite(tmp_path, results: str = "results") -> str:
     raw = {
         "name": "tiny", "results_dir": str(tmp_path / results), "calibrate": str(tmp_path / "calibration.yaml"),
         "models": ["resnet8"], "datasets": ["cifar10"], "strategies": ["ddp"], "nodes": [1, 4, "partition"],
-        "each_node": "all", "batch_size": [16], "warmup_steps": 2, "steps": 8, "timeout_s": 120,
+        "each_node": "all", "batch_size": [16], "warmup_steps": 2, "steps": 8, "timeout_s": 120, "replay_steps": 2,
     }  # fmt: skip
     (tmp_path / f"suite-{results}.yaml").write_text(yaml.safe_dump(raw))
     return str(tmp_path / f"suite-{results}.yaml")
@@ -70,7 +70,12 @@ def test_certify_runs_the_suite_and_judges_its_figures(tmp_path):
     assert not any("n4x1" in name for name in names)  # 4 nodes: above the partition's size, dropped
     node = next(node for name, node in figures if name == one and node)
     assert figures[(one, node)]["value"] == figures[(one, None)]["value"]  # one node: its figure is the partition's
-    assert all(f["status"] == "no reference" and f["passed"] is None for f in figures.values())
+    # the replay check judges itself: the three ranks' replays (one of n1x1, two of n2x1) agree bit for bit
+    replays = [f for f in figures.values() if f["kind"] == "replay"]
+    assert [(f["name"], f["status"], f["value"]) for f in replays] == [
+        ("replay/resnet8-cifar10-b16-fp32-rp2-t1", "pass", 0)
+    ] and replays[0]["basis"].startswith("3 replays"), replays
+    assert all(f["status"] == "no reference" and f["passed"] is None for f in figures.values() if f["kind"] != "replay")
     records = {path.parent.name for path in (folder / "points").glob("*/record.json")}
     assert len(records) == 2 and any("-on_" in point_id for point_id in records)
 

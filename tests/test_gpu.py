@@ -232,3 +232,19 @@ def test_points_in_one_cuda_launch_measure_as_they_would_alone(tmp_path):
     assert grouped.metrics.cuda_peak_allocated_bytes == pytest.approx(alone.metrics.cuda_peak_allocated_bytes, rel=0.02)
     assert grouped.metrics.tensor_peak_bytes == pytest.approx(alone.metrics.tensor_peak_bytes, rel=0.02)
     assert grouped.ranks[0].losses == pytest.approx(alone.ranks[0].losses, rel=1e-3)
+
+
+def test_the_replay_on_cuda_is_bit_repeatable_and_finds_a_flipped_bit(monkeypatch):
+    """The silent-data-corruption replay (ddlbench.train.replay) on this GPU: its two passes and a second call
+    agree bit for bit with deterministic kernels, and a flipped bit shows from the first step's loss."""
+    from ddlbench.train.replay import CUBLAS_WORKSPACE_CONFIG, replay_point
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
+    point = make_point(replay_steps=3, batch_size=32)
+    device = torch.device("cuda", 0)
+    first, second = replay_point(point, device), replay_point(point, device)
+    corrupt = replay_point(point, device, corrupt=True)
+    print(f"replay on {torch.cuda.get_device_name(device)}: {first['seconds']:.2f} s, "
+          f"nondeterministic ops: {first['nondeterministic_ops']}")  # fmt: skip
+    assert first["repeatable"] and first["digest"] == second["digest"], (first, second)
+    assert corrupt["repeatable"] and corrupt["losses_hex"][0] != first["losses_hex"][0]

@@ -341,14 +341,17 @@ def test_per_node_certification_finds_the_degraded_node(slurm_env, tmp_path):
     is the median over nodes (the slower healthy node's figure); judged with no upper bound and a lower
     one at half of it, n1 and n2 pass and n3 is named. A busy moment of this host only slows a node: the
     faster healthy node may run any amount faster (no upper bound to cross), the slower one is the
-    reference itself, and n3 stays outside until a healthy node is slowed 2× more than n3 is."""
+    reference itself, and n3 stays outside until a healthy node is slowed 2× more than n3 is.
+    Node n2 is broken instead: a `corrupt` fault flips one bit of its replay's model (the silent-data-corruption
+    check, ddlbench.certify.replay), so its replay alone differs from the three that agree (n1, n3; the
+    slow node computes the same numbers): n2 fails that check, by name, while its throughput passes."""
     suite = tmp_path / "suite.yaml"
     suite.write_text(
         json.dumps(
             {
                 "name": "pernode", "results_dir": str(tmp_path / "results"), "models": ["resnet8"],
                 "datasets": ["cifar10"], "strategies": ["ddp"], "nodes": [1], "each_node": ["n1", "n2", "n3"],
-                "batch_size": [16], "warmup_steps": 2, "steps": 12, "timeout_s": 120,
+                "batch_size": [16], "warmup_steps": 2, "steps": 12, "timeout_s": 120, "replay_steps": 2,
                 "slurm": {"pinned_one_at_a_time": True},
             }
         )
@@ -360,7 +363,8 @@ def test_per_node_certification_finds_the_degraded_node(slurm_env, tmp_path):
     try:
         run = run_cli(
             *common, "--suite", str(suite), "--profile", "slurm", "--write-references", str(proposed),
-            "--min-tolerance", "0.5", "--json", str(tmp_path / "first.json"), env=slurm_env,
+            "--min-tolerance", "0.5", "--json", str(tmp_path / "first.json"),
+            env=slurm_env | {"DDLBENCH_INJECT_FAULT": "corrupt@on_n2-"},
         )  # fmt: skip
     finally:
         marker.unlink()
@@ -375,7 +379,12 @@ def test_per_node_certification_finds_the_degraded_node(slurm_env, tmp_path):
     assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))  # one at a time
     # the proposal's value: the median over the three nodes' figures (the slower healthy node's)
     first = json.loads((tmp_path / "first.json").read_text())
-    per_node_first = [f for f in first["figures"] if f["node"]]
+    per_node_first = [f for f in first["figures"] if f["node"] and f["kind"] == "throughput"]
+    replays = {f["node"]: f for f in first["figures"] if f["kind"] == "replay"}
+    assert {node: f["status"] for node, f in replays.items()} == {"n1": "pass", "n2": "failed", "n3": "pass"}
+    corrupted = next(record for record in records if record.point.node == "n2")
+    assert f"rank 0 of {corrupted.point_id} on n2" in replays["n2"]["finding"], replays["n2"]
+    assert f"failed: {replays['n2']['name']} on n2: rank 0 of" in run.stdout
     speeds = sorted(f["value"] for f in per_node_first)
     proposal = yaml.safe_load(proposed.read_text())
     reference = proposal["systems"]["testcluster:cpu"][per_node_first[0]["name"]]
@@ -388,11 +397,12 @@ def test_per_node_certification_finds_the_degraded_node(slurm_env, tmp_path):
         *common, "--references", str(proposed), "--from-records", str(folder), "--json", str(tmp_path / "c.json")
     )
     certificate = json.loads((tmp_path / "c.json").read_text())
-    per_node = {f["node"]: f for f in certificate["figures"] if f["node"]}
+    per_node = {f["node"]: f for f in certificate["figures"] if f["node"] and f["kind"] == "throughput"}
     values = {node: round(f["value"], 1) for node, f in per_node.items()}
     # the degraded node is the slowest, by the factor its busy neighbours cost
     assert min(values, key=values.__getitem__) == "n3", values
     assert judged.returncode == 1, (judged.stdout, values)
-    assert certificate["nodes_outside"] == ["n3"], values
-    assert per_node["n1"]["passed"] and per_node["n2"]["passed"] and not per_node["n3"]["passed"]
-    assert "nodes outside their band: n3" in judged.stdout
+    # slow told apart from broken: n3 is slow and computes right, n2 is fast enough and computes wrong
+    assert certificate["nodes_outside"] == ["n2", "n3"], values
+    assert per_node["n1"]["passed"] and per_node["n2"]["passed"] and per_node["n3"]["status"] == "slow"
+    assert "nodes outside their band: n2, n3" in judged.stdout

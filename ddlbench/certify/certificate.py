@@ -11,11 +11,16 @@ cluster readiness engine tells "ran but too slow" from "crashed", and fails a mi
   suite left out): it fails, as a measurement nobody made cannot vouch for the hardware;
 - `no reference`: a figure without a reference: listed, `passed` null, never counted as a pass.
 
+A check needs no reference (`Figure.check`: the silent-data-corruption replay, ddlbench.certify.replay): it
+passes when its replays agree and is `failed` when one differs, its `finding` naming the rank, node and GPU;
+with nothing to compare it is listed as `no reference`.
+
 For a pass or a slow figure, `certain` says whether the whole 95 % interval lies on the same side as the
 value (inside the band for a pass, outside for a slow one), None without an interval: a pass that is not
 certain is within the measurement's noise of a bound.
 
-The certificate passes when every referenced figure passes and at least one figure is referenced.
+The certificate passes when every referenced figure and every check passes and at least one figure is
+judged against a reference band (checks alone vouch for no figure's value).
 Nodes outside: the nodes with a per-node figure that does not pass. Version 2: `slow`, `failed` and
 `missing` replace version 1's `fail` and `not measured`.
 
@@ -79,6 +84,9 @@ def judge(figure: Figure, reference: Reference | None) -> dict[str, Any]:
         "certain": None,
         "status": "no reference",
     }
+    if figure.check:  # a check judges itself, whatever a reference says (the replay: its replays agree or not)
+        passed = figure.check == "pass"
+        return entry | {"passed": passed, "status": "pass" if passed else "failed"}
     if reference is None:
         return entry
     entry |= {
@@ -141,7 +149,8 @@ def build_certificate(
         "references": references_path,
         "device": device_name,
         "card": card.name if card else None,
-        "passed": bool(referenced) and all(entry["passed"] for entry in referenced),
+        # checks alone (a replay) vouch for no figure's value: a pass needs a figure judged against a band
+        "passed": any(not entry["check"] for entry in referenced) and all(entry["passed"] for entry in referenced),
         "counts": counts,
         "nodes": _nodes(entries),
         "nodes_outside": nodes_outside,

@@ -27,7 +27,7 @@ from ddlbench.analysis.aggregate import add_configuration_columns, build_table, 
 from ddlbench.atomic import write_text_atomic
 from ddlbench.config import SweepConfig, load_sweep_config
 from ddlbench.errors import DdlbenchError
-from ddlbench.records import RecordError, read_record
+from ddlbench.records import PointRecord, RecordError, read_record
 from ddlbench.sweep import expand_sweep
 
 log = logging.getLogger(__name__)
@@ -106,20 +106,39 @@ def suite_table(config: SweepConfig) -> pd.DataFrame:
     return build_table(expand_sweep(config))
 
 
-def records_table(folder: Path) -> pd.DataFrame:
-    """One row per record found under `folder`/points/ (any suite's)."""
+def records_table(records: list[PointRecord]) -> pd.DataFrame:
+    """One row per record (folder_records: any suite's)."""
+    return add_configuration_columns(pd.DataFrame([record_row(record) for record in records]))
+
+
+def folder_records(folder: Path) -> list[PointRecord]:
+    """Every readable record under `folder`/points/ (any suite's); none at all is refused."""
     paths = sorted((folder / "points").glob("*/record.json"))
     if not paths:
         raise DdlbenchError(f"--from-records {folder}: no records under {folder / 'points'}")
-    rows = []
+    records = []
     for path in paths:
         try:
-            rows.append(record_row(read_record(path)))
+            records.append(read_record(path))
         except RecordError as exc:
             log.warning("skipping %s: %s", path, exc)
-    if not rows:
+    if not records:
         raise DdlbenchError(f"--from-records {folder}: none of the {len(paths)} records could be read")
-    return add_configuration_columns(pd.DataFrame(rows))
+    return records
+
+
+def suite_records(config: SweepConfig) -> list[PointRecord]:
+    """The records of the suite's planned points that exist and can be read."""
+    from ddlbench.records import record_path
+
+    records = []
+    for point in expand_sweep(config).points:
+        path = record_path(config.sweep_dir, point.point_id)
+        try:
+            records.append(read_record(path))
+        except (OSError, RecordError):
+            continue
+    return records
 
 
 def read_machine(folder: Path) -> dict[str, Any] | None:

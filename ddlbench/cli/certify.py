@@ -144,12 +144,15 @@ def _certify_suite(args: argparse.Namespace) -> int:
     from ddlbench.certify.certificate import build_certificate, check_reference_names
     from ddlbench.certify.propose import propose_references, references_text
     from ddlbench.certify.references import load_references
+    from ddlbench.certify.replay import replay_figures
     from ddlbench.certify.run import (
+        folder_records,
         read_machine,
         records_config_hash,
         records_table,
         run_suite,
         run_suite_packed,
+        suite_records,
         suite_table,
     )
     from ddlbench.certify.suite import load_suite, local_partition, resolve_suite, slurm_partition
@@ -169,7 +172,8 @@ def _certify_suite(args: argparse.Namespace) -> int:
         if args.suite is not None or args.profile is not None or args.pack is not None:
             raise DdlbenchError("--from-records: judges records that exist; --suite, --profile and --pack run new ones")
         folder = args.from_records
-        table, machine = records_table(folder), read_machine(folder)
+        records = folder_records(folder)
+        table, machine = records_table(records), read_machine(folder)
         suite_name, config_hash = folder.name, records_config_hash(folder, table)
     else:
         if args.pack is not None and args.profile is not None:
@@ -191,7 +195,9 @@ def _certify_suite(args: argparse.Namespace) -> int:
             notes.append(f"the workflow exited with status {status} (log: {log_file}); judged on the records there are")
         table = suite_table(config)
         machine = read_machine(folder) if config.calibrate else None
-    figures = (machine_figures(machine) if machine else []) + training_figures(table)
+        records = suite_records(config)
+    # the replay check (ddlbench.certify.replay) judges itself: its figures need no reference
+    figures = (machine_figures(machine) if machine else []) + training_figures(table) + replay_figures(records)
     unmeasured: dict[str, str] = {}
     if references:
         check_reference_names(references, figures, unknown_prefixes=() if machine else ("machine/",))
@@ -215,7 +221,8 @@ def _certify_suite(args: argparse.Namespace) -> int:
         device_name=((machine or {}).get("device") or {}).get("name"),
     )
     if not references:
-        notes.append("no reference file: nothing is certified (see --write-references)")
+        checks = " but the checks that need none (the replay)" if any(figure.check for figure in figures) else ""
+        notes.append(f"no reference file: nothing is certified{checks} (see --write-references)")
     db = history_path(args.db, results_dir=folder.parent)
     version = certificate["measurement_version"]
     previous = last_passing_certificate(
@@ -306,6 +313,8 @@ def _print_summary(certificate: dict[str, Any], html: Path) -> None:
             band = f"[{_number(entry['lower'])}, {_number(entry['upper'])}]"
             if entry["value"] is None:  # failed (the cause) or missing (never produced)
                 print(f"  {entry['status']}: {entry['name']}{where}: {entry['why_missing']}")
+            elif entry.get("finding"):  # a check that found something (the replay: an odd rank)
+                print(f"  {entry['status']}: {entry['name']}{where}: {entry['finding']}")
             else:
                 value = f"{_number(entry['value'])} {entry['unit']}"
                 print(f"  {entry['status']}: {entry['name']}{where}: {value} outside {band}")

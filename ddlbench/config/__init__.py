@@ -75,6 +75,7 @@ class SweepConfig:
     oversubscribe: bool = False
     share_gpus: bool = False
     trace_steps: int = 0
+    replay_steps: int = 0
     machine: str = ""  # machine file the points are predicted on ("" none)
     calibrate: str = ""  # calibration suite run first into machine_path ("" none)
     scaling_json: str = "{}"  # the `scaling` mapping (empirical models) as canonical JSON
@@ -105,6 +106,8 @@ class SweepConfig:
         data["each_node"] = list(self.each_node)
         if not self.each_node:
             del data["each_node"]  # left out at its default: the config hashes of sweeps before it stand
+        if not self.replay_steps:
+            del data["replay_steps"]  # likewise
         for key in AXES:
             data[key] = list(data[key])
         return data
@@ -175,6 +178,7 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
         oversubscribe=data["oversubscribe"],
         share_gpus=data["share_gpus"],
         trace_steps=data["trace_steps"],
+        replay_steps=data["replay_steps"],
         machine=data["machine"],
         calibrate=data["calibrate"],
         scaling_json=json.dumps(data["scaling"], sort_keys=True),

@@ -19,7 +19,7 @@ Names are paths, stable across runs of the same suite, so a reference file can n
   n0 the smallest node count of the configuration's series (same in everything but nodes). Its interval
   divides the ends of the two intervals crosswise: it holds at least the 95 % of each (conservative).
 
-A configuration is named by its point id without repetition and digest (`resnet8-cifar10-ddp-n1x1-b32-t1`);
+A configuration is named by its point id without repetition, digest and replay tag (`resnet8-cifar10-ddp-n1x1-b32-t1`);
 two configurations of the suite that share that name (they differ in an option the id does not spell)
 get their configuration key appended.
 
@@ -47,6 +47,8 @@ from ddlbench.statistics import median_ci
 
 _ID_TAIL = re.compile(r"-r\d+-[0-9a-f]{8}$")
 _NODE_TAG = re.compile(r"-on_[a-z0-9_]+$")
+# the replay after the window (Point.replay_steps) leaves the window's figures as they are: not in their name
+_REPLAY_TAG = re.compile(r"-rp\d+$")
 
 
 NEVER_RAN = "never ran: no point of the run left a record of it"  # the basis of such an unmeasured figure
@@ -70,6 +72,10 @@ class Figure:
     # what a regression is judged from (ddlbench.analysis.verdicts). Empty where the figure comes from one
     # launch (a calibration's iterations, a ratio of two configurations), which then draws no verdict.
     launches: tuple[float, ...] = ()
+    # a check's own verdict, which needs no reference band (the replay check, ddlbench.certify.replay): "pass"
+    # or "failed"; "" for a measured figure, and for a check with nothing to compare
+    check: str = ""
+    finding: str = ""  # what a check found, in words (the odd replays: where they ran and what differs)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -185,7 +191,10 @@ def _planned(table: pd.DataFrame) -> pd.DataFrame:
     unpinned = _hashes(first, [name for name in fields if name != "node"])
     frame = pd.DataFrame(
         {
-            "label": first["point_id"].str.replace(_ID_TAIL, "", regex=True).str.replace(_NODE_TAG, "", regex=True),
+            "label": first["point_id"]
+            .str.replace(_ID_TAIL, "", regex=True)
+            .str.replace(_NODE_TAG, "", regex=True)
+            .str.replace(_REPLAY_TAG, "", regex=True),
             "unpinned": unpinned,
             "series": _hashes(first, [name for name in fields if name not in ("node", "nodes")]),
             "nodes": first["nodes"].astype(int),

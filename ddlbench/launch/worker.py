@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     binding = pin_from_environment(os.environ)  # before torch sizes its thread pools
     spec = json.loads(args.spec)
     calibration = spec.get("kind") == CALIBRATION
+    if spec.get("replay_steps"):  # deterministic cuBLAS for the replay: set before CUDA makes its handles
+        from ddlbench.train.replay import CUBLAS_WORKSPACE_CONFIG
+
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
     # a calibration point that measures through MPI keeps the MPI that mpirun started (else: bootstrap only)
     env = rank_env(os.environ, keep_mpi=calibration and spec.get("backend") == "mpi")
     logging.basicConfig(
@@ -159,6 +163,12 @@ def _train(point: Point, ctx, rank_dir: Path, binding: str, *, keep_state: bool 
     from ddlbench.train.kernel import train_point
 
     result, state = train_point(point, ctx, keep_state=keep_state)
+    if point.replay_steps:  # the silent-data-corruption check, after the window (ddlbench.train.replay)
+        from ddlbench.train.faults import planned_corruption
+        from ddlbench.train.replay import replay_point
+
+        corrupt = ctx.rank == ctx.world_size - 1 and planned_corruption(point.point_id)
+        result = replace(result, replay=replay_point(point, ctx.device, corrupt=corrupt))
     placed = replace(
         result,
         cpu_binding=binding,
