@@ -2,7 +2,7 @@
 # The GPU checks of one short device lease: what CI, which has no GPU, never runs. Run from the repository
 # root on a machine with CUDA and torch, all parts or some of them:
 #
-#   benchmarks/gpu_check.sh                        # tests overhead analytic probe; logs under $OUT
+#   benchmarks/gpu_check.sh                        # tests overhead analytic probe certify; logs under $OUT
 #   benchmarks/gpu_check.sh tests analytic         # one device call (~4.5 min on an H200)
 #   benchmarks/gpu_check.sh overhead               # another (~6.5 min): a lease's 15 minutes hold both
 #
@@ -17,7 +17,12 @@
 #   analytic  benchmarks/gpu_analytic.py: the analytical model calibrated on the GPU, scored on
 #             configurations the calibration never ran (time ≥ 90 %, memory ≥ 95 %): 63 s;
 #   probe     benchmarks/gpu_probe.py: versions, NVML readings, NUMA, the cost of event stamps, gloo on
-#             CUDA tensors: 93 s.
+#             CUDA tensors: 93 s;
+#   certify   issue 32's node levels on this host: `certify --level quick` (GEMM at fp32/tf32/bf16/fp16/fp8,
+#             HBM copy, pinned host<->device copies per GPU, NVML health) and `--level burn-in` for
+#             BURNIN_DURATION (default 60s; replays every round), each figure beside the card's peak and
+#             achievable (benchmarks/certify_summary.py prints them); references proposed into $OUT.
+#             Not yet timed on a GPU: ~20 s + BURNIN_DURATION.
 # Timed parts run alone, one after the other. Each part's limit can be set (GPU_TESTS_S, OVERHEAD_S,
 # ANALYTIC_S). Where the package's dependencies are missing (a bare GPU image), wheels in .whl/ are
 # installed first into /tmp/site (pip download ... -d .whl jsonschema jsonschema-specifications
@@ -45,7 +50,7 @@ run() {  # run NAME SECONDS COMMAND...: one check, its log under $OUT, its exit 
     [ "$rc" -eq 0 ] || status=1
 }
 WORKERS=${GPU_TEST_WORKERS:-8}
-PARTS=${*:-tests overhead analytic probe}
+PARTS=${*:-tests overhead analytic probe certify}
 for part in $PARTS; do
     case $part in
     tests)  # -v: with xdist only verbose output names each test as it ends (a summary needs a finished run)
@@ -61,7 +66,15 @@ for part in $PARTS; do
         done ;;
     analytic) run analytic "${ANALYTIC_S:-130}" $PY benchmarks/gpu_analytic.py --out "$OUT/analytic" ;;
     probe) run probe 120 $PY benchmarks/gpu_probe.py --json "$OUT/probe.json" ;;
-    *) echo "gpu_check: unknown part $part; parts: tests overhead analytic probe" >&2; exit 2 ;;
+    certify)  # exit 1 is expected: no reference file for this lease, so nothing can pass
+        for level in quick burn-in; do
+            run "certify-$level" "${CERTIFY_S:-200}" bash -c "$PY -m ddlbench certify --level $level \
+                $([ "$level" = burn-in ] && echo "--duration ${BURNIN_DURATION:-60s}") --system lease \
+                --partition gpu --write-references '$OUT/$level-refs.yaml' --json '$OUT/$level.json' \
+                --db '$OUT/history.sqlite'; [ \$? -le 1 ]"
+            $PY benchmarks/certify_summary.py "$OUT/$level.json" | tee -a "$OUT/certify-$level.log"
+        done ;;
+    *) echo "gpu_check: unknown part $part; parts: tests overhead analytic probe certify" >&2; exit 2 ;;
     esac
 done
 grep -h "ratio of medians\|^=== .*exit" "$OUT"/*.log

@@ -79,6 +79,51 @@ def median_ci(ordered: Sequence[float], confidence: float = CONFIDENCE) -> tuple
     return ordered[j - 1], ordered[k - 1]
 
 
+def quantile_ci_ranks(n: int, q: float, confidence: float = CONFIDENCE) -> tuple[int, int] | None:
+    """1-based ranks (j, k) of the order statistics bounding a `confidence` interval of the q-quantile (0 < q < 1).
+
+    The number of observations below the true quantile is B ~ Binomial(n, q), so
+    P(x(j) ≤ ξ_q ≤ x(k)) = P(j ≤ B ≤ k − 1) (Le Boudec 2010, §2.2.1, for any quantile). The counts covered grow
+    from B's mode, each time by the neighbour with the larger probability, until they cover `confidence`;
+    above _EXACT_LIMIT the normal approximation gives j, k. None when [x(1), x(n)] covers less: for the
+    5th percentile at 95 %, any n below 59, since 1 − 0.95ⁿ − 0.05ⁿ < 0.95 there.
+    """
+    if n < 2 or not 0 < q < 1:
+        return None
+    if n > _EXACT_LIMIT:
+        half = _z(confidence) * math.sqrt(n * q * (1 - q))
+        j, k = math.floor(n * q - half), math.ceil(n * q + half) + 1
+        return (j, k) if j >= 1 and k <= n else None
+    log_pmf = [
+        math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(q) + (n - i) * math.log1p(-q)
+        for i in range(n + 1)
+    ]
+    pmf = [math.exp(value) for value in log_pmf]
+    low = high = min(max(math.floor((n + 1) * q), 1), n - 1)  # counts low..high covered; ranks (low, high + 1)
+    covered = pmf[low]
+    while covered < confidence:
+        below = pmf[low - 1] if low > 1 else -1.0
+        above = pmf[high + 1] if high < n - 1 else -1.0
+        if below < 0 and above < 0:
+            return None
+        if below >= above:
+            low -= 1
+            covered += below
+        else:
+            high += 1
+            covered += above
+    return low, high + 1
+
+
+def quantile_ci(ordered: Sequence[float], q: float, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Nonparametric `confidence` interval of the q-quantile of a sorted sample (quantile_ci_ranks), or None."""
+    ranks = quantile_ci_ranks(len(ordered), q, confidence)
+    if ranks is None:
+        return None
+    j, k = ranks
+    return ordered[j - 1], ordered[k - 1]
+
+
 def coefficient_of_variation(values: Sequence[float]) -> float | None:
     """Sample standard deviation (n−1) over the mean; dimensionless. None for n < 2 or a zero mean."""
     if len(values) < 2:

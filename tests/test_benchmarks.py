@@ -35,6 +35,7 @@ PERCENT = rf"(?:{NUMBER} %|–)"  # analytic_accuracy prints – for a figure it
 TESTED = {
     "analytic_accuracy.py",
     "bare_ddp.py",
+    "certify_summary.py",
     "empirical_accuracy.py",
     "gpu_probe.py",
     "gpu_analytic.py",  # tested in test_gpu_analytic.py: its CPU smoke run, its rescoring, and on a GPU
@@ -243,6 +244,29 @@ def test_packing_plan_plans_its_sweep_in_allocations_of_each_width():
             rf"\s*{width}\s+(\d+)\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}\s+({NUMBER})%\s+({NUMBER})\s+{NUMBER}%\s+(?:{NUMBER}%|-)",
         )
         assert int(row.group(1)) >= 1 and 0 <= float(row.group(2)) < 100 and float(row.group(3)) >= 1.0, row.group(0)
+
+
+def test_certify_summary_sets_a_gpus_figures_beside_its_card_and_prints_findings(tmp_path):
+    from ddlbench.certify.certificate import build_certificate
+    from ddlbench.history.figures import Figure
+
+    def measured(name: str, value: float, **extra) -> Figure:
+        fields = dict(unit="FLOP/s", kind="machine", value=value, ci_low=None, ci_high=None, n=9, basis="b") | extra
+        return Figure(name=name, **fields)
+
+    figures = [
+        measured("quick/matmul_flop_per_s/bf16/cuda:0", 700e12),
+        measured("health/cuda:0", 1, unit="findings", kind="health", check="failed", finding="XID 79 during the load"),
+    ]
+    certificate = build_certificate(
+        figures, None, system="s", partition="p", suite="quick", config_hash="q", references_path=None,
+        device_name="NVIDIA H200",
+    )  # fmt: skip
+    (tmp_path / "c.json").write_text(json.dumps(certificate))
+    output = run_benchmark("certify_summary.py", str(tmp_path / "c.json"))
+    assert "card NVIDIA H200 141GB" in output
+    figure(output, r"\s+quick/matmul_flop_per_s/bf16/cuda:0\s+7e\+14 FLOP/s n=9 no reference = 70\.7 % of peak")
+    figure(output, r"\s+health/cuda:0\s+1 findings n=9 failed  XID 79 during the load")
 
 
 def test_every_benchmark_script_has_a_test_here():

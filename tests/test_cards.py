@@ -60,6 +60,21 @@ def test_shares_of_peak_and_achievable_on_an_h100():
     assert card_shares("machine/matmul_flop_per_s/bf16", None, card) is None
 
 
+def test_the_node_levels_per_gpu_figures_and_the_host_link_are_set_against_the_card():
+    card = find_card("NVIDIA H200")
+    names = ("quick/matmul_flop_per_s/bf16/cuda:3", "burn-in/matmul_flop_per_s/bf16", "machine/matmul_flop_per_s/bf16")
+    for name in names:
+        assert card_shares(name, 700e12, card)["share_of_peak"] == pytest.approx(700 / 989.4), name
+    host = card_shares("quick/host_to_device_bytes_per_s/cuda:0", 50e9, card)
+    assert host["share_of_peak"] == pytest.approx(50 / 64) and "PCIe Gen5: 128GB/s" in host["peak_source"]
+    assert card_shares("burn-in/device_to_host_bytes_per_s/cuda:1", 50e9, card)["peak"] == 64e9
+    assert card_shares("machine/host_to_device_bytes_per_s", 50e9, card) is None  # not a figure of the suite
+    assert card_shares("quick/matmul_flop_per_s/bf16/cpu", 1e12, card) is None
+    gh200 = find_card("NVIDIA GH200 480GB")
+    c2c = card_shares("quick/device_to_host_bytes_per_s/cuda:0", 300e9, gh200)
+    assert c2c["share_of_peak"] == pytest.approx(300 / 450)
+
+
 def test_a_certificate_sets_a_gpus_figures_against_its_card_and_a_cpus_against_none():
     figures = [
         Figure(name="machine/matmul_flop_per_s/bf16", unit="FLOP/s", kind="machine", value=7.5e14, ci_low=None,

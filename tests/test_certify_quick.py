@@ -38,6 +38,8 @@ def test_a_healthy_node_passes_with_one_line_and_status_0(tmp_path, capsys):
     assert "health: not measurable here: no NVML" in line  # no NVML on these CPU machines
     cert = json.loads((tmp_path / "quick.json").read_text())
     by_name = {entry["name"]: entry for entry in cert["figures"]}
+    health = by_name.pop("health/gpus")  # listed, unjudged: no NVML here
+    assert health["status"] == "no reference" and health["why_missing"].startswith("not measurable here: no NVML")
     assert set(by_name) == {"quick/matmul_flop_per_s/fp32", "quick/memory_bandwidth_bytes_per_s"}
     for entry in by_name.values():
         assert entry["status"] == "pass" and entry["n"] >= MIN_SAMPLES and entry["ci_low"] <= entry["value"]
@@ -74,3 +76,22 @@ def test_quick_proposes_its_own_references(tmp_path, capsys):
         assert (
             band["value"] == pytest.approx(measured[name], rel=1e-4) and band["lower"] <= -0.1 <= 0.1 <= band["upper"]
         )
+
+
+def test_a_load_that_raises_is_a_failed_figure_with_its_cause_and_the_others_run(monkeypatch):
+    from ddlbench.certify import quick as quick_module
+
+    real = quick_module.node_loads
+
+    def with_a_broken_load(device):
+        def broken(budget_s):
+            raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul\nmore")
+
+        return [("matmul_flop_per_s/fp8", "FLOP/s", "a product", broken), *real(device)]
+
+    monkeypatch.setattr(quick_module, "node_loads", with_a_broken_load)
+    figures = {figure.name: figure for figure in quick_module.quick_figures(budget_s=0.05)[0]}
+    broken = figures["quick/matmul_flop_per_s/fp8"]
+    assert broken.value is None and not broken.never_ran
+    assert broken.why_missing == "RuntimeError: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul"
+    assert figures["quick/matmul_flop_per_s/fp32"].value > 0 and figures["quick/memory_bandwidth_bytes_per_s"].value > 0

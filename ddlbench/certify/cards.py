@@ -2,7 +2,10 @@
 gives a measured figure of the card's datasheet peak and of its published achievable.
 
 For a figure `machine/matmul_flop_per_s/<precision>` (FLOP/s) or `machine/memory_bandwidth_bytes_per_s`
-(B/s) of a machine whose device name matches a card:
+(B/s) of a machine whose device name matches a card, the same of the node levels (`quick/…`, `burn-in/…`,
+with or without their `/cuda:<i>` ending), and a node level's pinned host↔device copy
+(`…/host_to_device_bytes_per_s`, `…/device_to_host_bytes_per_s`: B/s in one direction, against `host_link`,
+the card's host interface in one direction):
 
 - share_of_peak = value ÷ peak (dense datasheet figure, same precision);
 - share_of_achievable = value ÷ achievable (a published measured maximum), where one is cited.
@@ -14,6 +17,7 @@ machine, or a GPU no entry matches, gets no share: the certificate says which ca
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +28,14 @@ import yaml
 from ddlbench.errors import ConfigError
 
 CARDS_FILE = Path(__file__).with_name("cards.yaml")
-FIGURES = ("fp32", "tf32", "bf16", "fp16", "fp8", "memory_bandwidth")
-MATMUL_PREFIX = "machine/matmul_flop_per_s/"
-BANDWIDTH = "machine/memory_bandwidth_bytes_per_s"
+FIGURES = ("fp32", "tf32", "bf16", "fp16", "fp8", "memory_bandwidth", "host_link")
+# the figures set against a card: the standard suite's machine/ figures, and the node levels' quick/ and
+# burn-in/ ones, which end in their GPU (`…/cuda:1`)
+_FAMILIES = r"(?:machine|quick|burn-in)"
+_DEVICE = r"(?:/cuda:\d+)?"
+_MATMUL = re.compile(rf"{_FAMILIES}/matmul_flop_per_s/(?P<precision>[a-z0-9]+){_DEVICE}")
+_BANDWIDTH = re.compile(rf"{_FAMILIES}/memory_bandwidth_bytes_per_s{_DEVICE}")
+_HOST_LINK = re.compile(rf"(?:quick|burn-in)/(?:host_to_device|device_to_host)_bytes_per_s{_DEVICE}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,9 +102,11 @@ def find_card(device_name: str | None, cards: tuple[Card, ...] | None = None) ->
 
 def figure_key(name: str) -> str | None:
     """The card figure a certificate figure is set against, or None."""
-    if name.startswith(MATMUL_PREFIX):
-        return name.removeprefix(MATMUL_PREFIX)
-    return "memory_bandwidth" if name == BANDWIDTH else None
+    if match := _MATMUL.fullmatch(name):
+        return match["precision"]
+    if _BANDWIDTH.fullmatch(name):
+        return "memory_bandwidth"
+    return "host_link" if _HOST_LINK.fullmatch(name) else None
 
 
 def card_shares(name: str, value: float | None, card: Card | None) -> dict[str, Any] | None:

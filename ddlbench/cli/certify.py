@@ -25,6 +25,8 @@ from ddlbench.errors import DdlbenchError
 log = logging.getLogger("ddlbench")
 
 SECTION = "Certify"
+LEVELS = ("quick", "standard", "burn-in")
+NODE_LEVELS = {"quick": "quick", "burn-in": "burn-in"}  # level -> the figure family it judges
 
 
 def add_commands(commands: Any) -> None:
@@ -45,11 +47,17 @@ def add_commands(commands: Any) -> None:
     )
     certify.add_argument(
         "--level",
-        choices=("quick", "standard"),
+        choices=LEVELS,
         default="standard",
-        help="quick: this node's readiness in seconds (a short GEMM per precision and a memory copy per device, "
-        "judged against the references' quick/ bands; one line and an exit status for a prolog or Slurm's "
-        "HealthCheckProgram; nothing stored); standard (default): the whole suite",
+        help="quick: this node's readiness in seconds (GPU health, a short GEMM per precision and a memory copy per "
+        "device, judged against the references' quick/ bands; one line and an exit status for a prolog or Slurm's "
+        "HealthCheckProgram; nothing stored); standard (default): the whole suite; burn-in: this node loaded for "
+        "--duration, each figure judged at its worst (5th percentile) against burn-in/ bands, with health and "
+        "replays across rounds, stored in the results database",
+    )
+    certify.add_argument(
+        "--duration",
+        help="with --level burn-in: how long to load the node (90s, 30m, 2h; a number is seconds)",
     )
     certify.add_argument("--system", required=True, help="the system's name, as the reference file names it")
     certify.add_argument("--partition", required=True, help="the partition certified (SLURM's name; any name locally)")
@@ -88,55 +96,92 @@ def add_commands(commands: Any) -> None:
 
 
 def _certify(args: argparse.Namespace) -> int:
-    if args.level == "quick":
-        return _certify_quick(args)
+    if args.level != "burn-in" and args.duration is not None:
+        raise DdlbenchError(f"--duration: only with --level burn-in, not {args.level}")
+    if args.level in NODE_LEVELS:
+        return _certify_node(args)
     return _certify_suite(args)
 
 
-def _certify_quick(args: argparse.Namespace) -> int:
-    """--level quick (ddlbench.certify.quick): measure here, judge the quick/ references, one line."""
+def _certify_node(args: argparse.Namespace) -> int:
+    """--level quick or burn-in: measure this node here, judge its family's references (quick/ or burn-in/)
+    and the checks (health, replays), print one line; burn-in also stores its certificate."""
     from ddlbench.atomic import write_text_atomic
     from ddlbench.certify.certificate import build_certificate, family
     from ddlbench.certify.propose import propose_references, references_text
-    from ddlbench.certify.quick import health_note, quick_figures, quick_line
+    from ddlbench.certify.quick import quick_line
     from ddlbench.certify.references import load_references
 
+    level = args.level
     for option in ("from_records", "profile", "pack", "suite"):
         if getattr(args, option) is not None:
             raise DdlbenchError(
-                f"--{option.replace('_', '-')}: not with --level quick, which measures this node itself"
+                f"--{option.replace('_', '-')}: not with --level {level}, which measures this node itself"
             )
+    duration_s = parse_duration(args.duration) if level == "burn-in" else None
     if args.references is None and args.write_references is None:
         raise DdlbenchError("--references: give a reference file (or --write-references NEW to propose one)")
     references = None
     if args.references is not None:
         every = load_references(args.references).for_partition(args.system, args.partition)
-        references = {name: ref for name, ref in every.items() if family(name) == "quick"}
+        references = {name: ref for name, ref in every.items() if family(name) == NODE_LEVELS[level]}
     began = time.perf_counter()
-    figures, device = quick_figures()
+    if level == "quick":
+        from ddlbench.certify.quick import quick_figures
+
+        figures, device = quick_figures()
+    else:
+        from ddlbench.certify.burnin import burn_in
+
+        figures, device = (done := burn_in(duration_s, say=log.info)).figures, done.device
     certificate = build_certificate(
         figures,
         references,
         system=args.system,
         partition=args.partition,
-        suite="quick",
-        config_hash="quick",
+        suite=level,
+        config_hash=level,
         references_path=str(args.references) if args.references else None,
         device_name=device if device != "cpu" else None,
     )
+    certificate["host"] = socket.gethostname()
+    if level == "burn-in":  # an acceptance step: kept in the results database for change detection
+        from ddlbench.history.db import history_path
+        from ddlbench.history.store import store_certificate
+
+        certificate["notes"] = [f"{done.rounds} round(s) in {done.seconds:.0f} s on {certificate['host']}"]
+        run_id, _ = store_certificate(certificate, source=certificate["host"], db=history_path(args.db))
+        certificate["history_run"] = run_id
     text = json.dumps(certificate, indent=1, allow_nan=False)
     if args.json:
         write_text_atomic(args.json, text + "\n")
+    if args.html:
+        write_text_atomic(args.html, render_certificate(certificate))
     if args.write_references:
         proposal = propose_references(
             figures, system=args.system, partition=args.partition, min_tolerance=args.min_tolerance
         )
-        source = f"ddlbench certify --level quick on {socket.gethostname()} ({certificate['date']})"
+        source = f"ddlbench certify --level {level} on {certificate['host']} ({certificate['date']})"
         write_text_atomic(
             args.write_references, references_text(proposal, source=source, min_tolerance=args.min_tolerance)
         )
-    print(quick_line(certificate, time.perf_counter() - began, health_note()))
+    print(quick_line(certificate, time.perf_counter() - began, level=level))
     return 0 if certificate["passed"] else 1
+
+
+def parse_duration(text: str | None) -> float:
+    """Seconds of a burn-in's --duration: 90, 90s, 30m or 2h; refused, naming the forms, when it is none."""
+    if text is None:
+        raise DdlbenchError("--duration: --level burn-in needs one (90s, 30m, 2h; a number is seconds)")
+    units = {"s": 1, "m": 60, "h": 3600}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        seconds = float(number) * units[unit]
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise DdlbenchError(f"--duration: {text!r} is not a positive duration (90s, 30m, 2h; a number is seconds)")
+    return seconds
 
 
 def _certify_suite(args: argparse.Namespace) -> int:
