@@ -227,6 +227,9 @@ class RankResult:
     # every field is defined): per-step losses and gradient checksums, the weights' checksum, `digest` over
     # them all, `repeatable` across its passes. None without a replay
     replay: dict[str, Any] | None = None
+    # the rank's GPU over its point, read through NVML (ddlbench.train.health.GpuHealth.to_dict: readings,
+    # findings), or {"why_not": "not measurable here: …"}; None in records from before it
+    health: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:

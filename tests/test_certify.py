@@ -382,3 +382,22 @@ def test_the_regression_baseline_is_the_last_pass_of_the_same_suite_and_measurem
     code, second = certify(tmp_path, after, refs)
     assert code == 0 and second["compared_with"] == first["history_run"]
     assert {row["previous_run"] for row in second["regressions"]} <= {first["history_run"]}
+
+
+@pytest.mark.parametrize("suite", ["default.yaml", "gpu.yaml"])
+def test_the_shipped_suites_resolve_with_their_calibration_and_the_replay(suite):
+    """The shipped suites validate (their calibration too: resolve_suite checks it) and plan: per-node points on
+    every node, scaling to the partition's size, each point with its replay."""
+    from ddlbench.calibrate.suite import load_suite as load_calibration
+    from ddlbench.certify.suite import REPO, PartitionNodes, load_suite, resolve_suite
+    from ddlbench.sweep import expand_sweep
+
+    nodes = PartitionNodes(names=("a", "b", "c"), count=3, source="local")
+    config = resolve_suite(load_suite(REPO / "workflow" / "certify" / suite), system="s", partition="p", nodes=nodes)
+    points = expand_sweep(config).points
+    assert {point.node for point in points if point.nodes == 1} == {"a", "b", "c"}
+    assert max(point.nodes for point in points) == 3 and all(point.replay_steps > 0 for point in points)
+    calibration = load_calibration(REPO / config.calibrate)
+    if suite == "gpu.yaml":  # NCCL's bus bandwidth needs messages of GiBs (nccl-tests #212)
+        assert max(calibration.settings["message_bytes"]) >= 4 * 2**30
+        assert {"all_reduce", "all_gather", "reduce_scatter"} <= set(calibration.settings["collectives"])

@@ -76,6 +76,8 @@ def test_certify_runs_the_suite_and_judges_its_figures(tmp_path):
         ("replay/resnet8-cifar10-b16-fp32-rp2-t1", "pass", 0)
     ] and replays[0]["basis"].startswith("3 replays"), replays
     assert all(f["status"] == "no reference" and f["passed"] is None for f in figures.values() if f["kind"] != "replay")
+    # every rank read its GPU's health around its point, or said why not: here, no NVML
+    assert figures[("health/gpus", None)]["why_missing"].startswith("not measurable here: no NVML")
     records = {path.parent.name for path in (folder / "points").glob("*/record.json")}
     assert len(records) == 2 and any("-on_" in point_id for point_id in records)
 

@@ -1,6 +1,6 @@
-"""GPU health over a load (ddlbench.certify.health), read through a fake pynvml whose GPUs a test can change
-between samples: a healthy GPU passes, each fault names itself with its numbers, and what NVML does not answer
-is None rather than a failure."""
+"""GPU health over a load (ddlbench.train.health; its figures, ddlbench.certify.health), read through a fake
+pynvml whose GPUs a test can change between samples: a healthy GPU passes, each fault names itself with its
+numbers, and what NVML does not answer is None rather than a failure."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 
 import ddlbench.train.nvml
 from ddlbench.certify.certificate import judge
-from ddlbench.certify.health import GpuHealth, HealthWatch, health_figures
+from ddlbench.certify.health import health_figures
+from ddlbench.train.health import GpuHealth, HealthWatch
 
 NOT_FOUND, NOT_SUPPORTED, TIMEOUT, FUNCTION_NOT_FOUND = 6, 3, 10, 13
 XID_EVENT = 8
@@ -176,7 +177,7 @@ def gpus(monkeypatch) -> dict[str, dict[str, Any]]:
     """Two healthy GPUs behind a fake NVML; change a GPU's dict to change what NVML answers next."""
     state = {"GPU-0": healthy(), "GPU-1": healthy()}
     fake = FakePynvml(state)
-    monkeypatch.setattr("ddlbench.certify.health.nvml", lambda: (fake, ""))
+    monkeypatch.setattr("ddlbench.train.health.nvml", lambda: (fake, ""))
     state["fake"] = fake  # type: ignore[assignment]
     return state
 
@@ -415,7 +416,7 @@ def test_two_gpus_one_failed_make_two_figures(gpus):
 
 def test_without_nvml_one_figure_says_why(monkeypatch):
     why = "no NVML: pynvml (package nvidia-ml-py) not installed"
-    monkeypatch.setattr("ddlbench.certify.health.nvml", lambda: (None, why))
+    monkeypatch.setattr("ddlbench.train.health.nvml", lambda: (None, why))
     watch = HealthWatch([("cuda:0", "GPU-0", None)])
     watch.sample()
     assert watch.why_not == f"not measurable here: {why}"
@@ -440,3 +441,27 @@ def test_the_real_nvml_is_absent_here():
         assert watch.finish() == []
     finally:
         ddlbench.train.nvml.nvml.cache_clear()
+
+
+def test_the_suites_health_figures_come_from_each_ranks_reading_per_gpu_and_node():
+    from dataclasses import replace
+
+    from ddlbench.certify.health import record_health_figures
+    from ddlbench.records import RankResult
+    from tests.test_records import sample_record
+
+    def rank(r: int, node: str, health: dict) -> RankResult:
+        return RankResult(rank=r, hostname=node, step_times_s=(0.1,), losses=(1.0,), peak_rss_bytes=1, health=health)
+
+    healthy = GpuHealth(label="cuda:0", uuid="GPU-a", pci_bus_id="0:1", readings={"samples": 2}, findings=())
+    thermal = "HW thermal slowdown while loaded (clocks-event reasons 0x40, SM clock 900–1980 MHz)"
+    hot = GpuHealth(label="cuda:0", uuid="GPU-b", pci_bus_id="0:2", readings={"samples": 2}, findings=(thermal,))
+    record = replace(sample_record(), ranks=(rank(0, "n1", healthy.to_dict()), rank(1, "n2", hot.to_dict())))
+    figures = {(f.name, f.node): f for f in record_health_figures([record])}
+    assert set(figures) == {("health/GPU-a", "n1"), ("health/GPU-b", "n2")}
+    assert figures[("health/GPU-a", "n1")].check == "pass"
+    assert figures[("health/GPU-b", "n2")].check == "failed" and "HW thermal" in figures[("health/GPU-b", "n2")].finding
+    why = "not measurable here: no NVML: pynvml (package nvidia-ml-py) not installed"
+    cpu = replace(sample_record(), ranks=(rank(0, "n1", {"why_not": why}),))
+    (unread,) = record_health_figures([cpu])
+    assert (unread.name, unread.value, unread.check, unread.why_missing) == ("health/gpus", None, "", why)

@@ -406,3 +406,6 @@ def test_per_node_certification_finds_the_degraded_node(slurm_env, tmp_path):
     assert certificate["nodes_outside"] == ["n2", "n3"], values
     assert per_node["n1"]["passed"] and per_node["n2"]["passed"] and per_node["n3"]["status"] == "slow"
     assert "nodes outside their band: n2, n3" in judged.stdout
+    # the partition is uneven: its nodes' throughputs are further apart than the spread limit, n3 the slowest
+    spread = next(f for f in certificate["figures"] if f["name"] == f"spread/{per_node['n1']['name']}")
+    assert spread["status"] == "failed" and spread["finding"].startswith("n3 ") and spread["n"] == 3, spread

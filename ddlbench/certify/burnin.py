@@ -62,8 +62,9 @@ def burn_in(
     """Load every device of this node in rounds until `duration_s` has passed (at least one round)."""
     import os
 
-    from ddlbench.certify.health import HealthWatch, health_figures
+    from ddlbench.certify.health import health_figures
     from ddlbench.train.energy import cuda_identity
+    from ddlbench.train.health import HealthWatch
     from ddlbench.train.replay import CUBLAS_WORKSPACE_CONFIG
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)  # before cuBLAS makes its handles

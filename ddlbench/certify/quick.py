@@ -47,8 +47,9 @@ HOST_COPY_BYTES = 256 * 2**20  # a pinned host buffer copied to or from the GPU,
 def quick_figures(*, budget_s: float = BUDGET_S) -> tuple[list[Figure], str]:
     """Every figure of this node, health included, and the device(s) they were measured on (a machine file's
     `device.name`). A load that raises (an fp8 GEMM this torch cannot run) is a failed figure with its cause."""
-    from ddlbench.certify.health import HealthWatch, health_figures
+    from ddlbench.certify.health import health_figures
     from ddlbench.train.energy import cuda_identity
+    from ddlbench.train.health import HealthWatch
 
     devices, name = node_devices()
     watch = HealthWatch([(str(device), *cuda_identity(device)) for device in devices if device.type == "cuda"])

@@ -77,6 +77,13 @@ def add_commands(commands: Any) -> None:
         default=0.10,
         help="with --write-references: the narrowest band proposed, ± this fraction (default 0.10)",
     )
+    certify.add_argument(
+        "--spread-limit",
+        type=float,
+        default=0.10,
+        help="the widest spread, (max − min) ÷ max, a figure may have across the GPUs of a node or the nodes of "
+        "the partition before its spread check fails (default 0.10)",
+    )
     certify.add_argument("--profile", help="Snakemake profile to run the suite with (e.g. slurm); default: locally")
     certify.add_argument(
         "--pack",
@@ -96,6 +103,8 @@ def add_commands(commands: Any) -> None:
 
 
 def _certify(args: argparse.Namespace) -> int:
+    if not 0 <= args.spread_limit < 1:
+        raise DdlbenchError(f"--spread-limit: {args.spread_limit} is not a fraction in [0, 1)")
     if args.level != "burn-in" and args.duration is not None:
         raise DdlbenchError(f"--duration: only with --level burn-in, not {args.level}")
     if args.level in NODE_LEVELS:
@@ -111,6 +120,7 @@ def _certify_node(args: argparse.Namespace) -> int:
     from ddlbench.certify.propose import propose_references, references_text
     from ddlbench.certify.quick import quick_line
     from ddlbench.certify.references import load_references
+    from ddlbench.certify.spread import spread_figures
 
     level = args.level
     for option in ("from_records", "profile", "pack", "suite"):
@@ -134,6 +144,7 @@ def _certify_node(args: argparse.Namespace) -> int:
         from ddlbench.certify.burnin import burn_in
 
         figures, device = (done := burn_in(duration_s, say=log.info)).figures, done.device
+    figures += spread_figures(figures, args.spread_limit)  # across the node's GPUs (ddlbench.certify.spread)
     certificate = build_certificate(
         figures,
         references,
@@ -187,6 +198,7 @@ def parse_duration(text: str | None) -> float:
 def _certify_suite(args: argparse.Namespace) -> int:
     from ddlbench.atomic import write_text_atomic
     from ddlbench.certify.certificate import build_certificate, check_reference_names
+    from ddlbench.certify.health import record_health_figures
     from ddlbench.certify.propose import propose_references, references_text
     from ddlbench.certify.references import load_references
     from ddlbench.certify.replay import replay_figures
@@ -200,6 +212,7 @@ def _certify_suite(args: argparse.Namespace) -> int:
         suite_records,
         suite_table,
     )
+    from ddlbench.certify.spread import spread_figures
     from ddlbench.certify.suite import load_suite, local_partition, resolve_suite, slurm_partition
     from ddlbench.history.compare import provenance_changes, regressions
     from ddlbench.history.db import history_path, last_passing_certificate
@@ -243,6 +256,8 @@ def _certify_suite(args: argparse.Namespace) -> int:
         records = suite_records(config)
     # the replay check (ddlbench.certify.replay) judges itself: its figures need no reference
     figures = (machine_figures(machine) if machine else []) + training_figures(table) + replay_figures(records)
+    figures += record_health_figures(records)  # each rank's GPU around its point (ddlbench.certify.health)
+    figures += spread_figures(figures, args.spread_limit)  # across the partition's nodes (ddlbench.certify.spread)
     unmeasured: dict[str, str] = {}
     if references:
         check_reference_names(references, figures, unknown_prefixes=() if machine else ("machine/",))

@@ -162,7 +162,9 @@ def _train(point: Point, ctx, rank_dir: Path, binding: str, *, keep_state: bool 
     from ddlbench.launch.placement import network_env_seen
     from ddlbench.train.kernel import train_point
 
+    watch = _health_watch(ctx.device)  # the GPU's health around the point (ddlbench.train.health)
     result, state = train_point(point, ctx, keep_state=keep_state)
+    result = replace(result, health=_health(watch, ctx.device))
     if point.replay_steps:  # the silent-data-corruption check, after the window (ddlbench.train.replay)
         from ddlbench.train.faults import planned_corruption
         from ddlbench.train.replay import replay_point
@@ -178,6 +180,23 @@ def _train(point: Point, ctx, rank_dir: Path, binding: str, *, keep_state: bool 
     )
     write_json_atomic(rank_file(rank_dir, ctx.rank), asdict(placed))
     return state
+
+
+def _health_watch(device):
+    from ddlbench.train.energy import cuda_identity
+    from ddlbench.train.health import HealthWatch
+
+    return HealthWatch([(str(device), *cuda_identity(device))] if device.type == "cuda" else [])
+
+
+def _health(watch, device) -> dict:
+    """The rank's GPU health over its point (GpuHealth.to_dict), or why there is none: {"why_not": …}."""
+    from ddlbench.train.health import NOT_MEASURABLE
+
+    healths = watch.finish()
+    if healths:
+        return healths[0].to_dict()
+    return {"why_not": watch.why_not or f"{NOT_MEASURABLE}: the rank ran on the {device.type.upper()}"}
 
 
 def sweep_dir_of(rank_dir: Path) -> Path | None:
