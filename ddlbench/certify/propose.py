@@ -19,6 +19,7 @@ from ddlbench.certify.references import REFERENCES_VERSION
 from ddlbench.history.figures import Figure
 
 MIN_TOLERANCE = 0.10
+CHECK_KINDS = ("replay", "health", "spread")
 NO_INTERVAL_TOLERANCE = 0.20
 
 
@@ -27,8 +28,8 @@ def propose_references(
 ) -> dict[str, Any]:
     proposed: dict[str, Any] = {}
     for figure in figures:
-        if figure.node or figure.value is None or figure.value == 0:
-            continue
+        if figure.node or figure.value is None or figure.value == 0 or figure.kind in CHECK_KINDS:
+            continue  # a check judges itself (a replay, health, a spread): no band to propose
         value = figure.value
         if figure.ci_low is None or figure.ci_high is None:
             lower, upper = -max(min_tolerance, NO_INTERVAL_TOLERANCE), max(min_tolerance, NO_INTERVAL_TOLERANCE)
