@@ -47,6 +47,7 @@ TESTED = {
     "report_speed.py",
     "sampling_accuracy.py",
     "scheduler_load.py",
+    "verdict_errors.py",
 }  # the two run on the test cluster (scheduler_load.py, packed_wall.py) are in test_slurm_benchmarks.py
 
 
@@ -267,6 +268,15 @@ def test_certify_summary_sets_a_gpus_figures_beside_its_card_and_prints_findings
     assert "card NVIDIA H200 141GB" in output
     figure(output, r"\s+quick/matmul_flop_per_s/bf16/cuda:0\s+7e\+14 FLOP/s n=9 no reference = 70\.7 % of peak")
     figure(output, r"\s+health/cuda:0\s+1 findings n=9 failed  XID 79 during the load")
+
+
+def test_verdict_errors_prints_false_alarm_rates_and_power_for_every_size():
+    output = run_benchmark("verdict_errors.py", "--draws", "20")
+    for k in (2, 3, 5, 10):
+        for n in (3, 6, 10):
+            row = figure(output, rf"\s*{k}\s+{n}\s+({NUMBER}) % \[.*\]\s+({NUMBER}) % \[.*\]\s+({NUMBER}) % .*")
+            assert all(0 <= float(row.group(i)) <= 100 for i in (1, 2, 3))
+    figure(output, rf"largest false-alarm rate: {NUMBER} % \(alpha 5 %\): (within|ABOVE) alpha; \d+ s")
 
 
 def test_every_benchmark_script_has_a_test_here():

@@ -169,7 +169,7 @@ def test_every_referenced_figure_within_its_band_passes(tmp_path):
     )
     code, cert = certify(tmp_path, folder, refs)
     assert code == 0 and cert["passed"] is True and cert["nodes_outside"] == []
-    assert cert["counts"]["pass"] == 5  # 3 partition figures + 2 nodes
+    assert cert["counts"]["pass"] == 6  # 3 partition figures + 2 nodes + the nodes' spread (2 %)
     assert cert["counts"]["slow"] == cert["counts"]["failed"] == cert["counts"]["missing"] == 0
 
 
@@ -318,7 +318,9 @@ def test_history_keeps_sweeps_and_certificates_and_compare_judges_changes(tmp_pa
     capsys.readouterr()
     assert main(["-q", "compare", str(runs[0].id), str(runs[1].id), "--db", str(db), "--json"]) == 0
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["figures"]}
-    assert rows[ONE]["change"] == pytest.approx(0.3) and rows[ONE]["launches"] == [3, 3]
+    # the change is the verdict's statistic: the ratio of geometric means over launches, less 1
+    assert rows[ONE]["change"] == pytest.approx(rows[ONE]["ratio"] - 1) == pytest.approx(0.3, abs=1e-3)
+    assert rows[ONE]["launches"] == [3, 3]
     assert rows[ONE]["verdict"] == "better" and rows[ONE]["p"] < 0.05
     assert rows[ONE]["ratio_ci"][0] < 1.3 < rows[ONE]["ratio_ci"][1]
     assert rows[TWO]["verdict"] == "same within noise" and rows[TWO]["p"] > 0.05
@@ -345,12 +347,12 @@ def test_a_regression_against_the_last_passing_certificate_is_flagged_while_the_
     code, first = certify(tmp_path, before, refs)
     assert code == 0 and first["regressions"] == []
     after = sweep_records(tmp_path, {"n1": 85.0, "n2": 100.0}, two_nodes=190.0, name="tuesday", repetitions=3)
-    code, second = certify(tmp_path, after, refs)
+    code, second = certify(tmp_path, after, refs, "--spread-limit", "0.2")  # n1 and n2 15 % apart: allowed here
     assert code == 0 and second["passed"] is True  # 85 is within 100 − 30 %
     flagged = {(row["name"], row["node"]) for row in second["regressions"]}
     assert (ONE, "n1") in flagged and (ONE, "n2") not in flagged
     row = next(r for r in second["regressions"] if r["node"] == "n1")
-    assert row["previous_run"] == first["history_run"] and row["change"] == pytest.approx(-0.15)
+    assert row["previous_run"] == first["history_run"] and row["change"] == pytest.approx(row["ratio"] - 1)
     assert row["p"] < 0.05 and row["ratio"] == pytest.approx(0.85, rel=1e-3)
 
 
@@ -379,7 +381,7 @@ def test_the_regression_baseline_is_the_last_pass_of_the_same_suite_and_measurem
     assert code == 0 and first["regressions"] == [] and "compared_with" not in first
     assert any(note.startswith("no regression check:") and "suite agg " in note for note in first["notes"])
     after = sweep_records(tmp_path, {"n1": 85.0, "n2": 100.0}, two_nodes=190.0, name="tuesday", repetitions=3)
-    code, second = certify(tmp_path, after, refs)
+    code, second = certify(tmp_path, after, refs, "--spread-limit", "0.2")
     assert code == 0 and second["compared_with"] == first["history_run"]
     assert {row["previous_run"] for row in second["regressions"]} <= {first["history_run"]}
 

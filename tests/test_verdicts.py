@@ -9,7 +9,17 @@ import random
 
 import pytest
 
-from ddlbench.analysis.verdicts import ALPHA, MIN_LAUNCHES, ONE_LAUNCH, contrast, holm, judge
+from ddlbench.analysis.verdicts import (
+    ALPHA,
+    CV_FLOOR,
+    MIN_LAUNCHES,
+    ONE_LAUNCH,
+    benjamini_hochberg,
+    contrast,
+    holm,
+    judge,
+    judge_cell,
+)
 from ddlbench.statistics import student_t_quantile
 
 
@@ -81,3 +91,44 @@ def test_identical_launches_agree_and_distinct_steady_ones_differ():
 def test_a_value_that_is_not_positive_gets_no_test():
     verdict = judge([contrast([1.0, 2.0, 0.0], [1.0, 2.0, 3.0])])[0]
     assert verdict.direction is None and "not positive" in verdict.text
+
+
+def test_launches_that_agree_exactly_are_no_proof_of_a_small_difference():
+    # no spread on either side: the floor (CV_FLOOR, 1 %) stands in for it, so 1 % apart is not separable and
+    # 20 % apart still is
+    assert CV_FLOOR == 0.01
+    assert judge([contrast([10.0, 10.0, 10.0], [10.1, 10.1, 10.1])])[0].direction is None
+    assert contrast([10.0, 10.0, 10.0], [10.0, 10.0, 10.0]).p_value == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("strategies", "launches"), [(5, 3), (3, 6)])
+def test_the_cells_false_alarm_rate_over_simulated_draws_stays_within_alpha(strategies, launches):
+    """The procedure, not one pair: cells of equal strategies (lognormal launches, CV 5 %); the share of cells
+    that say anything is faster (the winner's claim or any comparison beside it) stays ≤ α, within three
+    binomial standard deviations of 600 draws (the selection of the winner included)."""
+    rng = random.Random(7)
+    draws = 600
+    groups = [str(i) for i in range(strategies)]
+    alarms = 0
+    for _ in range(draws):
+        cell = judge_cell([_launches(rng, launches, 100, 0.05) for _ in groups], groups)
+        alarms += any(verdict.direction for verdict in cell.against.values())
+    assert alarms / draws <= ALPHA + 3 * math.sqrt(ALPHA * (1 - ALPHA) / draws), alarms
+
+
+def test_a_cell_names_its_winner_fastest_only_when_it_beats_every_other_strategy():
+    steady = [[100.0, 101.0, 99.0], [60.0, 61.0, 59.0], [58.0, 59.0, 57.0]]
+    cell = judge_cell(steady, ["ddp", "zero2", "gpipe"])
+    assert cell.winner == 0 and cell.fastest and cell.comparisons == 3
+    assert {other: verdict.direction for other, verdict in cell.against.items()} == {1: "higher", 2: "higher"}
+    close = [[100.0, 101.0, 99.0], [99.5, 100.5, 98.5], [60.0, 61.0, 59.0]]  # the runner-up within noise
+    cell = judge_cell(close, ["ddp", "zero2", "gpipe"])
+    assert not cell.fastest and cell.against[1].direction is None and cell.against[2].direction == "higher"
+    # two configurations of one strategy are not compared with each other: only the other strategy counts
+    same = judge_cell([[100.0, 101.0, 99.0], [99.5, 100.5, 98.5], [60.0, 61.0, 59.0]], ["ddp", "ddp", "zero2"])
+    assert same.fastest and same.comparisons == 2 and set(same.against) == {2}
+
+
+def test_benjamini_hochberg_q_values_as_the_step_up_method_gives_them():
+    # sorted 0.01, 0.02, 0.04 with m = 3: q = min over later of m·p/rank: 0.03, 0.03, 0.04
+    assert benjamini_hochberg([0.04, 0.01, None, 0.02]) == pytest.approx([0.04, 0.03, None, 0.03])  # type: ignore[arg-type]

@@ -96,9 +96,13 @@ def compare_figures(
     row["unit"] = b["unit"]
     if a["value"] is None or b["value"] is None:
         return row | {"verdict": "not measured"}
-    if a["value"]:
+    row["contrast"] = tested = contrast(launches(a), launches(b))
+    # the change and the verdict from one statistic: the ratio of geometric means over launches, where both
+    # runs kept per-launch values; else the figures' own values (one launch each: its value)
+    if tested.ratio is not None:
+        row["change"] = tested.ratio - 1
+    elif a["value"]:
         row["change"] = (b["value"] - a["value"]) / abs(a["value"])
-    row["contrast"] = contrast(launches(a), launches(b))
     return row
 
 

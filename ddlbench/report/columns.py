@@ -121,8 +121,8 @@ COLUMNS: dict[str, Column] = {
     ),
     "verdict": Column(
         heading="Verdict",
-        description="from launches: Welch's t on log per-launch throughput, winner against runner-up, "
-        "Holm-corrected over the table; 'faster' only when adjusted p < 0.05",
+        description="from launches: Welch's t on log per-launch throughput, every pair of strategies in the cell, "
+        "Holm within the cell; 'faster' only when adjusted p < 0.05",
     ),
     "basis": Column(heading="Basis", description="which throughput the comparison uses"),
     # memory and facts

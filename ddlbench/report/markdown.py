@@ -77,6 +77,7 @@ def render_markdown(context: dict[str, Any]) -> str:
         keys = ["model", "dataset", "scale", "winner", "samples_per_s", "runner_up", "margin", "verdict"]
         rows = [_best_cells(row) for row in context["best"]]
         lines += ["", *_table([*keys, "cost_node_h", "basis"], rows, more="in report.html")]
+        lines += ["", md_text(context["family_note"])]
     elif not context["headlines"]:
         lines.append("No configuration has figures yet.")
     lines += ["", "## Failed points by cause", ""]
@@ -95,16 +96,9 @@ def render_markdown(context: dict[str, Any]) -> str:
 
 
 def _headline(head: dict[str, Any]) -> str:
-    """The model × dataset's answer: its fastest configuration, then one line per scale (who is fastest
+    """The model × dataset's answer: the cells each strategy won, then one line per cell (who is fastest
     there, with the launches' verdict, or that they cannot tell); names escaped, figures as they are."""
-    fastest, cheapest = head["fastest"], head["cheapest"]
-    text = f"{md_text(head['model'], line_start=True)} on {md_text(head['dataset'])}: fastest overall "
-    text += f"{md_text(fastest.label)} at {fastest.sentence}"
-    if cheapest is not None:
-        text += (
-            f" ({head['fastest_cost']} node-h per 10⁶ samples); cheapest "
-            f"{md_text(cheapest.label)} ({head['cheapest_cost']} node-h per 10⁶ samples)"
-        )
+    text = f"{md_text(head['model'], line_start=True)} on {md_text(head['dataset'])}: {md_text(head['tally'])}"
     return text + "." + "".join(f"\n  - {md_text(line)}." for line in head["answers"])
 
 

@@ -14,10 +14,14 @@ the statistic its verdict tests (the median where a configuration has no per-lau
 runner-up the best candidate of another strategy; the margin winner ÷ runner-up, the ratio of those
 geometric means (the verdict's ratio, so the two never disagree).
 
-The verdict rests on launches (ddlbench.analysis.verdicts): Welch's t on the log per-launch throughputs of
-the winner against the runner-up, Holm-corrected over every contested group of the report (one family);
-"faster" only when the adjusted p < 0.05, with the ratio of geometric means and its 95 % interval. Below 3
-launches a side there is no run-to-run interval and no verdict ("one launch: no run-to-run interval").
+The verdict rests on launches (ddlbench.analysis.verdicts): each group is a cell, one question ("which is
+fastest here?") and one family: Welch's t on the log per-launch throughputs of every pair of its candidates
+of different strategies, Holm within the cell (judge_cell), so the winner's selection is paid for and a
+cell's verdict does not depend on the rest of the sweep. The winner is "fastest" (`separated`) only when it
+beats every other strategy's candidates in that family; "faster" beside the runner-up and each further
+strategy says which comparisons rejected, with the ratio of geometric means and its 95 % interval. Across
+cells, the claims' Benjamini–Hochberg q-values are reported (family_note), not used to change a cell's
+verdict. Below 3 launches a side there is no run-to-run interval and no verdict.
 
 Horovod whose CUDA gradients went through the host (gradient_path "host-copied (gloo)": Horovod built
 without NCCL operations) is not a contender: it is named in `left_out` unless `include_host_copied`.
@@ -37,7 +41,7 @@ from typing import Any
 import pandas as pd
 
 from ddlbench.analysis.keys import COMPARISON_FIELDS, CONFIG_FIELDS, describe, varying_fields
-from ddlbench.analysis.verdicts import MIN_LAUNCHES, TEST, contrast, judge
+from ddlbench.analysis.verdicts import ALPHA, MIN_LAUNCHES, TEST_CELL, benjamini_hochberg, judge_cell, too_few
 from ddlbench.report.figures import MIN_CI_N, interval_text, missing, number
 from ddlbench.statistics import student_t_quantile
 
@@ -105,7 +109,7 @@ BASIS_TEXT = {
     "steps": f"median step of the median repetition, 95 % CI over steps (fewer than {MIN_CI_N} repetitions)",
     "launches": (
         f"geometric mean over launches of the window throughput, 95 % CI (Student's t on the logs) from "
-        f"{MIN_LAUNCHES} launches; verdict: {TEST}"
+        f"{MIN_LAUNCHES} launches; verdict: {TEST_CELL}"
     ),
 }
 
@@ -204,20 +208,55 @@ def best_strategies(
         extra = [f for f in others if f not in ("nodes", "ranks_per_node") and len({str(r.get(f)) for r in pair}) > 1]
         for held, group in _comparison_groups(pair, others, include_host_copied):
             rows.append(_scale_row(model, dataset, group, held, extra, one_host, include_host_copied))
-    # one family: each contested row's winner against its runner-up, and against every other strategy
-    pairs = [(row, other) for row in rows if row["runner_up"] is not None for other in (row["runner_up"], *row["rest"])]
-    verdicts = judge([contrast(other.launches, row["winner"].launches) for row, other in pairs])
-    for (row, other), verdict in zip(pairs, verdicts, strict=True):
-        text = verdict.text.replace("higher", "faster", 1) if verdict.direction else verdict.text
+    # one question, one family: each contested row is a cell judged alone (every pair of its candidates of
+    # different strategies, Holm within the cell: ddlbench.analysis.verdicts.judge_cell), so a cell's verdict
+    # does not depend on what else the sweep holds; across cells, Benjamini–Hochberg q-values are reported
+    for row in rows:
+        if row["runner_up"] is not None:
+            _judge_row(row)
+    contested = [row for row in rows if row["runner_up"] is not None]
+    for row, q in zip(contested, benjamini_hochberg([row["p_claim"] for row in contested]), strict=True):
+        row["q_value"] = q
+    for row in rows:
+        row["answer"] = answer(row)
+    return rows
+
+
+def family_note(rows: list[dict[str, Any]]) -> str:
+    """What the verdicts control, in words: each cell alone at 5 %; across the report's contested cells, the
+    expected number of false claims and how many claims also hold at a 5 % false discovery rate."""
+    contested = [row for row in rows if row["runner_up"] is not None]
+    claims = [row for row in contested if row["separated"]]
+    held = sum(row["q_value"] is not None and row["q_value"] < ALPHA for row in claims)
+    return (
+        f"Each cell (model × dataset × scale × batch) is one family: every pair of its strategies tested, Holm "
+        f"within the cell, so a cell's chance of a false 'faster' is at most {ALPHA:g} whatever else the sweep "
+        f"holds. Across the {len(contested)} contested cell(s), at most {len(contested) * ALPHA:.2g} false claim(s) "
+        f"are expected; {held} of the {len(claims)} 'fastest' claim(s) also hold at a false discovery rate of "
+        f"{ALPHA:g} over the cells (Benjamini–Hochberg)."
+    )
+
+
+def _judge_row(row: dict[str, Any]) -> None:
+    """The row's cell judged as one family: its winner against the runner-up (`verdict`) and each further
+    strategy (`behind`); `separated` when the winner is fastest, ahead of every other strategy's candidates."""
+    candidates = row["candidates"]
+    cell = judge_cell([figure.launches for figure in candidates], [figure.strategy for figure in candidates])
+    row["comparisons"], row["p_claim"] = cell.comparisons, cell.p_claim
+    winner_index = candidates.index(row["winner"])
+    if cell.winner != winner_index:  # the winner has no launches to test: no verdict
+        row["verdict"] = too_few(len(row["winner"].launches), len(row["runner_up"].launches))
+        return
+    for other in (row["runner_up"], *row["rest"]):
+        verdict = cell.against.get(candidates.index(other))
+        text = "" if verdict is None else verdict.text
+        text = text.replace("higher", "faster", 1) if verdict is not None and verdict.direction else text
         if other is not row["runner_up"]:
             row["behind"].append((other.label, text))
             continue
         row["verdict"] = text
-        row["separated"] = verdict.direction == "higher"
-        row["p_adjusted"] = verdict.p_adjusted
-    for row in rows:
-        row["answer"] = answer(row)
-    return rows
+        row["p_adjusted"] = None if verdict is None else verdict.p_adjusted
+    row["separated"] = cell.fastest
 
 
 def answer(row: dict[str, Any]) -> str:
@@ -343,9 +382,13 @@ def _scale_row(
         "margin": winner.rank_value / runner_up.rank_value
         if winner and runner_up and runner_up.rank_value > 0
         else None,
+        "candidates": ranked,  # every candidate of the cell, best first: the family its verdict is judged in
         "verdict": "",
         "separated": False,
         "p_adjusted": None,
+        "p_claim": None,  # the winner's claim, within its cell (ddlbench.analysis.verdicts.judge_cell)
+        "q_value": None,  # Benjamini–Hochberg over the report's contested cells
+        "comparisons": 0,
         "left_out": [f"{r['strategy']} ({HOST_COPIED}: not a contender)" for r in left_out],
         "cost_node_h": None if one_host or winner is None else cost_node_h(first["nodes"], winner.value),
     }
@@ -357,9 +400,9 @@ def _scale_row(
 def headlines(
     configs: pd.DataFrame, rows: list[dict[str, Any]], *, one_host: bool = False, include_host_copied: bool = False
 ) -> list[dict[str, Any]]:
-    """Per model × dataset: its fastest configuration at any scale (geometric mean over launches), its
-    cheapest (none on one host), the groups each strategy won with a verdict, of those where several ran,
-    and each group's answer in words (`answer`)."""
+    """Per model × dataset: the cells each strategy won with a verdict, of those where several ran (`tally`),
+    and each cell's answer in words (`answer`). No "fastest overall" across scales and batches: configurations
+    of different scales answer different questions, and no test compares them."""
     out = []
     for (model, dataset), pair in _pairs(configs).items():
         records = [
@@ -369,32 +412,36 @@ def headlines(
         ]
         if not records:
             continue
-        label_fields = ["strategy", *varying_fields(records, leave_out=("model", "dataset", "strategy"))]
-        figures = [(throughput(r, "launches", describe(r, label_fields)), r) for r in records]
-        fastest, fastest_row = max(figures, key=lambda item: item[0].value)
-        cheapest, cheapest_row = min(figures, key=lambda item: cost_node_h(item[1]["nodes"], item[0].value) or 1e300)
         wins: dict[str, int] = {}
         contested = [r for r in rows if r["model"] == model and r["dataset"] == dataset and r["runner_up"]]
         for row in contested:
             if row["separated"]:
                 wins[row["winner"].strategy] = wins.get(row["winner"].strategy, 0) + 1
+        ranked = sorted(wins.items(), key=lambda item: (-item[1], item[0]))
+        undecided = sum(not row["separated"] for row in contested)
         out.append(
             {
                 "model": str(model),
                 "dataset": str(dataset),
                 "basis": "launches",
-                "fastest": fastest,
-                "fastest_cost": None if one_host else number(cost_node_h(fastest_row["nodes"], fastest.value)),
-                "cheapest": None if one_host else cheapest,
-                "cheapest_cost": None if one_host else number(cost_node_h(cheapest_row["nodes"], cheapest.value)),
-                "wins": sorted(wins.items(), key=lambda item: (-item[1], item[0])),
+                "wins": ranked,
+                "tally": tally(ranked, len(contested), undecided),
                 "answers": [r["answer"] for r in rows if r["model"] == model and r["dataset"] == dataset],
-                "undecided": sum(not row["separated"] for row in contested),
+                "undecided": undecided,
                 "contested": len(contested),
                 "strategies": sorted({str(r["strategy"]) for r in pair}),
             }
         )
     return out
+
+
+def tally(wins: list[tuple[str, int]], contested: int, undecided: int) -> str:
+    """'ddp fastest in 2 of 3 cells where several strategies ran; 1 undecided', from the cells' verdicts."""
+    if not contested:
+        return "no cell where several strategies ran"
+    won = ", ".join(f"{strategy} fastest in {count}" for strategy, count in wins) or "no strategy fastest"
+    cells = f"{contested} cell{'s' if contested != 1 else ''} where several strategies ran"
+    return f"{won} of {cells}" + (f"; {undecided} undecided" if undecided else "")
 
 
 def display_status(status: Any, reason: Any) -> str:
