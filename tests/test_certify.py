@@ -403,3 +403,24 @@ def test_the_shipped_suites_resolve_with_their_calibration_and_the_replay(suite)
     if suite == "gpu.yaml":  # NCCL's bus bandwidth needs messages of GiBs (nccl-tests #212)
         assert max(calibration.settings["message_bytes"]) >= 4 * 2**30
         assert {"all_reduce", "all_gather", "reduce_scatter"} <= set(calibration.settings["collectives"])
+
+
+def test_certify_names_the_run_since_which_a_figure_changed_over_the_partitions_certificates(tmp_path, capsys):
+    """Six certificates of this suite on this partition at 100 samples/s, five at 80 (stored as certify stores
+    them), then a real certify at 80: the change point is the first run at 80, with its size, in the
+    certificate and its printout."""
+    refs = references(tmp_path, {ONE: {"value": 100.0, "lower": -0.3, "upper": 0.3, "unit": "samples/s"}})
+    folder = sweep_records(tmp_path, {"n1": 80.0}, two_nodes=150.0, repetitions=3)
+    _, template = certify(tmp_path, folder, refs, "--db", str(tmp_path / "elsewhere.sqlite"))
+    ids = []
+    for day, level in enumerate([100.0] * 6 + [80.0] * 5):
+        value = level * (1 + 0.01 * ((day * 7) % 5 - 2))  # launches about 1 % apart, never twice the same
+        figures = [f | {"value": value} if f["name"] == ONE else f for f in template["figures"]]
+        stored = template | {"date": f"2026-10-{day + 1:02d}T00:00:00Z", "figures": figures}
+        ids.append(store_certificate(stored, source="earlier", db=tmp_path / "history.sqlite")[0])
+    capsys.readouterr()
+    code, last = certify(tmp_path, folder, refs)
+    changed = [row for row in last["change_points"] if row["name"] == ONE and row["node"] is None]
+    assert len(changed) == 1 and changed[0]["since_run"] == ids[6], last["change_points"]
+    assert changed[0]["size"] == pytest.approx(-0.2, abs=0.02) and changed[0]["p_value"] < 0.01
+    assert f"change point: {ONE} since run {ids[6]}" in capsys.readouterr().out

@@ -302,6 +302,7 @@ def _certify_suite(args: argparse.Namespace) -> int:
     certificate["provenance"] = run_provenance(table)  # the software and cards, for the next comparison
     run_id, _ = store_certificate(certificate, source=str(folder), db=db)
     certificate["history_run"] = run_id
+    certificate["change_points"] = _change_points(certificate, db)
     text = json.dumps(certificate, indent=1, allow_nan=False)
     write_text_atomic(folder / "certificate.json", text + "\n")
     if args.json:
@@ -323,6 +324,21 @@ def _certify_suite(args: argparse.Namespace) -> int:
         _rerender_report(folder)
     _print_summary(certificate, html_path)
     return 0 if certificate["passed"] else 1
+
+
+def _change_points(certificate: dict[str, Any], db: Path) -> list[dict[str, Any]]:
+    """The change points of this suite's certificates on this partition, this one included (their figures at
+    one measurement version): ddlbench.history.changepoints."""
+    from ddlbench.history.changepoints import series_change_points
+    from ddlbench.history.db import list_runs
+
+    runs = list_runs(db=db, system=certificate["system"], partition=certificate["partition"], kind="certificate")
+    same = [
+        run
+        for run in runs
+        if run.name == certificate["suite"] and run.measurement_version == certificate["measurement_version"]
+    ]
+    return series_change_points(same, db=db)
 
 
 def _suite_progress(config):
@@ -385,6 +401,13 @@ def _print_summary(certificate: dict[str, Any], html: Path) -> None:
         print(
             f"  regression: {row['name']}{where}: {_number(row['value'])} vs {_number(row['previous_value'])} "
             f"({_percent(row['change'])}) in passing certificate run {row['previous_run']}"
+        )
+    for row in certificate.get("change_points") or []:
+        where = f" on {row['node']}" if row["node"] else ""
+        print(
+            f"  change point: {row['name']}{where} since run {row['since_run']} ({row['since_date']}): "
+            f"{_number(row['before'])} → {_number(row['after'])} ({_percent(row['size'])}, p={row['p_value']:.2g}, "
+            f"{row['runs']} runs)"
         )
     for note in certificate["notes"]:
         print(f"  note: {note}")

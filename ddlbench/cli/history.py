@@ -33,6 +33,12 @@ def add_commands(commands: Any) -> None:
     history.add_argument("--partition", help="only runs of this partition")
     history.add_argument("--kind", choices=("sweep", "certificate"), help="only sweeps, or only certificates")
     history.add_argument("--json", action="store_true", help="print the runs as JSON")
+    history.add_argument(
+        "--changes",
+        action="store_true",
+        help="the change points of each figure instead: the run since which it changed, its p-value and size "
+        "(E-divisive with a permutation test, per series of runs of one name, kind, place and measurement version)",
+    )
     history.set_defaults(handler=_history)
 
     compare = commands.add_parser(
@@ -79,6 +85,8 @@ def _history(args: argparse.Namespace) -> int:
 
     db = _database(args)
     runs = list_runs(db=db, system=args.system, partition=args.partition, kind=args.kind)
+    if args.changes:
+        return _changes(runs, db, as_json=args.json)
     if args.json:
         print(json.dumps([run.__dict__ | {"figures": None} for run in runs], indent=1))
         return 0
@@ -102,6 +110,29 @@ def _history(args: argparse.Namespace) -> int:
         for run in runs
     ]
     print_table(header, rows)
+    return 0
+
+
+def _changes(runs: list[Any], db: Path, *, as_json: bool) -> int:
+    """Change points per series of runs (one name, kind, system:partition and measurement version)."""
+    from ddlbench.history.changepoints import MAX_PVALUE, series_change_points
+
+    rows = series_change_points(runs, db=db)
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print(f"no change point (p < {MAX_PVALUE:g}) in the {len(runs)} run(s) of {db}")
+        return 0
+    print(f"change points (E-divisive, permutation p < {MAX_PVALUE:g}) in {db}:")
+    header = ["series", "figure", "node", "since run", "since", "before", "after", "change", "p", "runs"]
+    body = [
+        [row["series"], row["name"], row["node"] or "", str(row["since_run"]), row["since_date"],
+         f"{row['before']:.4g}", f"{row['after']:.4g}", _percent(row["size"]), f"{row['p_value']:.3g}",
+         str(row["runs"])]
+        for row in rows
+    ]  # fmt: skip
+    print_table(header, body)
     return 0
 
 
