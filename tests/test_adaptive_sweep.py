@@ -18,7 +18,7 @@ from ddlbench.errors import ConfigError
 from ddlbench.launches import read_launch
 from ddlbench.point import Point
 from ddlbench.records import read_record
-from ddlbench.sampling.costs import group_launches, round0_share_bound
+from ddlbench.sampling.costs import group_launches, launches_needed, round0_share_bound
 from ddlbench.sampling.plan import plan_round, sampled
 from ddlbench.sweep import expand_sweep
 from tests.conftest import run_snakemake
@@ -201,3 +201,20 @@ def test_round_0_never_costs_more_than_its_bound_whatever_the_costs(seed, sample
         round0 = sum(cost(r, False) for r in runs) + sum(nodes[x["points"][0]] * launch_s for x in launches)
         if full > 0:
             assert round0 / full <= bound + 1e-12
+
+
+def test_no_launch_holds_two_repetitions_of_one_configuration():
+    """Repetitions that share a launch are not independent samples: each configuration's repetitions go to
+    launches of their own, so the step-time model's bands count launches."""
+    points = full_sweep(batch_size=[4, 8, 16], nodes=[1], repetitions=1)
+    settings = AdaptiveSettings(over="batch_size", initial=3, steps=2, warmup_steps=1, repetitions=2, per_launch=4)
+    runs = [run for point in points for run in sampled(point, settings)]
+    launches = group_launches(runs, settings.per_launch, 0)
+    by_id = {run.point_id: run for run in runs}
+    for launch in launches:
+        configurations = [dataclasses.replace(by_id[i], repetition=0) for i in launch["points"]]
+        assert len(set(configurations)) == len(configurations) <= settings.per_launch
+    assert sorted(len(launch["points"]) for launch in launches) == [3, 3]  # 6 runs, 2 launches, not 4 + 2
+    assert sorted(i for launch in launches for i in launch["points"]) == sorted(by_id)
+    assert launches_needed(6, 2, 4) == 2 and launches_needed(2, 2, 4) == 2 and launches_needed(0, 2, 4) == 0
+    assert len(group_launches(runs, 1, 0)) == 6

@@ -420,6 +420,7 @@ def test_certify_names_the_run_since_which_a_figure_changed_over_the_partitions_
         ids.append(store_certificate(stored, source="earlier", db=tmp_path / "history.sqlite")[0])
     capsys.readouterr()
     code, last = certify(tmp_path, folder, refs)
+    assert code == 0  # 80 is within its band: a change point is reported, it does not fail the certificate
     changed = [row for row in last["change_points"] if row["name"] == ONE and row["node"] is None]
     assert len(changed) == 1 and changed[0]["since_run"] == ids[6], last["change_points"]
     assert changed[0]["size"] == pytest.approx(-0.2, abs=0.02) and changed[0]["p_value"] < 0.01

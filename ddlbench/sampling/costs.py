@@ -24,6 +24,7 @@ full one; warm short runs in one process, if anything, step faster.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -78,17 +79,34 @@ def layout_key(point: Point) -> tuple:
 
 
 def group_launches(runs: Sequence[Point], per_launch: int, round_number: int) -> list[dict]:
-    """The round's runs in launches: those of one layout together, `per_launch` at most each, in order.
-    Each launch is {"id": "r<round>-l<k>", "points": [point ids]}."""
+    """The round's runs in launches: those of one layout together, `per_launch` at most each, in order, and
+    never two repetitions of one configuration in the same launch: repetitions that shared a launch (its
+    placement, clocks, neighbours) are not independent samples of the machine (ddlbench.analysis.verdicts),
+    and the step-time model counts each repetition as one. Each launch is {"id": "r<round>-l<k>", "points":
+    [point ids]}."""
     by_layout: dict[tuple, list[Point]] = {}
     for run in runs:
         by_layout.setdefault(layout_key(run), []).append(run)
-    launches = []
+    launches: list[dict] = []
     for members in by_layout.values():
-        for start in range(0, len(members), per_launch):
-            chunk = members[start : start + per_launch]
+        opened: list[tuple[list[Point], set]] = []  # this layout's launches: their runs and configurations
+        for run in sorted(members, key=lambda point: point.repetition):  # stable: the round's order otherwise
+            config = _configuration(run)
+            slot = next((o for o in opened if len(o[0]) < per_launch and config not in o[1]), None)
+            if slot is None:
+                slot = ([], set())
+                opened.append(slot)
+            slot[0].append(run)
+            slot[1].add(config)
+        for chunk, _ in opened:
             launches.append({"id": f"r{round_number}-l{len(launches)}", "points": [p.point_id for p in chunk]})
     return launches
+
+
+def launches_needed(runs: int, repetitions: int, per_launch: int) -> int:
+    """Launches a layout's `runs` take (group_launches): per_launch at most each, and at least `repetitions`,
+    since no launch holds two repetitions of one configuration; 0 without runs."""
+    return max(repetitions, math.ceil(runs / per_launch)) if runs else 0
 
 
 def round0_share_bound(full: Sequence[Point], runs: Sequence[Point], launches: Sequence[dict]) -> float:

@@ -7,7 +7,9 @@ instead of full runs), into <sweep>/adaptive/points/<id>/record.json.
 
 A round's short runs are measured in launches of several points each (`launches`: those of one layout
 together, settings.per_launch at most; ddlbench.launch.group), so the seconds a launch costs whatever its
-steps are paid once per launch, not once per point, and the budget buys later rounds.
+steps are paid once per launch, not once per point, and the budget buys later rounds. No launch holds two
+repetitions of one configuration (costs.group_launches): the model's bands and the stopping rule count each
+repetition as an independent sample, which repetitions of one launch are not.
 
 - Round 0: every series' `initial` values spread evenly over its range, both ends included. Extra-P's
   measurement-point advisor ("base" mode) takes the smallest, the cheapest; but a model of the smallest
@@ -49,6 +51,7 @@ from ddlbench.records import PointRecord
 from ddlbench.sampling.costs import (
     Overheads,
     group_launches,
+    launches_needed,
     layout_key,
     measure_overheads,
     round0_share_bound,
@@ -134,10 +137,9 @@ def plan_round(
     for candidate in sorted(open_, key=lambda s: -s["score"]):
         point = Point.from_dict(candidate["point"])
         layout = layout_key(point)
-        before = opened.get(layout, 0)  # runs of this layout already in the round: a launch per per_launch
-        new_launches = math.ceil((before + settings.repetitions) / settings.per_launch) - math.ceil(
-            before / settings.per_launch
-        )
+        before = opened.get(layout, 0)  # runs of this layout already in the round (costs.group_launches)
+        reps, width = settings.repetitions, settings.per_launch
+        new_launches = launches_needed(before + reps, reps, width) - launches_needed(before, reps, width)
         launch = point.nodes * overheads.launch_s * new_launches
         if len(best) < settings.per_round and planned + candidate["cost_node_s"] + launch <= budget:
             best.append(candidate)
