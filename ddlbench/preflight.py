@@ -14,7 +14,9 @@ point, are made once:
   pinned one's node among them, since its points go to the dispatcher there (ddlbench.launch.inside);
 - locally: every point's ranks × cores per rank against `--cores` (ddlbench.launch.cores.check_plan_cores),
   since Snakemake would quietly cap a job's threads and the ranks would share cores unseen. `--lint`
-  parses the workflow with cores=1 whatever is asked and runs nothing, so it is not checked then.
+  parses the workflow with cores=1 whatever is asked and runs nothing, so it is not checked then;
+- a sweep with a machine file: the points predicted not to fit or not to finish are listed with their
+  figures, and with `predicted_misfits: skip` left unrun, each with a record saying so (foresee_misfits).
 
 The adaptive sweep checks its sweep's full plan: a sampled point has the ranks, threads and allocation
 of its configuration there, only fewer steps.
@@ -26,6 +28,7 @@ adaptive settings), beside the orchestration that runs them (tests/test_layering
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -75,10 +78,12 @@ def prepare_workflow(
     linting: bool = False,
     environ: Mapping[str, str] | None = None,
     jobs: int | None = None,
+    dry_run: bool = False,
 ) -> Prepared:
     """Plan `config` as workflow `kind` and make the checks every workflow makes before it runs; a
     ddlbench.errors.DdlbenchError names the first problem (the preamble prints it in one line). `jobs`
-    is Snakemake's --jobs: with a site file, at most that many jobs are queued at once."""
+    is Snakemake's --jobs: with a site file, at most that many jobs are queued at once. `dry_run`
+    (Snakemake's -n): nothing is written, not even the records of points left unrun for their prediction."""
     if kind not in WORKFLOWS:
         raise ConfigError("workflow", f"{kind!r} is not a workflow; accepted: {', '.join(WORKFLOWS)}")
     prepared = _PLANNERS[kind](dict(config))
@@ -103,9 +108,41 @@ def prepare_workflow(
         return replace(prepared, packed=True)
     elif not linting:
         check_plan_cores(list(prepared.points), cores)
+    if prepared.kind == "sweep" and not linting and not environ.get("SLURM_JOB_ID"):  # once, before any job
+        foresee_misfits(prepared.plan, on_slurm=bool(site_file), write=not dry_run)
     resources = {point_id: snakemake_resources(allocation) for point_id, allocation in planned.items()}
     calibrating = snakemake_resources(calibration) if calibration else {}
     return replace(prepared, resources=resources, calibration_resources=calibrating)
+
+
+def foresee_misfits(
+    plan: Any, *, on_slurm: bool, say: Callable[[str], None] | None = None, write: bool = True
+) -> list[Any]:
+    """The sweep's points predicted not to fit or not to finish (ddlbench.analysis.analytic.foresight), said
+    on stderr with their figures; with `predicted_misfits: skip`, each without a record gets one saying it
+    was not run (nothing measured is overwritten; `write` False: only said, as `ddlbench plan` does). On
+    SLURM a node's ranks share its memory; locally every rank of a point shares this host's."""
+    from ddlbench.analysis.analytic.foresight import NOT_RUN, foresee
+    from ddlbench.launch.runner import write_not_run_record
+    from ddlbench.records import record_path
+
+    config = plan.config
+    say = say or (lambda line: sys.stderr.write(line + "\n"))
+    sharing = (lambda point: point.ranks_per_node) if on_slurm else (lambda point: point.world_size)
+    misfits, source = foresee(plan.points, config.machine_path, sweep_dir=config.sweep_dir, ranks_per_host=sharing)
+    if not misfits:
+        return []
+    action = "left unrun, each with a record saying so" if config.predicted_misfits == "skip" else "run anyway"
+    say(f"{len(misfits)} prediction(s) of point(s) that will not fit or not finish ({source}); {action} "
+        f"(sweep key predicted_misfits: {config.predicted_misfits}):")  # fmt: skip
+    points = plan.by_id()
+    for misfit in misfits:
+        say(f"  {misfit.point_id}: {misfit.text}")
+        out = record_path(config.sweep_dir, misfit.point_id)
+        if write and config.predicted_misfits == "skip" and not out.exists():
+            reason = f"{NOT_RUN}{'not to fit' if misfit.kind == 'memory' else 'not to finish'}: {misfit.text}"
+            write_not_run_record(points[misfit.point_id], out=out, status=misfit.status, reason=reason)
+    return misfits
 
 
 def _calibration_job(prepared: Prepared, planned: Mapping[str, Resources], site: Any) -> Resources | None:

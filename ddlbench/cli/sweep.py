@@ -139,6 +139,11 @@ def _plan(args: argparse.Namespace) -> int:
         if plan.skipped and not args.no_skipped:
             print(f"\nskipped: {len(plan.skipped)} combinations cannot run")
             print_table(["point_id", "reason"], [[point.point_id, why] for point, why in plan.skipped])
+    if args.format != "ids":  # predicted before running (ddlbench.analysis.analytic.foresight)
+        from ddlbench.preflight import foresee_misfits
+
+        stream = sys.stderr if args.format == "json" else sys.stdout
+        foresee_misfits(plan, on_slurm=True, say=lambda line: print(line, file=stream), write=False)
     excluded = f", {len(plan.excluded)} excluded" if plan.excluded else ""
     skipped = f", {len(plan.skipped)} skipped" if plan.skipped else ""
     versions = other_versions_note(sweep_status(plan, queue=[], jobs_index={}, sweep_dir=config.sweep_dir))

@@ -76,6 +76,7 @@ class SweepConfig:
     share_gpus: bool = False
     trace_steps: int = 0
     replay_steps: int = 0
+    predicted_misfits: str = "run"  # run | skip: points predicted not to fit or finish (analysis.analytic.foresight)
     machine: str = ""  # machine file the points are predicted on ("" none)
     calibrate: str = ""  # calibration suite run first into machine_path ("" none)
     scaling_json: str = "{}"  # the `scaling` mapping (empirical models) as canonical JSON
@@ -108,6 +109,8 @@ class SweepConfig:
             del data["each_node"]  # left out at its default: the config hashes of sweeps before it stand
         if not self.replay_steps:
             del data["replay_steps"]  # likewise
+        if self.predicted_misfits == "run":
+            del data["predicted_misfits"]  # likewise
         for key in AXES:
             data[key] = list(data[key])
         return data
@@ -153,6 +156,12 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
         from ddlbench.config.adaptive import adaptive_settings
 
         adaptive_settings(data["adaptive"])  # refused here, with the key, before anything runs
+    if data["predicted_misfits"] == "skip" and not data["machine"]:
+        raise ConfigError(
+            "predicted_misfits",
+            "skip needs `machine` (a machine file the points are predicted on before anything runs); "
+            "`calibrate` makes its machine file only once the sweep runs",
+        )
     if data["machine"] and data["calibrate"]:
         raise ConfigError(
             "calibrate", "give either `machine` (a machine file) or `calibrate` (a suite to measure one), not both"
@@ -179,6 +188,7 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
         share_gpus=data["share_gpus"],
         trace_steps=data["trace_steps"],
         replay_steps=data["replay_steps"],
+        predicted_misfits=data["predicted_misfits"],
         machine=data["machine"],
         calibrate=data["calibrate"],
         scaling_json=json.dumps(data["scaling"], sort_keys=True),

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddlbench.analysis.analytic.foresight import EXPECTED_LAUNCH_S, expected_seconds
 from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
 from ddlbench.launch.packing import Allocation, Packing, Task, pack
@@ -67,7 +68,6 @@ def tasks_for(points: Sequence[Point], *, expected_s: Mapping[str, float] | None
 # a point's time outside its steps when predicted: interpreter, torch, the step's start, the process group,
 # the record. 3.3 s measured for a local launch on a 2-core host (docs/empirical.md, the sampling loop's
 # o_L); srun's step start and a shared filesystem add to it. An assumption, printed with every plan.
-EXPECTED_LAUNCH_S = 15.0
 
 
 def expected_times(
@@ -90,11 +90,12 @@ def expected_times(
     except DdlbenchError as exc:
         return {}, f"expected times: not predicted ({exc}): every point at its limit"
     times = {
-        point.point_id: EXPECTED_LAUNCH_S + (point.warmup_steps + point.steps) * prediction.step_time_s
+        point.point_id: expected_seconds(point, prediction.step_time_s)
         for point, prediction in zip(points, predictions, strict=True)
     }
     return times, (
-        f"expected times: predicted on {machine_file} as (warm-up + steps) × step time + {EXPECTED_LAUNCH_S:g} s "
+        f"expected times: predicted on {machine_file} as (warm-up + steps + 2 × replay steps) × step time + "
+        f"{EXPECTED_LAUNCH_S:g} s "
         "of launch (assumed), at most the point's limit"
     )
 

@@ -185,6 +185,21 @@ def write_unfinished_record(
     return record
 
 
+def write_not_run_record(point: Point, *, out: Path, status: Status, reason: str) -> PointRecord:
+    """The record of a point left unrun on purpose before anything started (a sweep's `predicted_misfits:
+    skip`): no ranks, no metrics, launcher `none`; `reason` says why."""
+    now = utc_now()
+    provenance = collect_provenance(
+        launcher="none", ranks=[], config_hash=point.spec_hash, start_time=now, end_time=now
+    )
+    record = PointRecord(
+        point_id=point.point_id, point=point, status=status, reason=reason, metrics=None, provenance=provenance,
+        measurement_version=MEASUREMENT_VERSION,
+    )  # fmt: skip
+    write_record(out, record)
+    return record
+
+
 def rank_dir_for(out: Path) -> Path:
     """Scratch folder where the ranks of the point recorded at `out` write; beside the record, so on
     the shared filesystem under SLURM, and distinct for every record path."""

@@ -31,6 +31,8 @@ try:
         cores=workflow.resource_settings.cores,
         linting="--lint" in sys.argv,
         jobs=workflow.resource_settings.nodes,
+        # -n, alone or among short flags (-np), --dry-run, --dryrun: nothing is written, not even a record
+        dry_run=any(a in ("--dry-run", "--dryrun") or (a[:1] == "-" and a[1:2] != "-" and "n" in a[1:]) for a in sys.argv),
     )
 except DdlbenchError as error:
     sys.stderr.write(refusal(WORKFLOW_KIND, error))

@@ -1,0 +1,83 @@
+"""Predictions used before running (ddlbench.analysis.analytic.foresight, ddlbench.preflight.foresee_misfits): a
+point predicted not to fit in what its host gives each rank, or not to finish within its timeout, is flagged
+with its figures before anything runs; with `predicted_misfits: skip` it is left unrun, with a record saying so,
+and Snakemake runs the rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import run_snakemake
+
+from ddlbench.analysis.analytic.foresight import NOT_RUN, foresee
+from ddlbench.config import sweep_config_from_mapping
+from ddlbench.errors import ConfigError
+from ddlbench.preflight import foresee_misfits, prepare_workflow
+from ddlbench.records import read_record, record_path
+from tests.conftest import make_point
+
+ABCI = "workflow/machines/abci_v100.yaml"
+
+
+@pytest.fixture
+def cpu_machine(tmp_path):
+    """A CPU machine file: ABCI's rates on a 4 GB host (the memory is what the test is about)."""
+    data = yaml.safe_load(Path(ABCI).read_text())
+    data["device"] |= {"kind": "cpu", "memory_bytes": 4_000_000_000}
+    path = tmp_path / "cpu.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_ranks_that_share_a_host_share_its_memory(cpu_machine):
+    points = [make_point(batch_size=batch, ranks_per_node=2) for batch in (8, 4096)]
+    misfits, source = foresee(points, cpu_machine)
+    assert source == f"predicted on {cpu_machine}"
+    (misfit,) = misfits
+    assert (misfit.point_id, misfit.kind, misfit.status) == (points[1].point_id, "memory", "oom")
+    assert "a rank, above the 2.0 GB a rank has (host 4.0 GB ÷ 2 rank(s))" in misfit.text
+    assert foresee(points, cpu_machine, ranks_per_host=lambda point: 1)[0] == []  # alone on the host it fits
+
+
+def test_a_point_predicted_to_run_past_its_timeout_is_flagged_with_its_time():
+    slow = make_point(steps=200_000, timeout_s=30.0)
+    (misfit,) = foresee([slow, make_point()], ABCI)[0]
+    assert misfit.kind == "time" and misfit.status == "timeout" and misfit.point_id == slow.point_id
+    assert misfit.text.startswith("predicted ") and "above its timeout_s 30" in misfit.text
+    assert foresee([slow], None) == ([], "no machine file: nothing predicted before running")
+
+
+def test_skip_needs_a_machine_file_known_before_planning():
+    raw = {"name": "x", "models": ["resnet8"], "datasets": ["cifar10"], "strategies": ["ddp"], "nodes": [1]}
+    with pytest.raises(ConfigError, match="predicted_misfits"):
+        sweep_config_from_mapping(raw | {"predicted_misfits": "skip", "calibrate": "workflow/calibration/default.yaml"})
+
+
+def test_skip_leaves_the_misfit_unrun_with_a_record_and_snakemake_runs_the_rest(tmp_path, cpu_machine):
+    raw = {
+        "name": "foresee", "results_dir": str(tmp_path / "results"), "machine": str(cpu_machine),
+        "predicted_misfits": "skip", "models": ["resnet8"], "datasets": ["cifar10"], "strategies": ["ddp"],
+        "nodes": [1], "ranks_per_node": [2], "batch_size": [8, 4096], "warmup_steps": 1, "steps": 2,
+        "oversubscribe": True,
+    }  # fmt: skip
+    said: list[str] = []
+    prepared = prepare_workflow("sweep", raw, site_file=None, cores=2, dry_run=True)  # a dry run writes nothing
+    config = prepared.plan.config
+    big = next(point for point in prepared.points if point.batch_size == 4096)
+    assert not record_path(config.sweep_dir, big.point_id).exists()
+    # locally the 2 ranks share this host: 4096 does not fit in 2 GB a rank
+    (misfit,) = foresee_misfits(prepared.plan, on_slurm=False, say=said.append)
+    assert misfit.point_id == big.point_id and "left unrun" in said[0] and big.point_id in said[1]
+    record = read_record(record_path(config.sweep_dir, big.point_id))
+    assert record.status == "oom" and record.reason.startswith(f"{NOT_RUN}not to fit: predicted peak")
+    assert record.metrics is None and record.provenance.launcher == "none"
+    # Snakemake runs the point that fits and leaves the one with its record alone
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump(raw))
+    done = run_snakemake("--cores", "2", "--configfile", str(sweep))
+    assert done.returncode == 0, done.stderr[-3000:]
+    small = next(point for point in prepared.points if point.batch_size == 8)
+    assert read_record(record_path(config.sweep_dir, small.point_id)).status == "ok"
+    assert read_record(record_path(config.sweep_dir, big.point_id)).reason == record.reason  # kept as it was
