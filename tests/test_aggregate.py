@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import replace
 
 import pandas as pd
@@ -155,8 +156,25 @@ def test_speedup_is_over_the_smallest_node_count_of_each_series_and_one_there(tm
     assert summary.loc[("gpipe", 2, 4), "base_samples_per_s"] == 50.0
     assert summary.loc[("dp_pp", 4, 2), "speedup"] == pytest.approx(1.5)  # over split 2 at 2 nodes
     assert summary.loc[("dp_pp", 4, 2), "base_nodes"] == 2
-    assert summary.loc[("dp_pp", 4, 4), "speedup"] == 1.0  # split 4 is its own series, based on itself
-    assert summary.loc[("dp_pp", 4, 4), "base_samples_per_s"] == 90.0
+    # split 4 is its own series, alone at its batch: no speedup at all, rather than 1 over itself
+    assert math.isnan(summary.loc[("dp_pp", 4, 4), "speedup"]) and summary.loc[("dp_pp", 4, 4), "scaling_held"] is None
+    # gpipe's global batch stays equal over nodes (one replica): strong scaling; dp_pp's grows: weak
+    assert summary.loc[("gpipe", 2, 4), "scaling_held"] == "global batch"
+    assert summary.loc[("dp_pp", 4, 2), "scaling_held"] == "per-replica batch"
+
+
+def test_speedup_holds_the_global_batch_equal_where_the_sweep_did(tmp_path):
+    """The default sweep's way: the per-replica batch halves as the nodes double, the global batch stays 32.
+    Each configuration is alone at its per-replica batch; the series a reader compares, equal global batch,
+    has three node counts, and the speedup is over it (it read 1 everywhere when taken per-replica batch)."""
+    plan = plan_of(tmp_path, nodes=[1, 2, 4], batch_size=[32, 16, 8], strategies=["ddp"])
+    speeds = {1: 100.0, 2: 180.0, 4: 300.0}
+    kept = [p for p in plan.points if p.global_batch_size == 32]
+    write(plan, [record_for(p, speeds[p.nodes]) for p in kept])
+    summary = summarize_configurations(build_table(plan)).set_index(["nodes", "batch_size"])
+    assert summary.loc[(2, 16), "speedup"] == pytest.approx(1.8) and summary.loc[(4, 8), "speedup"] == 3.0
+    assert summary.loc[(4, 8), "scaling_efficiency"] == pytest.approx(0.75)
+    assert set(summary["scaling_held"]) == {"global batch"} and summary["base_nodes"].tolist() == [1, 1, 1]
 
 
 def test_ddp_is_compared_at_the_same_global_batch_else_at_the_same_per_replica_batch_and_says_which(tmp_path):

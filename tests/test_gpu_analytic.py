@@ -225,7 +225,8 @@ def _archive(folder: Path, target: Path) -> Path:
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_quick_cuda_run_calibrates_and_predicts_on_the_gpu(tmp_path):
-    torch = pytest.importorskip("torch")
+    import torch
+
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     out = tmp_path / "run"

@@ -86,7 +86,6 @@ def test_the_ranks_srun_step_keeps_job_wide_slurm_variables_only():
 
 
 def test_a_rank_without_cuda_trains_on_the_cpu_and_records_the_gpus_slurm_made_visible():
-    pytest.importorskip("torch")
     import torch
 
     from ddlbench.launch.devices import gpu_identity, rank_device

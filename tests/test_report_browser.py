@@ -125,6 +125,18 @@ def test_the_report_draws_its_charts_and_sorts_its_tables_in_a_real_browser(chro
         statuses = _column(browser, "#points table.data", "Status")
         assert statuses == ["failed"], statuses
 
+        # at 1200 px the summary table is read without scrolling: it fits its box, its figures wrap
+        browser.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": 1200, "height": HEIGHT, "deviceScaleFactor": 1, "mobile": False},
+            session=True,
+        )
+        fit = browser.evaluate(
+            "(() => { const t = document.querySelector('#best');"
+            " return {table: t.scrollWidth, box: t.parentElement.clientWidth}; })()"
+        )
+        assert fit["table"] <= fit["box"], fit
+
         # at a narrow width the page still fits: tables scroll inside their own boxes
         browser.send(
             "Emulation.setDeviceMetricsOverride",

@@ -118,7 +118,6 @@ def test_fsdp_on_four_ranks(tmp_path):
 @pytest.mark.equivalence_sse
 def test_fsdp_on_gpt_tiny(tmp_path):
     """A transformer: embeddings, attention and MLP blocks as FSDP units, a token-level loss."""
-    pytest.importorskip("ddlbench.train.models.gpt")
     record = check_against_reference(
         tmp_path,
         strategy="fsdp",

@@ -10,6 +10,7 @@ on a host steady enough to give one (QUIET_SPREAD)."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 
 import pytest
@@ -40,6 +41,7 @@ SLOWDOWN_STEPS = 150
 # better, and its ratio is below 1) and skips the demand for a verdict, saying why. The check reads the
 # base side only, never the verdict, so the retry cannot pick a favourable outcome.
 QUIET_SPREAD = 1.2
+AA_FLOOR = 0.001  # an A/A pair's p below this would be certainty from noise: it fails 1 run in 1,000
 
 
 def default_repetitions() -> int:
@@ -114,10 +116,12 @@ def test_an_aa_pair_is_never_called_different_and_a_thirty_percent_slowdown_is(t
     row = compare(db, runs["a"], runs["b"], capsys)
     with capsys.disabled():  # shown with -s, not swallowed by the next compare
         print("A/A at 3 launches:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")})
-    assert row["launches"] == [3, 3] and row["verdict"] == "same within noise", row
+    # an A/A pair is separated 5 % of the time by design (α): what none may show is certainty. p below
+    # AA_FLOOR fails one run in a thousand; the procedure's rate itself is test_verdicts.py's, over draws
+    assert row["launches"] == [3, 3] and row["p"] is not None and row["p"] >= AA_FLOOR, row
     # certify the A/A pair: A's own references (±30 %) pass it, and B (A again), judged against A's
-    # certificate (the last passing one of the suite), shows no regression
-    check_certify(tmp_path, "a", "b", regression=None)
+    # certificate (the last passing one of the suite), is a regression exactly when compare says worse
+    check_certify(tmp_path, "a", "b", regression=row["name"] if row["verdict"] == "worse" else None)
 
     # a base and B' at the default repetitions, B' with every measured step 30 % longer (a sleep inside
     # the step), interleaved, over windows long enough to average the host's spells (SLOWDOWN_STEPS)
@@ -133,11 +137,14 @@ def test_an_aa_pair_is_never_called_different_and_a_thirty_percent_slowdown_is(t
         print("30 % slower:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")}, end=" ")
         print(f"(base launches spread ×{spread:.3f}, attempt {attempt + 1})")
     assert row["verdict"] != "better" and row["ratio"] < 1, row  # what no host's noise excuses
-    if spread > QUIET_SPREAD:
-        pytest.skip(
+    if spread > QUIET_SPREAD:  # a skip, counted: DDLBENCH_REQUIRE_QUIET=1 (CI) makes it a failure
+        why = (
             f"the host's launches spread ×{spread:.2f} (over ×{QUIET_SPREAD}) twice: too noisy to demand a "
             f"verdict on 30 % at {reps} launches (it gave: {row['verdict']}, ×{row['ratio']:.3g})"
         )
+        if os.environ.get("DDLBENCH_REQUIRE_QUIET") == "1":
+            pytest.fail(f"DDLBENCH_REQUIRE_QUIET=1 but {why}")
+        pytest.skip(why)
     assert row["verdict"] == "worse", row
     # about throughput ÷ 1.3: the sleep is 30 % of a step timed earlier, and a busy spell lengthens the rest
     assert 1 / 1.3 * 0.6 < row["ratio"] < 1 / 1.3 * 1.2

@@ -91,8 +91,11 @@ COUNT_COLUMNS = (
     "straggler_steps",
     "energy_gpus",
 )
-# per-configuration columns of text: a key, which batch the ddp baseline holds equal, the repetitions' values (JSON)
-TEXT_COLUMNS = ("baseline_config_key", "baseline_held_equal", "rep_samples_per_s_values")
+# per-configuration columns of text: a key, which batch the ddp baseline and the speedup hold equal, the
+# repetitions' values (JSON), the speedup's series
+TEXT_COLUMNS = (
+    "baseline_config_key", "baseline_held_equal", "rep_samples_per_s_values", "scaling_held", "scaling_key",
+)  # fmt: skip
 FLOAT_COLUMNS = tuple(
     column for column in POINT_SUMMARY_COLUMNS if column not in (*BOOLEAN_COLUMNS, *COUNT_COLUMNS, *TEXT_COLUMNS)
 )

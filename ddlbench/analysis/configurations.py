@@ -18,9 +18,13 @@ Two levels of statistics, both nonparametric (ddlbench.statistics; Hoefler & Bel
   one whose window throughput is the (lower) median: a real run, with its own CI.
 
 Speedup (rule 1: the base is named and its absolute figure kept beside every speedup): within a
-series (ddlbench.analysis.keys.series_key), speedup(n) = T(n) / T(n0) and scaling_efficiency(n) =
-speedup(n) / (n / n0), with T = rep_samples_per_s_median and n0 the series' smallest node count,
-kept as base_nodes and base_samples_per_s (samples/s). Dimensionless.
+series, speedup(n) = T(n) / T(n0) and scaling_efficiency(n) = speedup(n) / (n / n0), with
+T = rep_samples_per_s_median and n0 the series' smallest node count, kept as base_nodes and
+base_samples_per_s (samples/s). Dimensionless. The series is the one a reader compares: equal global batch
+over nodes (strong scaling, ddlbench.analysis.keys.strong_series_key, what the summary holds equal) where
+the sweep ran a global batch at two node counts or more, else equal per-replica batch (weak scaling,
+series_key); `scaling_held` says which, `scaling_key` names it. A configuration in neither has no speedup
+(NaN), never a speedup of 1 over itself.
 
 vs_baseline = T ÷ T of the ddp configuration like for like (ddlbench.analysis.keys.comparison_key):
 equal in every field but the strategy's own (strategy, strategy_options, split, micro_batches) and the
@@ -42,7 +46,7 @@ import pandas as pd
 from ddlbench.analysis.keys import BASELINE_STRATEGY, CONFIG_FIELDS
 from ddlbench.statistics import coefficient_of_variation, is_noisy, median_ci, percentile
 
-KEY_COLUMNS = ("config_key", "series_key", "baseline_key", "baseline_replica_key")
+KEY_COLUMNS = ("config_key", "series_key", "strong_series_key", "baseline_key", "baseline_replica_key")
 SIZE_COLUMNS = ("world_size", "replicas", "global_batch_size")
 STEP_COLUMNS = tuple(
     f"{figure}_{name}"
@@ -64,6 +68,8 @@ POINT_SUMMARY_COLUMNS = [
     "scaling_efficiency",
     "base_nodes",
     "base_samples_per_s",
+    "scaling_held",
+    "scaling_key",
     "vs_baseline",
     "baseline_samples_per_s",
     "baseline_config_key",
@@ -169,17 +175,34 @@ def _rep_stats(prefix: str, values: list[float]) -> dict[str, Any]:
 
 
 def add_scaling(summary: pd.DataFrame) -> pd.DataFrame:
-    """speedup, scaling_efficiency, base_nodes and base_samples_per_s of each configuration in its series."""
-    # the base: each series' first configuration at its smallest node count (first in table order)
-    first = summary.sort_values("nodes", kind="stable").groupby("series_key", sort=False).head(1)
-    first = first.set_index("series_key")
-    base_nodes = summary["series_key"].map(first["nodes"])
-    base = summary["series_key"].map(first["rep_samples_per_s_median"]).astype(float)
+    """speedup, scaling_efficiency, base_nodes, base_samples_per_s, scaling_held and scaling_key of each
+    configuration: within its strong series (equal global batch over nodes) where that has two node counts
+    or more, else within its series (equal per-replica batch) where that has, else none (NaN: a
+    configuration alone at its batch has no speedup, rather than a speedup of 1 over itself)."""
+    if "strong_series_key" not in summary.columns:  # a table from before the key: weak series only
+        summary = summary.assign(strong_series_key=None)
+    counts = {key: summary.groupby(key, dropna=False)["nodes"].transform("nunique") for key in SCALING_KEYS}
+    chosen = pd.Series([None] * len(summary), index=summary.index, dtype=object)
+    held = pd.Series([None] * len(summary), index=summary.index, dtype=object)
+    for key, words in SCALING_KEYS.items():
+        use = chosen.isna() & summary[key].notna() & (counts[key] >= 2)
+        chosen[use] = key + ":" + summary.loc[use, key].astype(str)
+        held[use] = words
+    summary = summary.assign(scaling_key=chosen, scaling_held=held)
+    scaled = summary[summary["scaling_key"].notna()]
+    first = scaled.sort_values("nodes", kind="stable").groupby("scaling_key", sort=False).head(1)
+    first = first.set_index("scaling_key")
+    base_nodes = summary["scaling_key"].map(first["nodes"])
+    base = summary["scaling_key"].map(first["rep_samples_per_s_median"]).astype(float)
     speedup = summary["rep_samples_per_s_median"].astype(float) / base
     summary = summary.assign(speedup=speedup, scaling_efficiency=speedup / (summary["nodes"] / base_nodes))
-    summary["base_nodes"] = [int(n) for n in base_nodes]
+    summary["base_nodes"] = [None if n != n else int(n) for n in base_nodes]
     summary["base_samples_per_s"] = base
     return summary
+
+
+# the series a speedup is computed in, in order of preference, and what each holds equal over nodes
+SCALING_KEYS = {"strong_series_key": "global batch", "series_key": "per-replica batch"}
 
 
 HELD_EQUAL = {"baseline_key": "global batch", "baseline_replica_key": "per-replica batch"}

@@ -5,7 +5,11 @@ to Point separates configurations in every table, figure, speedup and comparison
 
 - configuration: every Point field but `repetition` (repetitions are independent launches of it);
 - series: the configuration without `nodes`, and without `split` where the strategy splits the model
-  over the whole world (pure model/pipeline/tensor/ParaDL splits, split = world size by definition);
+  over the whole world (pure model/pipeline/tensor/ParaDL splits, split = world size by definition): a
+  line over nodes at a fixed per-replica batch (weak scaling);
+- strong series (`strong_series_key`): the series without the per-replica `batch_size`, with the global
+  batch (Point.global_batch_size) held equal instead: a line over nodes at a fixed global batch (strong
+  scaling), what the report's like-for-like comparisons hold equal;
 - comparison (like for like, `comparison_key`; its hash is `baseline_key`): the configuration without
   the fields a strategy owns (`strategy`, `strategy_options`, `split`, `micro_batches`) and without the
   per-replica `batch_size`, with the global batch (Point.global_batch_size = batch_size × world_size //
@@ -132,15 +136,18 @@ def baseline_replica_key(point: Point) -> str:
 
 
 def keys(point: Point) -> dict[str, str]:
-    """The four keys at once, from one spec (each key alone builds it again: 10,000 points, seconds)."""
+    """The five keys at once, from one spec (each key alone builds it again: 10,000 points, seconds)."""
     spec = configuration(point)
     series = {name: value for name, value in spec.items() if name != "nodes"}
     if split_follows_world(point.strategy):
         series.pop("split", None)
     replica = {name: value for name, value in spec.items() if name not in STRATEGY_FIELDS}
+    strong = {name: value for name, value in series.items() if name != "batch_size"}
+    strong["global_batch_size"] = point.global_batch_size
     return {
         "config_key": _digest(spec),
         "series_key": _digest(series),
+        "strong_series_key": _digest(strong),
         "baseline_key": baseline_key(point),
         "baseline_replica_key": _digest(replica),
     }

@@ -9,7 +9,9 @@ the highest throughput at its largest node count (the tables below list them all
 where the data span a factor of 4 or more (log2 for nodes and the study axes). A chart draws one level
 of statistics for all its marks (ddlbench.report.summary.basis): over repetitions when every
 configuration of the model × dataset has ≥ 6, else over steps; speedup and efficiency are the table's,
-from medians over repetitions.
+from medians over repetitions, drawn over the series a reader compares (equal global batch over nodes where
+the sweep kept one, else equal per-replica batch: ddlbench.analysis.configurations.add_scaling), a line per
+such series with two node counts or more; with none, they are left out and the section says why.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def pair_section(
     section["selection"] = note
     section["legend"] = [{"label": label, "colour": colour(i)} for i, (label, _) in enumerate(lines)]
     section["charts"] = [Markup(svg) for svg in _node_charts(lines, level, node_label)]
+    section["scaling_note"] = scaling_note(pair)
     section["energy"] = energy_block(lines, points, node_label)  # samples per joule, or why not measured
     section["study"] = _study_charts(pair, level)
 
@@ -171,9 +174,13 @@ def _node_charts(lines: list[tuple[str, list[dict[str, Any]]]], level: str, node
             ideal = tuple(Mark(x=m.x, y=base.y * m.x / base.x) for m in marks)
             ideal_line = Line(label=f"{label}: ideal", colour=tint, marks=ideal, dashed=True, dots=False, width=1)
             throughput_lines.append(ideal_line)
+        memory_lines.append(_plain_line(records, "tensor_peak_mib", label, tint, "MiB"))
+    # speedup and efficiency over the series a reader compares (ddlbench.analysis.configurations.add_scaling:
+    # equal global batch where the sweep kept one over nodes), a line per such series with two node counts
+    for index, (label, records) in enumerate(_scaling_lines(lines)):
+        tint = colour(index)
         speedup_lines.append(_plain_line(records, "speedup", label, tint, "speedup ×"))
         efficiency_lines.append(_plain_line(records, "scaling_efficiency", label, tint, "efficiency"))
-        memory_lines.append(_plain_line(records, "tensor_peak_mib", label, tint, "MiB"))
     charts = [
         line_chart(
             throughput_lines,
@@ -182,7 +189,7 @@ def _node_charts(lines: list[tuple[str, list[dict[str, Any]]]], level: str, node
             y=Axis(label="samples/s", log=_span([m.y for ln in throughput_lines for m in ln.marks]) >= LOG_SPAN),
         )
     ]
-    if len(set(nodes)) > 1:
+    if len(set(nodes)) > 1 and speedup_lines:
         low, high = min(nodes), max(nodes)
         ends = (Mark(x=low, y=1.0), Mark(x=high, y=high / low))
         ideal = Line(label="ideal", colour=GREY, marks=ends, dashed=True, dots=False)
@@ -207,6 +214,40 @@ def _node_charts(lines: list[tuple[str, list[dict[str, Any]]]], level: str, node
 
 def _nodes(count: Any) -> str:
     return f"{int(count)} node{'s' if int(count) != 1 else ''}"
+
+
+def _scaling_lines(lines: list[tuple[str, list[dict[str, Any]]]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The drawn configurations regrouped by the series their speedup is over (`scaling_key`), those with two
+    node counts or more, each labelled by what tells it apart and the batch it holds equal."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for _, records in lines:
+        for row in records:
+            if not missing(row.get("scaling_key")) and not missing(row.get("speedup")):
+                groups.setdefault(str(row["scaling_key"]), []).append(row)
+    series = [sorted(rows, key=lambda r: float(r["nodes"])) for rows in groups.values()]
+    series = [rows for rows in series if len({row["nodes"] for row in rows}) > 1]
+    leave = ("model", "dataset", "nodes", "strategy", "batch_size", "global_batch_size")
+    fields = ["strategy", *varying_fields([rows[0] for rows in series], leave_out=leave)]
+    out = []
+    for rows in series:
+        first = rows[0]
+        held = first.get("scaling_held")
+        batch = first.get("global_batch_size") if held == "global batch" else first.get("batch_size")
+        label = describe(first, fields)
+        out.append((f"{label} ({held} {number(batch)})" if not missing(batch) else label, rows))
+    return out
+
+
+def scaling_note(pair: pd.DataFrame) -> str:
+    """Why a section draws no speedup or efficiency, or ""."""
+    if pair.empty or pair["nodes"].nunique() < 2:
+        return ""
+    if "scaling_key" in pair.columns and pair["scaling_key"].notna().any():
+        return ""
+    return (
+        "Speedup and scaling efficiency are not drawn: no configuration ran at two node counts or more with the "
+        "same global batch or the same per-replica batch, so each would be its own baseline (a speedup of 1)"
+    )
 
 
 def _plain_line(records: list[dict[str, Any]], column: str, label: str, tint: str, unit: str) -> Line:
