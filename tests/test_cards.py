@@ -106,3 +106,13 @@ def test_a_malformed_card_entry_is_refused_with_its_key(change, needle):
     change(data["cards"]["h100-sxm"])
     with pytest.raises(ConfigError, match=needle):
         parse_cards(data, source="cards.yaml")
+
+
+def test_a_collectives_nccl_bus_bandwidth_within_a_node_is_set_against_nvlink():
+    card = find_card("NVIDIA H100 80GB HBM3")
+    within = card_shares("machine/all_reduce/nccl/1x8/busbw_bytes_per_s", 333e9, card)
+    assert within["peak"] == 450e9 and within["share_of_achievable"] == pytest.approx(333 / 370)
+    assert "nccl-tests/issues/212" in within["achievable_source"]
+    assert card_shares("machine/all_reduce/nccl/2x1/busbw_bytes_per_s", 40e9, card) is None  # across nodes: the NIC
+    assert card_shares("machine/all_reduce/gloo/1x2/busbw_bytes_per_s", 1e9, card) is None  # not NCCL
+    assert card_shares("machine/all_gather/nccl/1x4/busbw_bytes_per_s", 1e9, find_card("NVIDIA L40S")) is None

@@ -5,7 +5,9 @@ For a figure `machine/matmul_flop_per_s/<precision>` (FLOP/s) or `machine/memory
 (B/s) of a machine whose device name matches a card, the same of the node levels (`quick/…`, `burn-in/…`,
 with or without their `/cuda:<i>` ending), and a node level's pinned host↔device copy
 (`…/host_to_device_bytes_per_s`, `…/device_to_host_bytes_per_s`: B/s in one direction, against `host_link`,
-the card's host interface in one direction):
+the card's host interface in one direction), and a collective's NCCL bus bandwidth within one node
+(`machine/<op>/nccl/1x<ranks>/busbw_bytes_per_s`, against `nvlink_busbw`: NVLink's line rate per direction,
+and what NCCL reaches on it):
 
 - share_of_peak = value ÷ peak (dense datasheet figure, same precision);
 - share_of_achievable = value ÷ achievable (a published measured maximum), where one is cited.
@@ -28,7 +30,7 @@ import yaml
 from ddlbench.errors import ConfigError
 
 CARDS_FILE = Path(__file__).with_name("cards.yaml")
-FIGURES = ("fp32", "tf32", "bf16", "fp16", "fp8", "memory_bandwidth", "host_link")
+FIGURES = ("fp32", "tf32", "bf16", "fp16", "fp8", "memory_bandwidth", "host_link", "nvlink_busbw")
 # the figures set against a card: the standard suite's machine/ figures, and the node levels' quick/ and
 # burn-in/ ones, which end in their GPU (`…/cuda:1`)
 _FAMILIES = r"(?:machine|quick|burn-in)"
@@ -36,6 +38,8 @@ _DEVICE = r"(?:/cuda:\d+)?"
 _MATMUL = re.compile(rf"{_FAMILIES}/matmul_flop_per_s/(?P<precision>[a-z0-9]+){_DEVICE}")
 _BANDWIDTH = re.compile(rf"{_FAMILIES}/memory_bandwidth_bytes_per_s{_DEVICE}")
 _HOST_LINK = re.compile(rf"(?:quick|burn-in)/(?:host_to_device|device_to_host)_bytes_per_s{_DEVICE}")
+# a collective's bus bandwidth through NCCL within one node (layout 1 × ranks): what NVLink carries
+_NVLINK = re.compile(r"machine/(?:all_reduce|all_gather|reduce_scatter|broadcast)/nccl/1x\d+/busbw_bytes_per_s")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +110,8 @@ def figure_key(name: str) -> str | None:
         return match["precision"]
     if _BANDWIDTH.fullmatch(name):
         return "memory_bandwidth"
+    if _NVLINK.fullmatch(name):
+        return "nvlink_busbw"
     return "host_link" if _HOST_LINK.fullmatch(name) else None
 
 
