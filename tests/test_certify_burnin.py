@@ -23,6 +23,7 @@ def burn_in(tmp_path, refs: dict, duration: str = "3s") -> int:
     return main(args)
 
 
+@pytest.mark.slow
 def test_a_burn_in_loads_the_node_for_its_duration_and_judges_the_worst_runs(tmp_path, capsys):
     bands = {
         "burn-in/matmul_flop_per_s/fp32": {"min": 1e6, "unit": "FLOP/s"},

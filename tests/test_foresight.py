@@ -55,6 +55,7 @@ def test_skip_needs_a_machine_file_known_before_planning():
         sweep_config_from_mapping(raw | {"predicted_misfits": "skip", "calibrate": "workflow/calibration/default.yaml"})
 
 
+@pytest.mark.slow
 def test_skip_leaves_the_misfit_unrun_with_a_record_and_snakemake_runs_the_rest(tmp_path, cpu_machine):
     raw = {
         "name": "foresee", "results_dir": str(tmp_path / "results"), "machine": str(cpu_machine),

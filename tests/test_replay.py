@@ -17,6 +17,7 @@ from ddlbench.train.replay import replay_point
 from tests.conftest import make_point
 from tests.test_records import sample_record
 
+pytestmark = pytest.mark.slow  # real replays (a few seconds): in `make test`, not again in the torch-floor venv
 POINT = make_point(replay_steps=2, batch_size=4)
 
 

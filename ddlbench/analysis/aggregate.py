@@ -4,9 +4,10 @@ One row per planned point. Its columns, by group:
 
 - the point: one column per `Point` field, named after it (options as canonical JSON), derived from the
   dataclass (ddlbench.analysis.keys), plus point_id, world_size, replicas and global_batch_size;
-- keys: config_key, series_key, baseline_key, baseline_replica_key: which configuration, which line over
-  nodes, and which configurations it is compared with like for like (the same global batch) or, failing
-  a ddp there, at the same per-replica batch (ddlbench.analysis.keys says how each is derived);
+- keys: config_key, series_key, strong_series_key, baseline_key, baseline_replica_key: which
+  configuration, which line over nodes at a fixed per-replica batch and which at a fixed global batch, and
+  which configurations it is compared with like for like (the same global batch) or, failing a ddp there,
+  at the same per-replica batch (ddlbench.analysis.keys says how each is derived);
 - outcome: status, reason, measurement_version and other_measurement_version (figures of another version
   mean something else: they are left out of every comparison unless asked for);
 - step figures, per point over its kept measured steps (records.Stats): samples_per_s_<s> and
@@ -41,7 +42,8 @@ One row per planned point. Its columns, by group:
 - per configuration, over its repetitions, repeated on each of its rows that took part
   (ddlbench.analysis.configurations.POINT_SUMMARY_COLUMNS): n_repetitions, repetitions_not_ok,
   repetitions_other_version, rep_samples_per_s_* and rep_step_time_s_* …, median_repetition,
-  any_oversubscribed, speedup, scaling_efficiency, base_*, vs_baseline, baseline_* (baseline_held_equal:
+  any_oversubscribed, speedup, scaling_efficiency, base_*, scaling_held and scaling_key (the batch the
+  speedup's series holds equal over nodes, and that series), vs_baseline, baseline_* (baseline_held_equal:
   which batch the ddp it divides by holds equal).
 """
 
