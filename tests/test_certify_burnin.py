@@ -75,7 +75,7 @@ def test_duration_belongs_to_burn_in_only(capsys):
 
 def test_the_worst_figure_is_the_5th_percentile_with_its_order_statistics_interval():
     values = [float(v) for v in range(1, 201)]  # 200 runs: the 5th percentile at rank 0.05 × 199 = 9.95
-    figure = _worst_figure("burn-in/x", values, "a load", [100.0, 90.0], rounds=2)
+    figure = _worst_figure("burn-in/x", values, "B/s", "a load", [100.0, 90.0], rounds=2)
     assert figure.value == pytest.approx(1 + 9.95) and WORST_PERCENT == 5
     j, k = quantile_ci_ranks(200, 0.05)
     assert (figure.ci_low, figure.ci_high) == (values[j - 1], values[k - 1]) and j < 11 < k

@@ -25,13 +25,15 @@ database (kind certificate, suite `burn-in`) for change detection, unlike the qu
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ddlbench.certify.quick import device_suffix, load_failure, node_devices, node_loads
+from ddlbench.certify.replay import is_odd, majority
 from ddlbench.history.figures import Figure
 from ddlbench.statistics import percentile, quantile_ci
 
@@ -52,16 +54,12 @@ class BurnIn:
     device: str
     rounds: int
     seconds: float
-    health: list[Any]  # ddlbench.certify.health.GpuHealth, one per GPU
-    health_why_not: str  # "" where NVML read the GPUs, else why not
 
 
 def burn_in(
     duration_s: float, *, slice_s: float = SLICE_S, replay: bool = True, say: Callable[[str], None] = log.info
 ) -> BurnIn:
     """Load every device of this node in rounds until `duration_s` has passed (at least one round)."""
-    import os
-
     from ddlbench.certify.health import health_figures
     from ddlbench.train.energy import cuda_identity
     from ddlbench.train.health import HealthWatch
@@ -72,8 +70,8 @@ def burn_in(
     gpus = [(str(device), *cuda_identity(device)) for device in devices if device.type == "cuda"]
     watch = HealthWatch(gpus)
     samples: dict[str, list[float]] = defaultdict(list)
-    loads: dict[str, str] = {}  # figure name -> what one timed run is
-    failed: dict[str, tuple[str, str]] = {}  # figure name -> (unit, why) of a load that raised
+    loads: dict[str, tuple[str, str]] = {}  # figure name -> (unit, what one timed run is)
+    failed: dict[str, str] = {}  # figure name -> why a load raised
     round_medians: dict[str, list[float]] = defaultdict(list)
     replays: list[tuple[str, int, dict[str, Any]]] = []
     point = _replay_point()
@@ -82,11 +80,11 @@ def burn_in(
     while rounds == 0 or time.perf_counter() - began < duration_s:
         for device in devices:
             for figure, unit, what, load in node_loads(device):
-                loads[f"burn-in/{figure}"] = what
+                loads[f"burn-in/{figure}"] = (unit, what)
                 try:
                     _add(samples, round_medians, f"burn-in/{figure}", load(slice_s))
                 except RuntimeError as exc:  # failures are data: the figure says why it has no value
-                    failed.setdefault(f"burn-in/{figure}", (unit, load_failure(exc)))
+                    failed.setdefault(f"burn-in/{figure}", load_failure(exc))
                 watch.sample()
             if replay:
                 from ddlbench.train.replay import replay_point
@@ -97,20 +95,18 @@ def burn_in(
         say(f"burn-in: round {rounds} done, {time.perf_counter() - began:.0f} s of {duration_s:.0f} s")
     seconds = time.perf_counter() - began
     figures = [
-        _worst_figure(figure, values, loads[figure], round_medians[figure], rounds)
+        _worst_figure(figure, values, *loads[figure], round_medians[figure], rounds)
         for figure, values in samples.items()
     ]
     figures += [
-        Figure.unmeasured(name_, unit=unit, kind="machine", why=why)
-        for name_, (unit, why) in failed.items()
-        if name_ not in samples
+        Figure.unmeasured(figure, unit=loads[figure][0], kind="machine", why=why)
+        for figure, why in failed.items()
+        if figure not in samples
     ]
     if replay:
         figures += replay_check_figures(replays, devices={str(device): device_suffix(device) for device in devices})
-    healths = watch.finish()
-    figures += health_figures(healths, watch.why_not)
-    return BurnIn(figures=figures, device=name, rounds=rounds, seconds=seconds, health=healths,
-                  health_why_not=watch.why_not)  # fmt: skip
+    figures += health_figures(watch.finish(), watch.why_not)
+    return BurnIn(figures=figures, device=name, rounds=rounds, seconds=seconds)
 
 
 def _replay_point():
@@ -127,7 +123,7 @@ def _add(samples: dict[str, list[float]], medians: dict[str, list[float]], name:
     medians[name].append(percentile(sorted(values), 50))
 
 
-def _worst_figure(name: str, values: list[float], load: str, medians: list[float], rounds: int) -> Figure:
+def _worst_figure(name: str, values: list[float], unit: str, load: str, medians: list[float], rounds: int) -> Figure:
     """The figure at its worst: the WORST_PERCENT-th percentile of the throughputs, with its interval."""
     ordered = sorted(values)
     interval = quantile_ci(ordered, WORST_PERCENT / 100) or (None, None)
@@ -136,7 +132,6 @@ def _worst_figure(name: str, values: list[float], load: str, medians: list[float
         f"(95 % CI by order statistics{'' if interval[0] is not None else ': none below 59 runs'}); "
         f"median {percentile(ordered, 50):.4g}, first round's median {medians[0]:.4g}, last round's {medians[-1]:.4g}"
     )
-    unit = "FLOP/s" if "matmul" in name else "B/s"
     return Figure(
         name=name, unit=unit, kind="machine", value=percentile(ordered, WORST_PERCENT), ci_low=interval[0],
         ci_high=interval[1], n=len(values), basis=basis,
@@ -145,9 +140,7 @@ def _worst_figure(name: str, values: list[float], load: str, medians: list[float
 
 def replay_check_figures(replays: list[tuple[str, int, dict[str, Any]]], *, devices: dict[str, str]) -> list[Figure]:
     """One check figure per device: its replays (one a round) against the strict majority of all the node's."""
-    counts = Counter(result["digest"] for _, _, result in replays)
-    majority, held = counts.most_common(1)[0]
-    decided = held * 2 > len(replays)
+    common, held, decided = majority(result for _, _, result in replays)
     figures = []
     for label, suffix in devices.items():
         mine = [(round_, result) for device, round_, result in replays if device == label]
@@ -155,9 +148,9 @@ def replay_check_figures(replays: list[tuple[str, int, dict[str, Any]]], *, devi
             finding = f"the node's {len(replays)} replays disagree and no majority says which is right"
             value, check = None, "failed"
         else:
-            odd = [(r, res) for r, res in mine if res["digest"] != majority or not res["repeatable"]]
+            odd = [(r, res) for r, res in mine if is_odd(res, common)]
             finding = "; ".join(
-                f"round {r}: " + ("its own passes disagree" if res["digest"] == majority else "digest differs")
+                f"round {r}: " + ("its own passes disagree" if res["digest"] == common else "digest differs")
                 + (f" (an injected fault: {res['corrupted']})" if res.get("corrupted") else "")
                 for r, res in odd
             )  # fmt: skip

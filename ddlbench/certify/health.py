@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from ddlbench.history.figures import Figure
 from ddlbench.records import PointRecord
@@ -61,13 +62,12 @@ def record_health_figures(records: Iterable[PointRecord]) -> list[Figure]:
             if rank.health.get("why_not"):
                 why_not = why_not or rank.health["why_not"]
                 continue
-            health = GpuHealth(**{key: value for key, value in rank.health.items() if key != "findings"},
-                               findings=tuple(rank.health.get("findings") or ()))  # fmt: skip
-            node = rank.slurm_node or rank.hostname
-            label = health.uuid or health.pci_bus_id or health.label
-            healths[(node, label)] = GpuHealth(**{**health.to_dict(), "label": label, "findings": health.findings})
-    figures = []
-    for (node, _), health in sorted(healths.items()):
-        (figure,) = health_figures([health], "")
-        figures.append(Figure(**{**figure.to_dict(), "node": node, "launches": ()}))
+            health = GpuHealth.from_dict(rank.health)
+            label = health.uuid or health.pci_bus_id or health.label  # a bound rank's cuda:0 names no GPU
+            healths[(rank.slurm_node or rank.hostname, label)] = replace(health, label=label)
+    figures = [
+        replace(figure, node=node)
+        for (node, _), health in sorted(healths.items())
+        for figure in health_figures([health], "")
+    ]
     return figures or health_figures([], why_not)

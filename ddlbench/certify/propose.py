@@ -16,10 +16,9 @@ from typing import Any
 import yaml
 
 from ddlbench.certify.references import REFERENCES_VERSION
-from ddlbench.history.figures import Figure
+from ddlbench.history.figures import CHECK_KINDS, Figure
 
 MIN_TOLERANCE = 0.10
-CHECK_KINDS = ("replay", "health", "spread")
 NO_INTERVAL_TOLERANCE = 0.20
 
 

@@ -51,8 +51,25 @@ class Replay:
 
     @property
     def flaky(self) -> bool:
-        """Its passes disagreed, and no operation it ran excuses that."""
-        return not self.result.get("repeatable", True) and not self.result.get("nondeterministic_ops")
+        return flaky(self.result)
+
+
+def flaky(result: dict[str, Any]) -> bool:
+    """A replay whose own passes disagreed, with no operation it ran (nondeterministic in torch's words) to
+    excuse that."""
+    return not result.get("repeatable", True) and not result.get("nondeterministic_ops")
+
+
+def majority(results: Iterable[dict[str, Any]]) -> tuple[str, int, bool]:
+    """The most common digest of some replays, how many hold it, and whether they are a strict majority."""
+    digests = [result["digest"] for result in results]
+    digest, held = Counter(digests).most_common(1)[0]
+    return digest, held, held * 2 > len(digests)
+
+
+def is_odd(result: dict[str, Any], digest: str) -> bool:
+    """A replay the check names: its digest differs from the majority's, or it is flaky."""
+    return result["digest"] != digest or flaky(result)
 
 
 def collect_replays(records: Iterable[PointRecord]) -> list[Replay]:
@@ -91,9 +108,7 @@ def replay_figures(records: Iterable[PointRecord]) -> list[Figure]:
 
 
 def _group_figures(members: list[Replay]) -> list[Figure]:
-    counts = Counter(replay.result["digest"] for replay in members)
-    majority, held = counts.most_common(1)[0]
-    decided = held * 2 > len(members)
+    common, held, decided = majority(replay.result for replay in members)
     nodes: dict[str, list[Replay]] = defaultdict(list)
     for replay in members:
         nodes[replay.node].append(replay)
@@ -115,8 +130,8 @@ def _group_figures(members: list[Replay]) -> list[Figure]:
             )
             figures.append(_figure(name, node, value=None, n=len(here), basis=basis, check="failed", finding=finding))
             continue
-        reference = next(replay for replay in members if replay.result["digest"] == majority)
-        odd = [replay for replay in here if replay.result["digest"] != majority or replay.flaky]
+        reference = next(replay for replay in members if replay.result["digest"] == common)
+        odd = [replay for replay in here if is_odd(replay.result, common)]
         finding = "; ".join(f"{replay.where}: {_difference(replay, reference, held)}" for replay in odd)
         check = "failed" if odd else "pass"
         figures.append(_figure(name, node, value=len(odd), n=len(here), basis=basis, check=check, finding=finding))

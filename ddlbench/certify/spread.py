@@ -20,18 +20,17 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from ddlbench.history.figures import Figure
+from ddlbench.history.figures import CHECK_KINDS, Figure
 
 DEFAULT_LIMIT = 0.10
 _DEVICE = re.compile(r"/cuda:\d+$")
-_CHECKS = ("replay", "health", "spread")
 
 
 def spread_figures(figures: list[Figure], limit: float = DEFAULT_LIMIT) -> list[Figure]:
     """The spread checks of `figures` (module docstring), in name order."""
     groups: dict[str, list[tuple[str, Figure]]] = defaultdict(list)
     for figure in figures:
-        if figure.kind in _CHECKS or figure.value is None:
+        if figure.kind in CHECK_KINDS or figure.value is None:
             continue
         if figure.node:  # a node's figure: its members are the nodes
             groups[figure.name].append((figure.node, figure))

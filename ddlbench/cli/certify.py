@@ -281,7 +281,7 @@ def _certify_suite(args: argparse.Namespace) -> int:
         device_name=((machine or {}).get("device") or {}).get("name"),
     )
     if not references:
-        checks = " but the checks that need none (the replay)" if any(figure.check for figure in figures) else ""
+        checks = " but the checks that need none (replay, health, spread)" if any(f.check for f in figures) else ""
         notes.append(f"no reference file: nothing is certified{checks} (see --write-references)")
     db = history_path(args.db, results_dir=folder.parent)
     version = certificate["measurement_version"]

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from ddlbench.history.figures import CHECK_KINDS
+
 MIN_SEGMENT = 3  # runs on each side of a change point: fewer say nothing about a distribution
 PERMUTATIONS = 999
 MAX_PVALUE = 0.01
@@ -127,7 +129,7 @@ def history_change_points(runs: Sequence[Any], *, max_pvalue: float = MAX_PVALUE
     series: dict[tuple[str, str | None], list[tuple[Any, float, str]]] = {}
     for run in runs:
         for figure in run.figures:
-            if figure.get("value") is None or figure.get("kind") in ("replay", "health", "spread"):
+            if figure.get("value") is None or figure.get("kind") in CHECK_KINDS:
                 continue
             key = (figure["name"], figure.get("node"))
             series.setdefault(key, []).append((run, float(figure["value"]), figure.get("unit", "")))

@@ -52,6 +52,9 @@ _REPLAY_TAG = re.compile(r"-rp\d+$")
 
 
 NEVER_RAN = "never ran: no point of the run left a record of it"  # the basis of such an unmeasured figure
+# the kinds of figure that are checks (Figure.check): they judge themselves, are proposed no band, take no part
+# in spreads, and their values are counts of findings rather than measurements to follow over a history
+CHECK_KINDS = ("replay", "health", "spread")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -80,6 +80,10 @@ class GpuHealth:
         data["findings"] = list(self.findings)
         return data
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GpuHealth:
+        return cls(**{**data, "findings": tuple(data.get("findings") or ())})
+
 
 @dataclass(kw_only=True)
 class _Watched:
