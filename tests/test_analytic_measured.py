@@ -82,6 +82,7 @@ def measured(tmp_path_factory):
                 "warmup": 2,
                 "iterations": 5,
                 "layer_timings": [{"model": "resnet8", "dataset": "cifar10", "batch_sizes": [4, 8, 16]}],
+                "fsdp_units": True,  # FSDP2's own cost per unit, on a toy: most of fsdp's step beyond ddp's here
             }
         )
     )

@@ -11,6 +11,8 @@ the spec's `kind`):
   `ranks` where it gives them: 1 on a host with one GPU) on one node,
   each training the model alone on synthetic batches and timing every block's forward and backward
   (ddlbench.train.calibration.layer_timing_kernel), all at once, as the ranks of a training point share a node;
+- with `fsdp_units`, one `fsdp_units` point per node count, laid out as the collectives' points: FSDP2's
+  own cost per unit it shards, on a toy (ddlbench.train.calibration.fsdp_unit_kernel);
 - one `operators` point per entry of the suite's `operators.ranks`: that many ranks on one node timing
   generic operators (convolutions, norms, activations, pools, linear layers) over drawn shapes, all at
   once (ddlbench.train.calibration.operator_kernel), for compute predictions of models whose layers nobody timed.
@@ -120,6 +122,13 @@ def expand_suite(data: dict[str, Any]) -> tuple[CalibrationPoint, ...]:
                     **common,
                 )
             )
+    for nodes in data["nodes"] if data.get("fsdp_units") else ():
+        ranks = data["ranks_per_node"] if nodes == 1 else 1  # ≥ 2 ranks either way (the schema's minimums)
+        points.append(
+            CalibrationPoint(
+                benchmark="fsdp_units", backend="", nodes=nodes, ranks_per_node=ranks, precisions=("fp32",), **common
+            )
+        )
     for index, entry in enumerate(data.get("layer_timings", [])):
         options = resolve_model(entry, f"layer_timings[{index}]")
         for precision in data["precisions"]:
@@ -157,7 +166,9 @@ def expand_suite(data: dict[str, Any]) -> tuple[CalibrationPoint, ...]:
             )
     if not points:
         raise ConfigError(
-            "", "the suite measures nothing: give matmul_sizes, conv_shapes, memory_bytes, collectives or layer_timings"
+            "",
+            "the suite measures nothing: give matmul_sizes, conv_shapes, memory_bytes, collectives, layer_timings or "
+            "fsdp_units",
         )
     return tuple(points)
 

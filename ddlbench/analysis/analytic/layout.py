@@ -120,6 +120,16 @@ def block_params(table: ModelTable) -> list[int]:
     return [block.params for block in table.blocks]
 
 
+def block_tensors(table: ModelTable) -> list[int]:
+    """Parameter tensors per block: a layer's weight, and its bias where it owns more elements than the weight."""
+    counts = [0] * len(table.blocks)
+    for layer in table.layers:
+        if layer.params:
+            weight = math.prod(layer.weight_shape) if layer.weight_shape else 0
+            counts[layer.block] += (1 if weight else 0) + (1 if layer.params > weight else 0)
+    return counts
+
+
 def element_bytes(precision: str) -> int:
     """Bytes of an activation crossing a stage boundary: autocast's dtype (ContiguousStage.to_boundary)."""
     return 2 if precision in ("bf16", "fp16") else 4

@@ -205,6 +205,47 @@ class _LazyFits(dict):
 
 
 @dataclass(frozen=True, kw_only=True)
+class FsdpUnitCosts:
+    """A machine file's `fsdp_units` entry (ddlbench.analysis.machine.fsdp_units): what FSDP2 adds to a
+    step per unit it shards, its collectives included, as timed on a toy at `ranks` ranks on `nodes` nodes.
+    Each phase: seconds = per_unit_s + per_tensor_s · tensors + per_byte_s · bytes (the unit's unsharded
+    parameters); the update: per_tensor_s per parameter tensor of the model."""
+
+    ranks: int
+    nodes: int
+    forward: tuple[float, float, float]  # per_unit_s, per_tensor_s, per_byte_s
+    backward: tuple[float, float, float]
+    update_per_tensor_s: float
+    point_id: str = ""
+
+    def forward_s(self, tensors: int, nbytes: float) -> float:
+        return _unit_cost(self.forward, tensors, nbytes)
+
+    def backward_s(self, tensors: int, nbytes: float) -> float:
+        return _unit_cost(self.backward, tensors, nbytes)
+
+    @classmethod
+    def from_dict(cls, entry: Mapping[str, Any]) -> FsdpUnitCosts:
+        def terms(phase: str) -> tuple[float, float, float]:
+            node = entry.get(phase) or {}
+            return tuple(float(node.get(key) or 0.0) for key in ("per_unit_s", "per_tensor_s", "per_byte_s"))
+
+        return cls(
+            ranks=int(entry["ranks"]),
+            nodes=int(entry["nodes"]),
+            forward=terms("forward"),
+            backward=terms("backward"),
+            update_per_tensor_s=float((entry.get("update") or {}).get("per_tensor_s") or 0.0),
+            point_id=str(entry.get("point_id", "")),
+        )
+
+
+def _unit_cost(terms: tuple[float, float, float], tensors: int, nbytes: float) -> float:
+    per_unit, per_tensor, per_byte = terms
+    return per_unit + per_tensor * tensors + per_byte * nbytes
+
+
+@dataclass(frozen=True, kw_only=True)
 class CudaHostTerms:
     """A machine file's `cuda_host`: the host's share of an eager CUDA step. The rank's thread issues every
     layer's kernels one after the other; where that takes longer than the GPU runs them, the GPU waits,
@@ -236,6 +277,7 @@ class MachineModel:
     collectives: tuple[Mapping[str, Any], ...]
     layer_timings: tuple[LayerTimings, ...] = ()
     operator_timings: tuple[Mapping[str, Any], ...] = ()  # ddlbench.analysis.machine.operator_timings, fitted on use
+    fsdp_units: tuple[FsdpUnitCosts, ...] = ()  # FSDP2's cost per unit, by ranks and nodes
     hosts: int = 1  # hosts the calibration ran on (1: every "node" of a local run is this host)
     notes: tuple[str, ...] = field(default=())
     # what CUDA's caching allocator counts beyond the tensors (ddlbench.analysis.analytic.memory, "On CUDA"),
@@ -271,6 +313,7 @@ class MachineModel:
             collectives=tuple(data.get("collectives") or ()),
             layer_timings=tuple(_layer_timings(entry) for entry in data.get("layer_timings") or ()),
             operator_timings=tuple(data.get("operator_timings") or ()),
+            fsdp_units=tuple(FsdpUnitCosts.from_dict(entry) for entry in data.get("fsdp_units") or ()),
             hosts=max(1, len(data.get("hosts") or ())),
             cuda_memory=CudaMemoryTerms.from_dict(data.get("cuda_memory")),
             cuda_host=CudaHostTerms.from_dict(data.get("cuda_host")),
@@ -334,6 +377,16 @@ class MachineModel:
         return _LazyFits(self.operator_timings)
 
     # communication ------------------------------------------------------------------------------
+    def fsdp_units_for(self, *, ranks: int, nodes: int) -> FsdpUnitCosts | None:
+        """FSDP2's per-unit costs timed at exactly `ranks` ranks on `nodes` nodes, else those on the same side
+        of the node boundary at the nearest rank count (the caller moves their collectives to its group);
+        None when the machine file has none."""
+        exact = [c for c in self.fsdp_units if (c.ranks, c.nodes) == (ranks, nodes)]
+        if exact:
+            return exact[0]
+        same_side = [c for c in self.fsdp_units if (c.nodes > 1) == (nodes > 1)] or list(self.fsdp_units)
+        return min(same_side, key=lambda c: abs(c.ranks - ranks), default=None)
+
     def _library_rank(self, library: str) -> int:
         preferred = ("nccl",) if self.device_kind == "cuda" else ("gloo",)
         return 0 if library.split()[0] in preferred else (2 if library.startswith("mpi") else 1)

@@ -20,6 +20,12 @@ and unit in its key's name, measured ones with their statistics and sample size.
          blocks: [{name, forward_s: [figure per batch size], backward_s: [...],
                    forward_fit: {alpha_s, beta_s_per_sample, rel_error_max}, backward_fit: {...}}],
          loss_s: [...], loss_fit: {...}, update_s: figure, step_s: [...], other_s: [...]}
+    fsdp_units:                      # optional; ddlbench.analysis.machine.fsdp_units
+      - {ranks, nodes, layout, threads, point_id,
+         forward: {per_unit_s, per_tensor_s, per_byte_s, rel_error_max}, backward: {...},
+         update: {per_tensor_s}, variants: [{units, tensors_per_unit, unit_bytes, plain_forward_s: figure,
+         fsdp_forward_s: figure, ..., forward_extra_per_unit_s, backward_extra_per_unit_s,
+         update_extra_per_tensor_s}]}
     operator_timings:                # optional; ddlbench.analysis.machine.operator_timings
       - {precision, threads, ranks_per_node, point_id, autograd_call_s: figure,
          samples: [{kind, batch, in_channels, height, width, out_channels, kernel, stride,
@@ -32,9 +38,9 @@ and unit in its key's name, measured ones with their statistics and sample size.
       {per_layer_s, method, fitted_on: [{label, measured_step_s, ...}]}
       # ddlbench.analysis.analytic.compute.host_floor; fitted by benchmarks/gpu_analytic.py
 
-machine_version stays 1: layer_timings and operator_timings are optional, so files written before it still read, and a
-reader that does not know it ignores it. Files written before the key was renamed call layer_timings
-`layer_profiles`: read_machine reads that key as layer_timings.
+machine_version stays 1: layer_timings, operator_timings and fsdp_units are optional, so files written before
+them still read, and a reader that does not know one ignores it. Files written before the key was renamed
+call layer_timings `layer_profiles`: read_machine reads that key as layer_timings.
 
 Figures from measurements (one calibration's records; formulas here and in ddlbench.train.calibration.kernels):
 - FLOP/s of a size = its operations ÷ each iteration's time; the figure is the median over iterations
@@ -49,7 +55,9 @@ Figures from measurements (one calibration's records; formulas here and in ddlbe
 - links: the α–β of send_recv through the first library measured on that link. A link is `intra_node`
   when every rank of the point ran on one host, else `inter_node`: named by where ranks really ran;
 - layer timings: per block and batch size the median seconds per step over every rank's timed steps
-  pooled, lines α + β·batch fitted to them (ddlbench.analysis.machine.layer_timings).
+  pooled, lines α + β·batch fitted to them (ddlbench.analysis.machine.layer_timings);
+- fsdp units: FSDP2's cost per unit, sharded toy − unsharded toy, and its fit over tensors and bytes per
+  unit (ddlbench.analysis.machine.fsdp_units).
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ from typing import Any
 import yaml
 
 from ddlbench.analysis.machine.fit import bus_factor, fit_alpha_beta, fit_busy
+from ddlbench.analysis.machine.fsdp_units import fsdp_unit_figures
 from ddlbench.analysis.machine.layer_timings import check_layer_timings, layer_timing_figures
 from ddlbench.analysis.machine.operator_timings import operator_timings
 from ddlbench.atomic import write_text_atomic
@@ -104,6 +113,7 @@ def measured_machine(records: list[CalibrationRecord], *, name: str | None, suit
         "collectives": [],
         "layer_timings": [],
         "operator_timings": [],
+        "fsdp_units": [],
         "failed_points": [
             {"point_id": record.point_id, "status": record.status, "reason": record.reason}
             for record in records
@@ -121,6 +131,8 @@ def measured_machine(records: list[CalibrationRecord], *, name: str | None, suit
                 machine["layer_timings"].append(timings)
         elif record.point.benchmark == "operators":
             machine["operator_timings"] += operator_timings(record)
+        elif record.point.benchmark == "fsdp_units":
+            machine["fsdp_units"].append(fsdp_unit_figures(record))
         else:
             machine["collectives"] += collective_figures(record)
     for entry in machine["collectives"]:
@@ -281,6 +293,9 @@ NUMERIC_KEYS = (
     "ci_low",
     "ci_high",
     "memory_bytes",
+    "per_unit_s",
+    "per_tensor_s",
+    "per_byte_s",
 )
 
 

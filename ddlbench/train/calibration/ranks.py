@@ -23,6 +23,10 @@ def measure(point: CalibrationPoint, ctx: RankContext) -> CalibrationRankResult:
         from ddlbench.train.calibration.layer_timing_kernel import run_layer_timings  # builds models: only when needed
 
         measurements = run_layer_timings(point, ctx.device)
+    elif point.benchmark == "fsdp_units":
+        from ddlbench.train.calibration.fsdp_unit_kernel import run_fsdp_units  # imports FSDP2: only when needed
+
+        measurements = run_fsdp_units(point, ctx.device)
     elif point.benchmark == "operators":
         from ddlbench.train.calibration.operator_kernel import run_operators
 
