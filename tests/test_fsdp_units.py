@@ -67,8 +67,12 @@ def _toy_rank(rank: int, *, per_unit: float, per_byte: float, update_per_tensor:
         }
         measurements.append(
             {"kind": "fsdp_units", "units": 8, "layers_per_unit": layers, "width": width, "tensors_per_unit": tensors,
-             "unit_bytes": unit_bytes, "ranks": 2, "plain": plain, "fsdp": fsdp}
+             "unit_bytes": unit_bytes, "mesh_ranks": 2, "plain": plain, "fsdp": fsdp}
         )  # fmt: skip
+        # the same toy sharded over each rank alone: half the excess a unit, the whole update on the rank
+        alone = {"forward_s": [t + 4 * extra for t in plain["forward_s"]], "backward_s": plain["backward_s"],
+                 "update_s": [0.004 + 8 * tensors * update_per_tensor] * 3}  # fmt: skip
+        measurements.append(measurements[-1] | {"mesh_ranks": 1, "fsdp": alone})
     return CalibrationRankResult(
         rank=rank, hostname="h", device="cpu", device_name="", backend="gloo", library="gloo", torch_version="2.13",
         threads=1, cpus=(rank,), measurements=tuple(measurements),
@@ -82,8 +86,12 @@ def test_figures_take_the_sharded_toys_excess_per_unit_and_fit_it():
         point_id=point.point_id, point=point, status="ok", reason=None, launcher="local", start_time="", end_time="",
         ranks=ranks,
     )  # fmt: skip
-    entry = fsdp_unit_figures(record)
+    entry, alone = fsdp_unit_figures(record)
     assert (entry["ranks"], entry["nodes"], entry["layout"]) == (2, 1, "1x2")
+    assert (alone["ranks"], alone["nodes"], alone["layout"]) == (1, 1, "1x2")  # one rank's mesh, two ran at once
+    assert alone["forward"]["per_unit_s"] == pytest.approx(0.6e-3, rel=1e-4)
+    assert alone["backward"]["per_unit_s"] == pytest.approx(0, abs=1e-12)
+    assert alone["update"]["per_tensor_s"] == pytest.approx(3e-5, rel=1e-9)
     assert len(entry["variants"]) == 4 and entry["variants"][0]["fsdp_forward_s"]["n"] == 6  # 2 ranks × 3 steps
     assert entry["forward"]["per_unit_s"] == pytest.approx(1.2e-3, rel=1e-4)
     assert entry["forward"]["per_byte_s"] == pytest.approx(5e-10, rel=1e-4)
@@ -91,8 +99,12 @@ def test_figures_take_the_sharded_toys_excess_per_unit_and_fit_it():
     assert entry["backward"]["per_unit_s"] == pytest.approx(2.4e-3, rel=1e-4)
     assert entry["update"]["per_tensor_s"] == pytest.approx(3e-5, rel=1e-9)
     # the machine model reads it back
-    costs = MachineModel.from_dict(_cpu(fsdp_units=[entry])).fsdp_units_for(ranks=2, nodes=1)
+    machine = MachineModel.from_dict(_cpu(fsdp_units=[alone, entry]))
+    costs = machine.fsdp_units_for(ranks=2, nodes=1)
     assert costs.forward_s(4, 1e6) == pytest.approx(1.2e-3 + 5e-10 * 1e6, rel=1e-4)
+    assert machine.fsdp_units_for(ranks=4, nodes=1) is costs  # the nearest sharded one, never the one-rank's
+    assert machine.fsdp_units_for(ranks=1, nodes=1).ranks == 1
+    assert MachineModel.from_dict(_cpu(fsdp_units=[entry])).fsdp_units_for(ranks=1, nodes=1) is None
 
 
 def _cpu(**changes) -> dict:
@@ -179,12 +191,36 @@ def test_calibrate_times_fsdp2_on_real_ranks(tmp_path):
     ran = run_cli("calibrate", "--config-json", json.dumps(suite), "--out", str(out))
     assert ran.returncode == 0, ran.stderr[-3000:]
     machine = read_machine(out)
-    (entry,) = machine["fsdp_units"]
+    entry, alone = machine["fsdp_units"]
     assert (entry["ranks"], entry["nodes"]) == (2, 1) and len(entry["variants"]) == 4
+    assert (alone["ranks"], alone["nodes"]) == (1, 1) and len(alone["variants"]) == 4
     for variant in entry["variants"]:
         assert variant["fsdp_forward_s"]["n"] == 2 * 20  # both ranks, at least MIN_STEPS steps each
         # sharding adds all-gathers (and in backward reduce-scatters) to the same arithmetic: never cheaper
         assert variant["forward_extra_per_unit_s"] > 0 and variant["backward_extra_per_unit_s"] > 0
     assert entry["forward"]["per_unit_s"] + entry["forward"]["per_byte_s"] * 1e6 > 0
+    # a peer to wait for costs more than the hooks alone: two ranks' units against one rank's, per unit
+    two = sum(v["forward_extra_per_unit_s"] + v["backward_extra_per_unit_s"] for v in entry["variants"])
+    one = sum(v["forward_extra_per_unit_s"] + v["backward_extra_per_unit_s"] for v in alone["variants"])
+    assert two > one, (two, one)
     report = (tmp_path / "results" / "fsdp" / "calibration" / "report.html").read_text()
     assert "FSDP2: what sharding adds per unit" in report
+
+
+def test_fsdp_on_one_rank_pays_its_hooks_and_copies_but_no_collective():
+    """One rank: no peer, so nothing is taken off; the step grows by the one-rank toy's cost of every unit."""
+    alone = {"ranks": 1, "nodes": 1, "forward": UNIT, "backward": UNIT, "update": {"per_tensor_s": 2e-5}}
+    sharded = {"ranks": 2, "nodes": 1, "forward": {"per_unit_s": 1.0}, "backward": {}, "update": {}}
+    point = Setting(model="resnet20", dataset="cifar10", strategy="fsdp", nodes=1, ranks_per_node=1, batch_size=32)
+    base = predict(point, MachineModel.from_dict(_cpu(fsdp_units=[sharded])), search_batch=False)
+    assert any("not calibrated" in note for note in base.notes)  # a two-rank toy holds collectives: not used
+    calibrated = predict(point, MachineModel.from_dict(_cpu(fsdp_units=[sharded, alone])), search_batch=False)
+    table = introspected_table("resnet20", "cifar10", (("norm", "batch"),))
+    params, tensors = block_params(table), block_tensors(table)
+    unit = [
+        UNIT["per_unit_s"] + UNIT["per_tensor_s"] * t + UNIT["per_byte_s"] * 4 * c
+        for c, t in zip(params, tensors, strict=True)
+    ]
+    added = 2 * sum(u for u, c in zip(unit, params, strict=True) if c) + 2e-5 * sum(tensors)
+    assert calibrated.comm_s == 0 == base.comm_s
+    assert calibrated.step_time_s - base.step_time_s == pytest.approx(added, rel=1e-6)

@@ -380,11 +380,12 @@ class MachineModel:
     def fsdp_units_for(self, *, ranks: int, nodes: int) -> FsdpUnitCosts | None:
         """FSDP2's per-unit costs timed at exactly `ranks` ranks on `nodes` nodes, else those on the same side
         of the node boundary at the nearest rank count (the caller moves their collectives to its group);
-        None when the machine file has none."""
+        None when the machine file has none. One rank takes only one rank's: other entries hold collectives."""
         exact = [c for c in self.fsdp_units if (c.ranks, c.nodes) == (ranks, nodes)]
-        if exact:
-            return exact[0]
-        same_side = [c for c in self.fsdp_units if (c.nodes > 1) == (nodes > 1)] or list(self.fsdp_units)
+        if exact or ranks <= 1:
+            return exact[0] if exact else None
+        sharded = [c for c in self.fsdp_units if c.ranks > 1]
+        same_side = [c for c in sharded if (c.nodes > 1) == (nodes > 1)] or sharded
         return min(same_side, key=lambda c: abs(c.ranks - ranks), default=None)
 
     def _library_rank(self, library: str) -> int:

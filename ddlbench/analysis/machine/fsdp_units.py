@@ -1,14 +1,15 @@
 """The machine file's `fsdp_units`: what FSDP2 adds to a step per unit it shards, from fsdp_units points.
 
 A point trains a toy of `units` units sharded with FSDP2 and the same toy unsharded, at four variants of
-tensors and bytes per unit (ddlbench.train.calibration.fsdp_unit_kernel). Figures, in seconds:
+tensors and bytes per unit (ddlbench.train.calibration.fsdp_unit_kernel), sharded over all its ranks and
+over one rank (each its own). One entry per mesh size (`ranks`). Figures, in seconds:
 - per variant and part (forward, backward, update), the median per step over every rank's timed steps
   pooled, sharded and unsharded (95 % CI, n = ranks × steps);
 - forward and backward: extra per unit = (sharded − unsharded) ÷ units, and the line
   extra = per_unit_s + per_tensor_s · tensors + per_byte_s · bytes (the unit's unsharded parameters)
   fitted to the four variants by least squares with every coefficient ≥ 0, its largest relative
   residual beside it;
-- update: extra per tensor = (sharded − unsharded ÷ ranks) ÷ tensors, the median over variants: the
+- update: extra per tensor = (sharded − unsharded ÷ mesh ranks) ÷ tensors, the median over variants: the
   optimizer's DTensor dispatch per parameter, beyond the 1/p of the update's arithmetic a shard keeps.
 Torch-free: the machine file and its report are written on a login node.
 """
@@ -51,15 +52,17 @@ def fit_nonnegative(rows: list[tuple[float, ...]], targets: list[float]) -> tupl
     return best, (max(relative) if relative else None)
 
 
-def fsdp_unit_figures(record: CalibrationRecord) -> dict[str, Any]:
-    """The fsdp_units entry of an ok fsdp_units point."""
+def fsdp_unit_figures(record: CalibrationRecord) -> list[dict[str, Any]]:
+    """The fsdp_units entries of an ok fsdp_units point: one per mesh the toy was sharded over (the point's
+    ranks, and one rank: each rank its own)."""
     ranks = sorted(record.ranks, key=lambda rank: rank.rank)
     point = record.point
-    variants = []
+    by_mesh: dict[int, list[dict[str, Any]]] = {}
     for index, first in enumerate(ranks[0].measurements):
         entries = [rank.measurements[index] for rank in ranks]
         if any(entry.get("kind") != "fsdp_units" for entry in entries):
             raise DdlbenchError(f"{record.point_id}: measurement {index} is not an fsdp_units entry")
+        mesh = int(first.get("mesh_ranks", point.world_size))
         variant: dict[str, Any] = {
             key: first[key] for key in ("units", "layers_per_unit", "width", "tensors_per_unit", "unit_bytes")
         }
@@ -70,16 +73,21 @@ def fsdp_unit_figures(record: CalibrationRecord) -> dict[str, Any]:
         for phase in PHASES:
             extra = variant[f"fsdp_{phase}_s"]["value"] - variant[f"plain_{phase}_s"]["value"]
             variant[f"{phase}_extra_per_unit_s"] = extra / units
-        update = variant["fsdp_update_s"]["value"] - variant["plain_update_s"]["value"] / point.world_size
+        update = variant["fsdp_update_s"]["value"] - variant["plain_update_s"]["value"] / mesh
         variant["update_extra_per_tensor_s"] = update / tensors
-        variants.append(variant)
-    if not variants:
+        by_mesh.setdefault(mesh, []).append(variant)
+    if not by_mesh:
         raise DdlbenchError(f"{record.point_id}: the fsdp_units point measured nothing")
+    return [_entry(record, mesh, variants) for mesh, variants in by_mesh.items()]
+
+
+def _entry(record: CalibrationRecord, mesh: int, variants: list[dict[str, Any]]) -> dict[str, Any]:
+    point = record.point
     rows = [(1.0, float(v["tensors_per_unit"]), float(v["unit_bytes"])) for v in variants]
     entry: dict[str, Any] = {
-        "ranks": point.world_size,
-        "nodes": point.nodes,
-        "layout": f"{point.nodes}x{point.ranks_per_node}",
+        "ranks": mesh,  # the ranks each unit was sharded over
+        "nodes": point.nodes if mesh == point.world_size else 1,
+        "layout": f"{point.nodes}x{point.ranks_per_node}",  # the ranks that ran at once
         "threads": point.threads,
         "point_id": record.point_id,
     }

@@ -132,7 +132,7 @@ def measured_machine(records: list[CalibrationRecord], *, name: str | None, suit
         elif record.point.benchmark == "operators":
             machine["operator_timings"] += operator_timings(record)
         elif record.point.benchmark == "fsdp_units":
-            machine["fsdp_units"].append(fsdp_unit_figures(record))
+            machine["fsdp_units"] += fsdp_unit_figures(record)
         else:
             machine["collectives"] += collective_figures(record)
     for entry in machine["collectives"]:

@@ -18,6 +18,8 @@ ddlbench.train.strategies.sharded shards a model), and the same toy unsharded. F
 BATCH rows) for `warmup` untimed steps, then after a barrier max(`iterations`, MIN_STEPS) timed steps,
 each part stamped as in layer_timing_kernel (host clock on a CPU, CUDA events on a GPU):
 - forward_s: zero_grad + forward + loss; backward_s: backward(); update_s: the optimizer step.
+Then the sharded toy again on a mesh of one rank (each rank its own, all at once): fsdp on one rank has no
+peer, yet pays the hooks, the copies and the DTensor update (resnet8 on one rank measured ×1.13 of ddp's step).
 The machine file takes the difference, sharded − unsharded, per unit (ddlbench.analysis.machine.fsdp_units).
 """
 
@@ -77,31 +79,35 @@ def _time_steps(model: nn.Module, inputs: torch.Tensor, point: CalibrationPoint,
 
 
 def run_fsdp_units(point: CalibrationPoint, device: torch.device) -> list[dict[str, Any]]:
-    """One entry per variant: the unsharded and the sharded toy's per-step parts, in seconds."""
+    """One entry per variant and mesh (all the ranks; one rank): the unsharded and the sharded toy's per-step
+    parts, in seconds."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     world = dist.get_world_size() if dist.is_initialized() else 1
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
+    meshes = [init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))]
+    if world > 1:  # each rank its own one-rank mesh: the second dimension of a world × 1 mesh
+        meshes.append(init_device_mesh(device.type, (world, 1), mesh_dim_names=("replica", "dp"))["dp"])
     out = []
     for layers, width in VARIANTS:
         inputs = torch.randn(BATCH, width, generator=torch.Generator().manual_seed(SEED)).to(device)
         plain = _time_steps(toy(layers, width, device), inputs, point, device)
-        sharded = toy(layers, width, device)
-        for unit in sharded.children():
-            fully_shard(unit, mesh=mesh)
-        fully_shard(sharded, mesh=mesh)
-        out.append(
-            {
-                "kind": "fsdp_units",
-                "units": UNITS,
-                "layers_per_unit": layers,
-                "width": width,
-                "tensors_per_unit": 2 * layers,
-                "unit_bytes": layers * (width * width + width) * 4,  # float32 weight and bias, unsharded
-                "ranks": world,
-                "plain": plain,
-                "fsdp": _time_steps(sharded, inputs, point, device),
-            }
-        )
+        for mesh in meshes:
+            sharded = toy(layers, width, device)
+            for unit in sharded.children():
+                fully_shard(unit, mesh=mesh)
+            fully_shard(sharded, mesh=mesh)
+            out.append(
+                {
+                    "kind": "fsdp_units",
+                    "units": UNITS,
+                    "layers_per_unit": layers,
+                    "width": width,
+                    "tensors_per_unit": 2 * layers,
+                    "unit_bytes": layers * (width * width + width) * 4,  # float32 weight and bias, unsharded
+                    "mesh_ranks": mesh.size(),  # the ranks each unit is sharded over
+                    "plain": plain,
+                    "fsdp": _time_steps(sharded, inputs, point, device),
+                }
+            )
     return out
