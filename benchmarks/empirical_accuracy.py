@@ -3,6 +3,7 @@ ddlbench's default chosen out of sample (leave one collection out).
 
     python benchmarks/empirical_accuracy.py            # builds Extra-P's environment (.venv-extrap) if needed
     python benchmarks/empirical_accuracy.py --no-extrap # ddlbench's searches only
+    python benchmarks/empirical_accuracy.py --set scoring   # the frozen scoring collections: what is reported
 
 Every series of benchmarks/empirical/data (sources.yaml cites each: table, commit, verbatim excerpt, its
 collection and kind) is fitted on all its scales but the two largest, which are predicted
@@ -23,6 +24,15 @@ and each collection, what the rule picked on the other collections and how it sc
 the pooled out-of-sample figures beside Extra-P's, and the band's spread calibrated the same way. The
 script exits 1 if the defaults in ddlbench.analysis.empirical.extrapolation are not what the procedure
 chooses. Deterministic: no timing, no randomness.
+
+`--set scoring` runs the same searches on benchmarks/empirical/scoring instead: collections of other
+publishers, gathered and frozen (its sources.yaml says when) before anything was scored on them, on which
+the default was never chosen. It prints the default against Extra-P there, per held-out scale: the mean
+paired difference (default − Extra-P, in accuracy points) with its 95 % interval (Student's t over the
+series, and a percentile bootstrap over series, seed 0, beside it), the difference per collection (series
+of one collection share a publisher's setup: the series-level interval assumes they do not), the
+one-sided sign-flip p of the gain over both scales, and how many held-out measurements the default's band
+(its spread calibrated on the development collections) holds. No selection runs on it.
 """
 
 from __future__ import annotations
@@ -51,11 +61,16 @@ from ddlbench.analysis.empirical.selection import (  # noqa: E402
     load_collection,
     means,
     medians,
+    paired_gain_p,
     score,
     select,
 )
+from ddlbench.statistics import student_t_quantile  # noqa: E402
 
 DATA = REPO / "benchmarks" / "empirical" / "data"
+SCORING = REPO / "benchmarks" / "empirical" / "scoring"
+SETS = {"development": DATA, "scoring": SCORING}
+BOOTSTRAP = 10000
 TARGETS = (0.985, 0.965)
 FAMILY_TEXT = {
     "law": "a throughput or a per-device rate (the series' kind; `ddlbench fit --kind throughput|per_device`)",
@@ -106,9 +121,10 @@ def pooled(accuracies) -> str:
     return f"{len(accuracies)} series: mean {percent(means(accuracies))} (median {percent(medians(accuracies))})"
 
 
-def print_accuracy(series: list[PublicSeries], results: dict[str, list[list[HeldOut]]]) -> None:
+def print_accuracy(series: list[PublicSeries], results: dict[str, list[list[HeldOut]]], folder: Path = DATA) -> None:
     names = list(results)
-    print(f"{len(series)} public series (benchmarks/empirical/data/sources.yaml), two largest scales held out")
+    where = (folder / "sources.yaml").relative_to(REPO)
+    print(f"{len(series)} public series ({where}), two largest scales held out")
     collections = sorted({s.collection for s in series})
     counts = ", ".join(f"{c} {sum(s.collection == c for s in series)}" for c in collections)
     print(f"{len(collections)} collections: {counts}")
@@ -180,12 +196,52 @@ def print_selection(series, scored, real: list[list[HeldOut]] | None) -> list[st
     return drift
 
 
+def paired_interval(differences: list[float]) -> tuple[float, tuple[float, float], tuple[float, float]]:
+    """The mean of paired differences, its 95 % Student's t interval and its 95 % percentile bootstrap
+    interval over the pairs (BOOTSTRAP resamples, seed 0)."""
+    d = np.asarray(differences, dtype=float)
+    mean = float(d.mean())
+    if d.size < 2:
+        return mean, (float("nan"), float("nan")), (float("nan"), float("nan"))
+    half = student_t_quantile(0.975, d.size - 1) * float(d.std(ddof=1)) / np.sqrt(d.size)
+    draws = np.random.default_rng(0).integers(0, d.size, size=(BOOTSTRAP, d.size))
+    boot = d[draws].mean(axis=1)
+    return mean, (mean - half, mean + half), (float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975)))
+
+
+def print_scoring(series: list[PublicSeries], results: dict[str, list[list[HeldOut]]], baseline: str) -> None:
+    """The default against Extra-P on the scoring collections (see the module docstring)."""
+    print()
+    print(f"scoring set: the default (ddlbench) against {baseline}, paired by series; difference in accuracy points")
+    gains = []
+    for position, label in ((0, "2×"), (1, "4×")):
+        ours = [r[position].accuracy for r in results["ddlbench"]]
+        theirs = [r[position].accuracy for r in results[baseline]]
+        differences = [100 * (a - b) for a, b in zip(ours, theirs, strict=True)]
+        gains.append(differences)
+        mean, t_interval, boot = paired_interval(differences)
+        print(
+            f"  {label}: default {100 * statistics.fmean(ours):.2f} %, "
+            f"{baseline} {100 * statistics.fmean(theirs):.2f} %; "
+            f"difference {mean:+.2f} points, 95 % interval [{t_interval[0]:+.2f}, {t_interval[1]:+.2f}] (t, "
+            f"{len(differences)} series), [{boot[0]:+.2f}, {boot[1]:+.2f}] (bootstrap); "
+            f"{sum(d > 0 for d in differences)} better, {sum(d < 0 for d in differences)} worse, "
+            f"{sum(d == 0 for d in differences)} equal"
+        )
+        for collection in sorted({one.collection for one in series}):
+            mine = [d for d, one in zip(differences, series, strict=True) if one.collection == collection]
+            print(f"      {collection}: {statistics.fmean(mine):+.2f} points over {len(mine)} series")
+    total = [a + b for a, b in zip(*gains, strict=True)]
+    print(f"  one-sided sign-flip p that the default gains over both scales: {paired_gain_p(total):.3g}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-extrap", action="store_true", help="leave the real Extra-P out")
     parser.add_argument("--extrap-venv", type=Path, default=REPO / ".venv-extrap")
+    parser.add_argument("--set", choices=sorted(SETS), default="development", help="the collections scored")
     args = parser.parse_args()
-    series = load_collection(DATA)
+    series = load_collection(SETS[args.set])
     methods = {
         "ddlbench": lambda one: lambda x, v: search_ddlbench(("p",), x, v, kind=one.kind),
         "amdahl": lambda one: lambda x, v: candidate("law", one.kind)(("p",), x, v),
@@ -196,17 +252,21 @@ def main() -> int:
     real = None if args.no_extrap else extrap_real(series, args.extrap_venv)
     if real is not None:
         results["Extra-P 4.2.5"] = real
-    print_accuracy(series, results)
+    print_accuracy(series, results, SETS[args.set])
     covered = []
     for one in series:
         scales = sorted(one.data)
         x = np.asarray([[v] for v in scales[:-2]])
         fit = search_ddlbench(("p",), x, [one.data[v] for v in scales[:-2]], kind=one.kind)
         covered += [holds(fit, h) for h in hold_out(one.data, lambda *_, fit=fit: fit)]
+    calibrated = (
+        "calibrated on the development collections, never on these"
+        if args.set == "scoring"
+        else "calibrated on these series; out of sample, leave one collection out, below"
+    )
     print(
         f"ddlbench's 95 % prediction intervals hold {sum(covered)} of {len(covered)} held-out measurements "
-        f"(widened beyond the fitted scales by c = {BAND_SPREAD['law']} per doubling, calibrated on these series; "
-        "out of sample, leave one collection out, below)"
+        f"(widened beyond the fitted scales by c = {BAND_SPREAD['law']} per doubling, {calibrated})"
     )
     if real is not None:
         same = sum(
@@ -214,6 +274,9 @@ def main() -> int:
             for x, y in zip(results["extrap (ours)"], real, strict=True)
         )
         print(f"extrap (ours) predicts what Extra-P 4.2.5 predicts on {same} of {len(series)} series")
+    if args.set == "scoring":  # scored only: nothing is chosen on these collections
+        print_scoring(series, results, "Extra-P 4.2.5" if real is not None else "extrap (ours)")
+        return 0
     scored = [score(one, FAMILIES["law"]) for one in series]
     drift = print_selection(series, scored, real)
     if drift:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -138,6 +139,28 @@ def test_empirical_accuracy_scores_ddlbench_s_searches():
     output = run_benchmark("empirical_accuracy.py", "--no-extrap")
     _accuracy_summaries(output, ("ddlbench", "ddlbench-pmnf", "extrap (ours)"))
     assert "Extra-P 4.2.5" not in output
+
+
+def test_empirical_accuracy_scores_the_frozen_set_against_extra_p_paired_by_series():
+    output = run_benchmark("empirical_accuracy.py", "--set", "scoring", "--no-extrap")
+    count = int(figure(output, r"(\d+) public series \(benchmarks/empirical/scoring/sources.yaml\).*").group(1))
+    assert "chosen out of sample" not in output  # scored only: no selection runs on the scoring set
+    # the per-series table: ddlbench's and Extra-P's (ours) accuracies at 2× and 4×, to 0.1 point
+    rows = [re.findall(r"(\d+\.\d)/\s*(\d+\.\d)", line) for line in output.splitlines() if "(4×)" in line]
+    rows = [row for row in rows if len(row) == 4]  # ddlbench, amdahl, ddlbench-pmnf, extrap (ours)
+    assert len(rows) == count
+    signed = r"[-+]?\d+(?:\.\d+)?"
+    for position, label in ((0, "2×"), (1, "4×")):
+        mean, low, high = (
+            float(g)
+            for g in figure(
+                output,
+                rf"  {label}: default .*; difference ({signed}) points, 95 % interval \[({signed}), ({signed})\] \(t.*",
+            ).groups()
+        )
+        # the paired difference is the mean of the series' own differences (each printed to ±0.05)
+        paired = statistics.fmean(float(row[0][position]) - float(row[3][position]) for row in rows)
+        assert mean == pytest.approx(paired, abs=0.1) and low < mean < high
 
 
 @pytest.mark.slow
