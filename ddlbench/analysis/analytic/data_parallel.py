@@ -26,7 +26,6 @@ rank 0 stands for all. What each issues per step, as implemented (ddlbench.train
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ddlbench.analysis.analytic.compute import BlockTimes
 from ddlbench.analysis.analytic.layout import Context, block_params, block_tensors, elements
@@ -221,7 +220,7 @@ def model_fsdp(ctx: Context, times: BlockTimes) -> StrategyRun:
     n = len(table.blocks)
     params = block_params(table)
     tensors = block_tensors(table)
-    host = _fsdp_host_costs(ctx, params, tensors)
+    host = _fsdp_host_costs(ctx, params, tensors)  # None: not calibrated
     # the host's part of FSDP2 (hooks, copies, waits) runs on the rank's thread: on a CPU it holds up the
     # compute; on a GPU the host issues ahead of the kernels, so it is set beside them
     lane = program.compute if ctx.machine.device_kind == "cpu" else program.comm
@@ -237,7 +236,7 @@ def model_fsdp(ctx: Context, times: BlockTimes) -> StrategyRun:
                 label=f"all_gather F{i}",
             )
             if host:
-                gather_f[i] = lane(0, host[i][0], deps=(gather_f[i],), label=f"FSDP2 host F{i}")
+                gather_f[i] = lane(0, host.blocks[i][0], deps=(gather_f[i],), label=f"FSDP2 host F{i}")
         forward[i] = program.compute(0, times.forward_s[i], deps=(gather_f[i],) if i in gather_f else (), label=f"F{i}")
         previous = forward[i]
     program.compute(0, times.loss_s, label="loss")
@@ -267,10 +266,8 @@ def model_fsdp(ctx: Context, times: BlockTimes) -> StrategyRun:
                 )
             )
             if host:
-                scatters.append(lane(0, host[i][1], deps=(backward[i],), label=f"FSDP2 host B{i}"))
-    update_s = times.update_per_param_s * table.params / p
-    if host:
-        update_s += host["update_s"]
+                scatters.append(lane(0, host.blocks[i][1], deps=(backward[i],), label=f"FSDP2 host B{i}"))
+    update_s = times.update_per_param_s * table.params / p + (host.update_s if host else 0.0)
     program.compute(0, update_s, deps=[*scatters, backward[0]], label="update")
     saved, grads, flowing = activation_terms(ctx, s.batch_size)
     largest = max(params, default=0) * FP32
@@ -290,18 +287,27 @@ def model_fsdp(ctx: Context, times: BlockTimes) -> StrategyRun:
     return StrategyRun(timeline=ctx.simulate(program), memory=memory, comm=what)
 
 
-def _fsdp_host_costs(ctx: Context, params: list[int], tensors: list[int]) -> dict[Any, Any]:
+@dataclass(frozen=True)
+class FsdpHost:
+    """FSDP2's cost beyond its collectives' fits: (forward s, backward s) per block with parameters, and the
+    update's DTensor dispatch over every parameter tensor (s)."""
+
+    blocks: dict[int, tuple[float, float]]
+    update_s: float
+
+
+def _fsdp_host_costs(ctx: Context, params: list[int], tensors: list[int]) -> FsdpHost | None:
     """What FSDP2 adds per unit beyond its collectives' fits, from the machine's fsdp_units (a toy timed
     sharded and unsharded, ddlbench.analysis.machine.fsdp_units): per block with parameters (forward s,
     backward s), and "update_s", the optimizer's DTensor dispatch over every parameter tensor. A unit's
     calibrated cost includes the collectives the toy's group paid, so those fits, at the toy's group, are
-    taken off; the point's own collectives are costed beside. {} where the machine has no fsdp_units."""
+    taken off; the point's own collectives are costed beside. None where the machine has no fsdp_units."""
     p = ctx.setting.world_size
     nodes = ctx.nodes_spanned(list(range(p)))
     units = ctx.machine.fsdp_units_for(ranks=p, nodes=nodes)
     if units is None:
         _note(ctx, "FSDP2's own cost per unit not calibrated (a suite with fsdp_units: true measures it): left out")
-        return {}
+        return None
     _note(
         ctx,
         f"FSDP2's cost per unit from {units.point_id or 'the machine file'} (p={units.ranks} n={units.nodes}), "
@@ -314,18 +320,17 @@ def _fsdp_host_costs(ctx: Context, params: list[int], tensors: list[int]) -> dic
             return 0.0
         return ctx.machine.collective(op, ranks=units.ranks, nodes=units.nodes).time_s(nbytes)
 
-    costs: dict[Any, Any] = {}
+    blocks: dict[int, tuple[float, float]] = {}
     for i, count in enumerate(params):
         if not count:
             continue
         nbytes = count * FP32
         regathered = toy_collective("all_gather", nbytes) if i < last else 0.0
-        costs[i] = (
+        blocks[i] = (
             max(0.0, units.forward_s(tensors[i], nbytes) - toy_collective("all_gather", nbytes)),
             max(0.0, units.backward_s(tensors[i], nbytes) - regathered - toy_collective("reduce_scatter", nbytes)),
         )
-    costs["update_s"] = units.update_per_tensor_s * sum(tensors)
-    return costs
+    return FsdpHost(blocks=blocks, update_s=units.update_per_tensor_s * sum(tensors))
 
 
 def _note(ctx: Context, note: str) -> None:
