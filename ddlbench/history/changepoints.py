@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,8 +78,8 @@ def change_points(
     cuts = [0, *(index for index, _ in found), len(values)]
     points = []
     for position, (index, p_value) in enumerate(found):
-        before = _median(values[cuts[position] : index])
-        after = _median(values[index : cuts[position + 2]])
+        before = statistics.median(values[cuts[position] : index])
+        after = statistics.median(values[index : cuts[position + 2]])
         points.append(ChangePoint(index=index, p_value=p_value, size=after / before - 1, before=before, after=after))
     return points
 
@@ -114,12 +115,6 @@ def _permutation_p(
         if hits >= enough:
             return (1 + hits + permutations - done) / (1 + permutations)  # an upper bound: the rest all hit
     return (1 + hits) / (1 + permutations)
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def history_change_points(runs: Sequence[Any], *, max_pvalue: float = MAX_PVALUE) -> list[dict[str, Any]]:

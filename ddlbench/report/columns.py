@@ -121,8 +121,8 @@ COLUMNS: dict[str, Column] = {
     ),
     "verdict": Column(
         heading="Verdict",
-        description="from launches: Welch's t on log per-launch throughput, every pair of strategies in the cell, "
-        "Holm within the cell; 'faster' only when adjusted p < 0.05",
+        description="from launches: Welch's t on log per-launch throughput within the cell; 'fastest' when the "
+        "winner beats every other strategy at 0.05/(k−1) (k candidates), else every pair, Holm at 0.025",
     ),
     "basis": Column(heading="Basis", description="which throughput the comparison uses"),
     # memory and facts

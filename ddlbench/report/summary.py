@@ -15,13 +15,13 @@ runner-up the best candidate of another strategy; the margin winner ÷ runner-up
 geometric means (the verdict's ratio, so the two never disagree).
 
 The verdict rests on launches (ddlbench.analysis.verdicts): each group is a cell, one question ("which is
-fastest here?") and one family: Welch's t on the log per-launch throughputs of every pair of its candidates
-of different strategies, Holm within the cell (judge_cell), so the winner's selection is paid for and a
-cell's verdict does not depend on the rest of the sweep. The winner is "fastest" (`separated`) only when it
-beats every other strategy's candidates in that family; "faster" beside the runner-up and each further
-strategy says which comparisons rejected, with the ratio of geometric means and its 95 % interval. Across
-cells, the claims' Benjamini–Hochberg q-values are reported (family_note), not used to change a cell's
-verdict. Below 3 launches a side there is no run-to-run interval and no verdict.
+fastest here?") and one family (judge_cell): Welch's t on the log per-launch throughputs; the winner's
+claim tested against every candidate of another strategy at α/(k−1), k the candidates, which pays for its
+selection, else every such pair, Holm at α/2; so a cell's verdict does not depend on the rest of the sweep.
+The winner is "fastest" (`separated`) only when it beats every other strategy's candidates in that family;
+"faster" beside the runner-up and each further strategy says which comparisons rejected, with the ratio
+of geometric means and its 95 % interval. Across cells, the claims' Benjamini–Hochberg q-values are reported
+(family_note), not used to change a cell's verdict. Below 3 launches a side there is no run-to-run interval and no verdict.
 
 Horovod whose CUDA gradients went through the host (gradient_path "host-copied (gloo)": Horovod built
 without NCCL operations) is not a contender: it is named in `left_out` unless `include_host_copied`.
@@ -208,9 +208,9 @@ def best_strategies(
         extra = [f for f in others if f not in ("nodes", "ranks_per_node") and len({str(r.get(f)) for r in pair}) > 1]
         for held, group in _comparison_groups(pair, others, include_host_copied):
             rows.append(_scale_row(model, dataset, group, held, extra, one_host, include_host_copied))
-    # one question, one family: each contested row is a cell judged alone (every pair of its candidates of
-    # different strategies, Holm within the cell: ddlbench.analysis.verdicts.judge_cell), so a cell's verdict
-    # does not depend on what else the sweep holds; across cells, Benjamini–Hochberg q-values are reported
+    # one question, one family: each contested row is a cell judged alone (ddlbench.analysis.verdicts.judge_cell),
+    # so a cell's verdict does not depend on what else the sweep holds; across cells, Benjamini–Hochberg q-values
+    # are reported
     for row in rows:
         if row["runner_up"] is not None:
             _judge_row(row)
@@ -229,10 +229,12 @@ def family_note(rows: list[dict[str, Any]]) -> str:
     claims = [row for row in contested if row["separated"]]
     held = sum(row["q_value"] is not None and row["q_value"] < ALPHA for row in claims)
     return (
-        f"Each cell (model × dataset × scale × batch) is one family: every pair of its strategies tested, Holm "
-        f"within the cell, so a cell's chance of a false 'faster' is at most {ALPHA:g} whatever else the sweep "
-        f"holds. Across the {len(contested)} contested cell(s), at most {len(contested) * ALPHA:.2g} false claim(s) "
-        f"are expected; {held} of the {len(claims)} 'fastest' claim(s) also hold at a false discovery rate of "
+        f"Each cell (model × dataset × scale × batch) is one family: its winner called fastest only when it "
+        f"beats every other strategy at {ALPHA:g}/(k−1) (k candidates: its selection paid for), else every pair "
+        f"tested, Holm at {ALPHA / 2:g}; so a cell's chance of a false 'faster' is at most {ALPHA:g} whatever "
+        f"else the sweep holds. Across the {len(contested)} contested cell(s), at most "
+        f"{len(contested) * ALPHA:.2g} false claim(s) are expected; {held} of the {len(claims)} 'fastest' "
+        f"claim(s) also hold at a false discovery rate of "
         f"{ALPHA:g} over the cells (Benjamini–Hochberg)."
     )
 

@@ -314,21 +314,25 @@ def _fsdp_host_costs(ctx: Context, params: list[int], tensors: list[int]) -> Fsd
         "its collectives' fits there taken off",
     )
     last = len(params) - 1
+    # the collectives' fits at the toy's group (a one-rank mesh calls no peer: nothing to take off)
+    toy = {
+        op: ctx.machine.collective(op, ranks=units.ranks, nodes=units.nodes) if units.ranks > 1 else None
+        for op in ("all_gather", "reduce_scatter")
+    }
 
-    def toy_collective(op: str, nbytes: float) -> float:
-        if units.ranks <= 1:  # a one-rank mesh calls no peer
-            return 0.0
-        return ctx.machine.collective(op, ranks=units.ranks, nodes=units.nodes).time_s(nbytes)
+    def toy_s(op: str, nbytes: float) -> float:
+        return toy[op].time_s(nbytes) if toy[op] is not None else 0.0
 
     blocks: dict[int, tuple[float, float]] = {}
     for i, count in enumerate(params):
         if not count:
             continue
         nbytes = count * FP32
-        regathered = toy_collective("all_gather", nbytes) if i < last else 0.0
+        gather = toy_s("all_gather", nbytes)
+        regathered = gather if i < last else 0.0
         blocks[i] = (
-            max(0.0, units.forward_s(tensors[i], nbytes) - toy_collective("all_gather", nbytes)),
-            max(0.0, units.backward_s(tensors[i], nbytes) - regathered - toy_collective("reduce_scatter", nbytes)),
+            max(0.0, units.forward_s(tensors[i], nbytes) - gather),
+            max(0.0, units.backward_s(tensors[i], nbytes) - regathered - toy_s("reduce_scatter", nbytes)),
         )
     return FsdpHost(blocks=blocks, update_s=units.update_per_tensor_s * sum(tensors))
 
