@@ -21,7 +21,8 @@ selection, else every such pair, Holm at α/2; so a cell's verdict does not depe
 The winner is "fastest" (`separated`) only when it beats every other strategy's candidates in that family;
 "faster" beside the runner-up and each further strategy says which comparisons rejected, with the ratio
 of geometric means and its 95 % interval. Across cells, the claims' Benjamini–Hochberg q-values are reported
-(family_note), not used to change a cell's verdict. Below 3 launches a side there is no run-to-run interval and no verdict.
+(family_note), not used to change a cell's verdict. Below 3 launches a side there is no run-to-run
+interval and no verdict.
 
 Horovod whose CUDA gradients went through the host (gradient_path "host-copied (gloo)": Horovod built
 without NCCL operations) is not a contender: it is named in `left_out` unless `include_host_copied`.
