@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: run test test-equivalence-sse test-floor venv horovod lint bench bench-slurm slurm-up slurm-down clean docs
+.PHONY: run test test-equivalence-sse test-floor torch-free venv horovod lint bench bench-slurm slurm-up slurm-down clean docs
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,22 @@ FLOOR_SLOW_TESTS ?= tests/test_strategy_sharded.py::test_two_ranks_match_single_
                     tests/test_strategy_tensor.py::test_dp_tp_on_two_by_two_ranks_matches_single_process \
                     tests/test_strategy_pipeline.py::test_two_stage_pipeline_matches_single_process
 
+# The floor's first part leaves out the modules in tests/torch_free.txt: their tests pass with torch made
+# unimportable (in process and in every process they start), so no torch release can change them.
+# `make torch-free` writes the list anew (a minute): run it when a module starts or stops using torch.
+FLOOR_IGNORE = $(addprefix --ignore=,$(shell cat tests/torch_free.txt))
+NO_TORCH_DIR ?= /tmp/ddlbench-no-torch
+torch-free: venv
+	mkdir -p $(NO_TORCH_DIR)/torch
+	echo 'raise ImportError("torch made unimportable by make torch-free")' > $(NO_TORCH_DIR)/torch/__init__.py
+	$(BIN)/pytest --collect-only -q -m "not slow and not slurm and not gpu and not serial" -p no:cacheprovider \
+	  | sed -n 's/::.*//p' | sort -u > $(NO_TORCH_DIR)/all.txt
+	PYTHONPATH=$(NO_TORCH_DIR) $(BIN)/pytest -n $(TEST_WORKERS) -q -rfE -p no:cacheprovider \
+	  -m "not slow and not slurm and not gpu and not serial" > $(NO_TORCH_DIR)/run.txt || true
+	sed -nE 's/^(FAILED|ERROR) (tests\/[^: ]+\.py).*/\2/p' $(NO_TORCH_DIR)/run.txt | sort -u > $(NO_TORCH_DIR)/torch.txt
+	comm -23 $(NO_TORCH_DIR)/all.txt $(NO_TORCH_DIR)/torch.txt > tests/torch_free.txt
+	@wc -l < tests/torch_free.txt
+
 $(FLOOR_VENV)/.installed: pyproject.toml | venv
 	$(BIN)/pip install --quiet 'uv>=0.5'
 	$(BIN)/uv venv --quiet --python $(PYTHON) $(FLOOR_VENV)
@@ -84,7 +100,7 @@ $(FLOOR_VENV)/.installed: pyproject.toml | venv
 
 test-floor: $(FLOOR_VENV)/.installed
 	@$(FLOOR_VENV)/bin/python -c "import torch; v = torch.__version__.split('+')[0]; assert v == '$(TORCH_FLOOR)', v; print('torch', v)"
-	$(FLOOR_VENV)/bin/pytest -n $(TEST_WORKERS) -m "not slow and not slurm and not gpu and not serial" $(PYTEST_ARGS)
+	$(FLOOR_VENV)/bin/pytest -n $(TEST_WORKERS) -m "not slow and not slurm and not gpu and not serial" $(FLOOR_IGNORE) $(PYTEST_ARGS)
 	$(FLOOR_VENV)/bin/pytest -m "serial and not slow and not slurm and not gpu" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(FLOOR_VENV)/bin/pytest -m "not slurm and not gpu" $(PYTEST_ARGS) $(FLOOR_SLOW_TESTS)
 

@@ -259,6 +259,25 @@ def test_scheduler_load_simulates_its_smallest_sweep_beside_the_baseline():
     figure(output, rf"  today's look / baseline's: cold {NUMBER}, warm {NUMBER} \(target: a look under 1 s\)")
 
 
+def test_scheduler_load_checks_out_the_baselines_code_for_the_cluster_roads(tmp_path):
+    """The cluster mode's baseline side (left out of the cluster test for time): BASELINE's package and
+    Snakefile checked out as a worktree that the benchmark then removes."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scheduler_load", REPO / "benchmarks" / "scheduler_load.py")
+    module = importlib.util.module_from_spec(spec)
+    with pytest.MonkeyPatch.context() as patch:  # its dataclasses look their module up while being made
+        patch.setitem(sys.modules, spec.name, module)
+        spec.loader.exec_module(module)
+    tree = module.baseline_tree(tmp_path / "baseline-tree")
+    try:
+        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        assert head.stdout.startswith(module.BASELINE), head.stdout
+        assert (tree / "Snakefile").is_file() and (tree / "ddlbench" / "__init__.py").is_file()
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=True)
+
+
 def test_packing_plan_plans_its_sweep_in_allocations_of_each_width():
     output = run_benchmark("packing_plan.py", "--repetitions", "1", "--widths", "64,1000")
     figure(output, r"sweep: 2016 points, \d+ node-hours expected; partition: 1000 nodes, MaxTime 24 h")
