@@ -12,9 +12,10 @@ import pandas as pd
 import pytest
 
 from ddlbench.analysis.analytic.accuracy import accuracy, by_strategy, join, overall
-from ddlbench.analysis.analytic.layout import Setting
+from ddlbench.analysis.analytic.layout import Context, Setting
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.oracle import consult
+from ddlbench.analysis.analytic.pipelines import cut_stages
 from ddlbench.analysis.analytic.predict import CSV_COLUMNS, introspected_table, predict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,6 +96,28 @@ def test_gpipe_keeps_every_micro_batch_and_1f1b_only_the_stages_worth():
     one_f = predict(setting("1f1b", micro_batches=8), machine, search_batch=False)
     assert one_f.activations_bytes < gpipe.activations_bytes
     assert gpipe.bubble_s > 0 and one_f.bubble_s > 0
+
+
+def test_a_pipeline_maps_each_micro_batchs_weight_gradients_anew_and_ddp_does_not():
+    """The first-touch term (ddlbench.analysis.analytic.pipelines): every backward of a stage fills its weight
+    gradients (fp32) into memory mapped anew, at the machine's seconds per byte; DDP's stay in its buckets.
+    Steps run back to back without a barrier (simulate), so a step grows by its path's share, not a sum."""
+    plain = cpu_machine()
+    per_byte = 3e-10
+    touched = replace(plain, first_touch_s_per_byte=per_byte)
+    table = introspected_table("resnet20", "cifar10", (("norm", "batch"),))
+    ctx = Context(setting=setting("1f1b"), table=table, machine=plain, sharing=2)
+    stage_bytes = [4 * sum(table.blocks[i].params for i in range(lo, hi)) for lo, hi in cut_stages(ctx, 2)]
+    # model parallelism runs F0 F1 B1 B0 one after another: both backwards lie on the step's path
+    before, after = (predict(setting("model_parallel"), m, search_batch=False) for m in (plain, touched))
+    path = per_byte * sum(stage_bytes)
+    assert path <= after.step_time_s - before.step_time_s < 1.5 * path
+    # 1F1B with 4 micro-batches: each stage's 4 backwards pay its bytes; the busier stage's lie on the path
+    before, after = (predict(setting("1f1b", micro_batches=4), m, search_batch=False) for m in (plain, touched))
+    path = 4 * per_byte * max(stage_bytes)
+    assert path <= after.step_time_s - before.step_time_s < 1.5 * path
+    before, after = (predict(setting("ddp"), m, search_batch=False) for m in (plain, touched))
+    assert after.step_time_s == before.step_time_s
 
 
 def test_more_micro_batches_shrink_the_bubble_share():

@@ -135,6 +135,10 @@ def test_calibrate_writes_a_machine_file_from_real_runs(tmp_path):
     assert compute["matmul_flop_per_s"]["fp32"]["value"] > 0 and compute["matmul_flop_per_s"]["fp32"]["n"] == 8
     assert compute["refused"][0]["precision"] == "tf32" and "CUDA" in compute["refused"][0]["why"]
     assert compute["memory_bandwidth_bytes_per_s"]["bytes_moved"] == 2 << 20
+    # memory mapped and zeroed on first use costs more than filling it again: 64 MiB, above glibc's largest
+    # mmap threshold, is mapped anew at every allocation (4 of the 8 iterations each way, twice)
+    touch = compute["first_touch_s_per_byte"]
+    assert touch["bytes_filled"] == 64 << 20 and touch["n"] == 8 and touch["value"] > 0
     libraries = {entry["library"] for entry in machine["collectives"]}
     assert "gloo" in libraries and (len(backends) == 1 or any(lib.startswith("mpi (") for lib in libraries))
     link = machine["links"]["intra_node"]  # one host: the link within a node

@@ -17,6 +17,7 @@ COMPARED = (  # (row label, path in a machine file, unit scale, unit)
     ("matmul bf16", ("compute", "matmul_flop_per_s", "bf16"), 1e-12, "TFLOP/s"),
     ("matmul fp16", ("compute", "matmul_flop_per_s", "fp16"), 1e-12, "TFLOP/s"),
     ("memory bandwidth", ("compute", "memory_bandwidth_bytes_per_s"), 1e-9, "GB/s"),
+    ("first touch of memory", ("compute", "first_touch_s_per_byte"), 1e9, "ns/B"),
     ("intra-node link bandwidth", ("links", "intra_node", "bandwidth_bytes_per_s"), 1e-9, "GB/s"),
     ("intra-node link latency α", ("links", "intra_node", "alpha_s"), 1e6, "µs"),
     ("inter-node link bandwidth", ("links", "inter_node", "bandwidth_bytes_per_s"), 1e-9, "GB/s"),

@@ -285,6 +285,9 @@ class MachineModel:
     cuda_memory: CudaMemoryTerms | None = None
     # the host's time to issue a layer's kernels, fitted by a GPU calibration; cuda only, as cuda_memory
     cuda_host: CudaHostTerms | None = None
+    # CPU: seconds per byte of memory the host maps and zeroes on first use (ddlbench.train.calibration.kernels,
+    # _first_touch); None where not measured (a GPU, a datasheet, an older machine file): no such term
+    first_touch_s_per_byte: float | None = None
 
     @classmethod
     def from_file(cls, path: Path) -> MachineModel:
@@ -317,6 +320,7 @@ class MachineModel:
             hosts=max(1, len(data.get("hosts") or ())),
             cuda_memory=CudaMemoryTerms.from_dict(data.get("cuda_memory")),
             cuda_host=CudaHostTerms.from_dict(data.get("cuda_host")),
+            first_touch_s_per_byte=_figure(compute.get("first_touch_s_per_byte")),
         )
 
     # compute ------------------------------------------------------------------------------------
@@ -453,3 +457,9 @@ class MachineModel:
             source=f"ring from link {link if self.links.get(link) else 'fallback'}"
             + (" (no latency given: α = 0)" if chosen.get("alpha_s") is None else ""),
         )
+
+
+def _figure(figure: Mapping[str, Any] | None) -> float | None:
+    """A measured figure's value, None when absent."""
+    value = (figure or {}).get("value")
+    return float(value) if value is not None else None

@@ -9,6 +9,7 @@ and unit in its key's name, measured ones with their statistics and sample size.
       matmul_flop_per_s: {<precision>: {value, ...}}   # best over the sizes timed
       conv_flop_per_s:   {<precision>: {value, ...}}
       memory_bandwidth_bytes_per_s: {value, ...}
+      first_touch_s_per_byte: {value, ..., bytes_filled}   # CPU: memory mapped and zeroed on first use
     links: {intra_node | inter_node: {alpha_s, beta_s_per_byte, bandwidth_bytes_per_s, ...}}
     collectives: [{library, link, op, ranks, nodes, alpha_s, beta_s_per_byte, bandwidth_bytes_per_s,
                    rel_error_median, rel_error_max, curve: [{bytes, time_s: {value, ci_low, ci_high, n}}],
@@ -160,6 +161,14 @@ def compute_figures(record: CalibrationRecord) -> dict[str, Any]:
         if entry["kind"] == "copy":
             bandwidth = [entry["bytes"] / t for t in entry["times_s"]]
             figures["memory_bandwidth_bytes_per_s"] = stats_figure(bandwidth, bytes_moved=entry["bytes"])
+        elif entry["kind"] == "first_touch":
+            # seconds per byte of memory filled for the first time, beyond filling it again: (fresh − kept) ÷
+            # bytes for each pair of order statistics of the two timings (the k-th fastest of each), at least 0
+            per_byte = [
+                max(0.0, fresh - kept) / entry["bytes"]
+                for fresh, kept in zip(sorted(entry["times_s"]), sorted(entry["kept_times_s"]), strict=False)
+            ]
+            figures["first_touch_s_per_byte"] = stats_figure(per_byte, bytes_filled=entry["bytes"])
         elif "error" in entry:
             figures["refused"].append({"kind": entry["kind"], "precision": entry["precision"], "why": entry["error"]})
         else:

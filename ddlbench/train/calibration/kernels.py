@@ -94,7 +94,31 @@ def run_compute(point: CalibrationPoint, device: torch.device) -> list[dict[str,
         src, dst = torch.ones(elements, device=device), torch.empty(elements, device=device)
         times = timer.times(lambda: dst.copy_(src), warmup=point.warmup, iterations=point.iterations)
         out.append({"kind": "copy", "bytes": 2 * elements * 4, "times_s": times})
+        if device.type == "cpu":
+            out.append(_first_touch(FIRST_TOUCH_BYTES // 4, timer, point))
     return out
+
+
+# above glibc's largest mmap threshold (32 MiB on 64-bit): each allocation of it is mapped anew, whatever the
+# process allocated and freed before
+FIRST_TOUCH_BYTES = 64 << 20
+
+
+def _first_touch(elements: int, timer: Timer, point: CalibrationPoint) -> dict[str, Any]:
+    """Filling a freshly allocated buffer against filling one already touched, alternately: the host's cost
+    of memory it has to map and zero first. glibc returns a freed buffer above its mmap threshold (at most
+    32 MiB) to the kernel, and trims the heap above twice that threshold, so a step that frees and
+    allocates large tensors pays page faults each time: a pipeline stage's per-micro-batch weight gradients
+    (ddlbench.analysis.analytic.pipelines). On CUDA the caching allocator keeps its blocks: not measured."""
+    kept = torch.empty(elements)
+    kept.fill_(1.0)
+    fresh_s, kept_s = [], []
+    for _ in range(2):  # interleaved halves: a spell of load weighs on both alike
+        fresh_s += timer.times(
+            lambda: torch.empty(elements).fill_(1.0), warmup=point.warmup, iterations=max(1, point.iterations // 2)
+        )
+        kept_s += timer.times(lambda: kept.fill_(1.0), warmup=point.warmup, iterations=max(1, point.iterations // 2))
+    return {"kind": "first_touch", "bytes": elements * 4, "times_s": fresh_s, "kept_times_s": kept_s}
 
 
 def _refusal(precision: str, device: torch.device) -> str | None:
