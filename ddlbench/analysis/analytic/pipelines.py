@@ -40,6 +40,7 @@ from ddlbench.analysis.analytic.data_parallel import FIRST_BUCKET_BYTES, Strateg
 from ddlbench.analysis.analytic.layout import Context, element_bytes, elements
 from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, RankMemory, backward_peak
 from ddlbench.analysis.analytic.simulate import Program
+from ddlbench.catalog.model_table import ModelTable
 from ddlbench.catalog.stage_cut import partition
 
 
@@ -248,16 +249,24 @@ def _stage_memory(
         peak_extra += step_peak
         activations += kept
     ddp = params if replicas > 1 else 0
+    # a later micro-batch's backward adds each new weight gradient into .grad, which already holds them all:
+    # for a moment the new gradient of one tensor lives beside it, and a convolution's own weight-gradient
+    # buffer before that (oneDNN fills its blocked layout, then reorders): twice the stage's largest weight
+    # on top of the walk's peak. Measured with the rank's probe on vgg11's second stage (8.8 M parameters,
+    # largest tensor 9.4 MB) at micro-batch 4: 19.6 MB above the resident state at 2 and 4 micro-batches,
+    # 5.2 MB at 1; on the development sweep's vgg11 1F1B the model was 19 MB under without this term
+    micro_batches = max((a.micro for a in order), default=0) + 1
+    if micro_batches > 1:
+        peak_extra += 2 * FP32 * max((largest_weight(table, range(*bounds[k])) for k in mine), default=0)
     # PipelineStage allocates, once, a receive buffer per micro-batch: the input of every stage but the
     # first, the output's gradient of every stage but the last
-    micro = max((a.micro for a in order), default=0) + 1
     element = element_bytes(ctx.setting.precision)
     for k in mine:
         lo, hi = bounds[k]
         if lo > 0:
-            buffers += micro * elements(table.blocks[lo - 1].output_shape) * element * batch
+            buffers += micro_batches * elements(table.blocks[lo - 1].output_shape) * element * batch
         if hi < len(table.blocks) and len(bounds) > 1:
-            buffers += micro * elements(table.blocks[hi - 1].output_shape) * element * batch
+            buffers += micro_batches * elements(table.blocks[hi - 1].output_shape) * element * batch
     return RankMemory(
         params_bytes=int(params + buffers),
         grads_bytes=int(params),
@@ -266,4 +275,13 @@ def _stage_memory(
         activations_bytes=int(activations),
         peak_bytes=int(params + buffers + MOMENTUM_STATES * params + ddp + peak_extra),
         detail=f"rank {rank}: stages {mine}, up to {max(in_flight(order, k) for k in mine)} micro-batch(es) in flight",
+    )
+
+
+def largest_weight(table: ModelTable, blocks: range) -> int:
+    """Elements of the largest parameter tensor (a layer's weight) in `blocks`."""
+    wanted = set(blocks)
+    return max(
+        (elements(layer.weight_shape) for layer in table.layers if layer.block in wanted and layer.weight_shape),
+        default=0,
     )
