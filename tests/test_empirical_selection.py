@@ -170,9 +170,9 @@ def public():
     return series, [score(s, FAMILIES["law"]) for s in series]
 
 
-def test_the_public_collection_has_forty_series_from_six_collections(public):
+def test_the_development_collection_has_fifty_six_series_from_eight_collections(public):
     series, _ = public
-    assert len(series) >= 40 and len({s.collection for s in series}) >= 6
+    assert len(series) >= 56 and len({s.collection for s in series}) >= 8
     assert all(len(s.data) >= 5 for s in series)  # 3 or more fitted, 2 held out
 
 
