@@ -7,7 +7,7 @@ import importlib.metadata
 import os
 import platform
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,49 @@ import ddlbench
 from ddlbench.records import GpuFacts, Provenance, RankResult, SlurmJob
 
 SOURCE_DIR = Path(ddlbench.__file__).resolve().parents[1]
+
+
+# the host allocator's settings a rank records as it saw them (never set by ddlbench): glibc's malloc tunables
+# and a preloaded allocator (jemalloc, tcmalloc, mimalloc). On a CPU they move a step: glibc's defaults map and
+# zero a pipeline's per-micro-batch gradients anew (ddlbench.analysis.analytic.pipelines, ~25 % of vgg11's 1F1B)
+ALLOCATOR_ENV_NAMES = (
+    "MALLOC_ARENA_MAX",
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "MALLOC_MMAP_MAX_",
+    "GLIBC_TUNABLES",
+    "LD_PRELOAD",
+)
+
+
+def allocator_env_seen(environ: Mapping[str, str]) -> dict[str, str]:
+    """The allocator's variables (ALLOCATOR_ENV_NAMES) of `environ`, as a rank records them; of LD_PRELOAD only
+    the libraries that are allocators (a file name with "malloc" in it: jemalloc, tcmalloc, mimalloc, …)."""
+    seen = {name: environ[name] for name in ALLOCATOR_ENV_NAMES if environ.get(name)}
+    if "LD_PRELOAD" in seen:
+        allocators = [part for part in seen["LD_PRELOAD"].replace(":", " ").split() if "malloc" in Path(part).name]
+        if allocators:
+            seen["LD_PRELOAD"] = " ".join(allocators)
+        else:
+            del seen["LD_PRELOAD"]
+    return seen
+
+
+def allocator_summary(seen: Mapping[str, str]) -> str:
+    """One line for a rank's allocator settings: "glibc defaults", or the variables that were set, in
+    ALLOCATOR_ENV_NAMES order (a preloaded library by its file name)."""
+    if not seen:
+        return "glibc defaults"
+    parts = []
+    for name in ALLOCATOR_ENV_NAMES:
+        if name not in seen:
+            continue
+        value = seen[name]
+        if name == "LD_PRELOAD":  # the libraries' file names: their folders differ by host, not what they are
+            value = " ".join(Path(part).name for part in value.replace(":", " ").split())
+        parts.append(f"{name}={value}")
+    return " ".join(parts)
 
 
 def utc_now() -> str:
@@ -89,7 +132,15 @@ def collect_provenance(
         start_time=start_time,
         end_time=end_time,
         **software_and_cards(ranks),
+        allocator=ranks_allocator(ranks),
     )
+
+
+def ranks_allocator(ranks: list[RankResult]) -> str | None:
+    """The ranks' allocator settings (ddlbench.launch.placement.allocator_summary), distinct values in rank
+    order joined by "; "; None without ranks."""
+    seen = [allocator_summary(rank.allocator_env) for rank in sorted(ranks, key=lambda r: r.rank)]
+    return "; ".join(dict.fromkeys(seen)) or None
 
 
 def software_and_cards(ranks: list[RankResult]) -> dict[str, Any]:

@@ -38,7 +38,8 @@ One row per planned point. Its columns, by group:
   driver_version, cuda_runtime_version, cudnn_version, nccl_version, nvml ("nvml" or why not), and each
   fact of the point's GPUs as text, its distinct values comma-separated:
   gpu_{uuids,power_limit_w,sm_clock_app_mhz,sm_clock_max_mhz,mem_clock_app_mhz,mem_clock_max_mhz},
-  gpu_{ecc_mode,mig_mode,persistence_mode,vbios_version};
+  gpu_{ecc_mode,mig_mode,persistence_mode,vbios_version}; the host allocator: allocator ("glibc defaults",
+  or the MALLOC_* / GLIBC_TUNABLES variables and preloaded allocator the ranks ran with);
 - per configuration, over its repetitions, repeated on each of its rows that took part
   (ddlbench.analysis.configurations.POINT_SUMMARY_COLUMNS): n_repetitions, repetitions_not_ok,
   repetitions_other_version, rep_samples_per_s_* and rep_step_time_s_* …, median_repetition,
@@ -238,6 +239,7 @@ def record_row(record: PointRecord) -> dict[str, Any]:
         "cudnn_version": prov.cudnn_version,
         "nccl_version": prov.nccl_version,
         "nvml": prov.nvml,  # "nvml", or why NVML was not read
+        "allocator": prov.allocator,  # the host allocator's settings: "glibc defaults", or what was set
     }
     for column, name in GPU_FACT_COLUMNS.items():  # the GPUs' facts, distinct values comma-separated
         values = {_fact_text(getattr(gpu, name)) for gpu in prov.gpus if getattr(gpu, name) is not None}

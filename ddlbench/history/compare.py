@@ -51,6 +51,7 @@ PROVENANCE_NAMES: dict[str, tuple[str, str]] = {
     "gpu_persistence_mode": ("GPU persistence mode", ""),
     "gpu_vbios_version": ("GPU VBIOS", ""),
     "cpu_model": ("CPU", ""),
+    "allocator": ("host allocator", ""),
 }
 
 

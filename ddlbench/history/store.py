@@ -66,7 +66,7 @@ PROVENANCE_COLUMNS = (
     "driver_version", "cuda_runtime_version", "cudnn_version", "nccl_version", "torch_version", "gpu_model",
     "gpu_power_limit_w", "gpu_sm_clock_app_mhz", "gpu_sm_clock_max_mhz", "gpu_mem_clock_app_mhz",
     "gpu_mem_clock_max_mhz", "gpu_ecc_mode", "gpu_mig_mode", "gpu_persistence_mode", "gpu_vbios_version",
-    "cpu_model",
+    "cpu_model", "allocator",
 )  # fmt: skip
 
 

@@ -160,6 +160,7 @@ def _train(point: Point, ctx, rank_dir: Path, binding: str, *, keep_state: bool 
     """Train `point` on this rank and write its result; the final state dict when `keep_state`."""
     from ddlbench.launch.devices import gpu_identity
     from ddlbench.launch.placement import network_env_seen
+    from ddlbench.provenance import allocator_env_seen
     from ddlbench.train.kernel import train_point
 
     watch = _health_watch(ctx.device)  # the GPU's health around the point (ddlbench.train.health)
@@ -177,6 +178,7 @@ def _train(point: Point, ctx, rank_dir: Path, binding: str, *, keep_state: bool 
         slurm_node=os.environ.get("SLURMD_NODENAME", ""),
         gpu=gpu_identity(ctx.device, os.environ, **{key: value for key, value in _PLACEMENT.items() if value != ""}),
         network_env=network_env_seen(os.environ),
+        allocator_env=allocator_env_seen(os.environ),
     )
     write_json_atomic(rank_file(rank_dir, ctx.rank), asdict(placed))
     return state

@@ -298,6 +298,7 @@ def provenance(table: pd.DataFrame, config: SweepConfig) -> dict[str, str]:
         "GPU power limit (W)": _values(table, "gpu_power_limit_w", split=","),
         "GPU SM clock, application (MHz)": _values(table, "gpu_sm_clock_app_mhz", split=","),
         "NVML": _values(table, "nvml"),
+        "Host allocator": _values(table, "allocator", split="; "),
         "ddlbench (records)": _values(table, "ddlbench_version"),
         "Git commit (records)": _values(table, "git_commit"),
         "SLURM partition": _values(table, "slurm_partition"),
