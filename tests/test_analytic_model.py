@@ -118,6 +118,14 @@ def test_a_pipeline_maps_each_micro_batchs_weight_gradients_anew_and_ddp_does_no
     assert path <= after.step_time_s - before.step_time_s < 1.5 * path
     before, after = (predict(setting("ddp"), m, search_batch=False) for m in (plain, touched))
     assert after.step_time_s == before.step_time_s
+    # where it is more than a twentieth of the step, the prediction says how much (what a user can change)
+    big = setting("1f1b", model="vgg11", micro_batches=4, batch_size=16)
+    table = introspected_table("vgg11", "cifar10", (("norm", "batch"),))
+    ctx = Context(setting=big, table=table, machine=plain, sharing=2)
+    heaviest = max(4 * sum(table.blocks[i].params for i in range(lo, hi)) for lo, hi in cut_stages(ctx, 2))
+    note = next(n for n in predict(big, touched, search_batch=False).notes if n.startswith("first touch"))
+    assert f"{1e3 * 4 * per_byte * heaviest:.1f} ms of the" in note
+    assert not any(n.startswith("first touch") for n in predict(big, plain, search_batch=False).notes)
 
 
 def test_more_micro_batches_shrink_the_bubble_share():

@@ -209,6 +209,14 @@ def model_pipeline(
     if replicas > 1:
         what += f"; each stage's gradients all-reduced over {replicas} replicas"
     ctx.notes.append("stages (blocks): " + ", ".join(f"[{lo},{hi})" for lo, hi in bounds))
+    touched = max(sum(micro * first_touch[k] for k in range(stages) if rank_of[k] == r) for r in range(ranks))
+    if timeline.step_s > 0 and touched > 0.05 * timeline.step_s:  # worth a line: what a user can change
+        ctx.notes.append(
+            f"first touch: a rank maps and zeroes its stages' weight gradients anew each micro-batch, "
+            f"{1e3 * touched:.1f} ms of the {1e3 * timeline.step_s:.1f} ms step under glibc's defaults "
+            "(keeping the heap, MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296, "
+            "took vgg11's 1F1B from 302-312 to 234-236 ms here: docs/analytic.md)"
+        )
     return StrategyRun(timeline=timeline, memory=memory, comm=what)
 
 
