@@ -5,6 +5,7 @@
     python benchmarks/analytic_accuracy.py --report-only        # reuse what an earlier run measured
     python benchmarks/analytic_accuracy.py --quick --results-dir /tmp/a   # CI's size: a minute, no verdict
     python benchmarks/analytic_accuracy.py --set scoring         # the frozen scoring set: what is reported
+    python benchmarks/analytic_accuracy.py --set pipeline-development   # 1F1B beside DDP: a second development sweep
 
 1. `ddlbench calibrate` with benchmarks/analytic/calibration.yaml (compute rates, collectives after a
    barrier and in busy mode, generic operators over drawn shapes, and the layer timings of one model, resnet8)
