@@ -47,18 +47,13 @@ def allocator_env_seen(environ: Mapping[str, str]) -> dict[str, str]:
 
 def allocator_summary(seen: Mapping[str, str]) -> str:
     """One line for a rank's allocator settings: "glibc defaults", or the variables that were set, in
-    ALLOCATOR_ENV_NAMES order (a preloaded library by its file name)."""
+    ALLOCATOR_ENV_NAMES order (a preloaded library by its file name: its folder differs by host, not what it is)."""
     if not seen:
         return "glibc defaults"
-    parts = []
-    for name in ALLOCATOR_ENV_NAMES:
-        if name not in seen:
-            continue
-        value = seen[name]
-        if name == "LD_PRELOAD":  # the libraries' file names: their folders differ by host, not what they are
-            value = " ".join(Path(part).name for part in value.replace(":", " ").split())
-        parts.append(f"{name}={value}")
-    return " ".join(parts)
+    shown = {**seen}
+    if "LD_PRELOAD" in shown:  # allocator_env_seen keeps it space-separated
+        shown["LD_PRELOAD"] = " ".join(Path(part).name for part in shown["LD_PRELOAD"].split())
+    return " ".join(f"{name}={shown[name]}" for name in ALLOCATOR_ENV_NAMES if name in shown)
 
 
 def utc_now() -> str:
@@ -137,7 +132,7 @@ def collect_provenance(
 
 
 def ranks_allocator(ranks: list[RankResult]) -> str | None:
-    """The ranks' allocator settings (ddlbench.launch.placement.allocator_summary), distinct values in rank
+    """The ranks' allocator settings (allocator_summary), distinct values in rank
     order joined by "; "; None without ranks."""
     seen = [allocator_summary(rank.allocator_env) for rank in sorted(ranks, key=lambda r: r.rank)]
     return "; ".join(dict.fromkeys(seen)) or None

@@ -185,7 +185,7 @@ class RankResult:
     # NCCL, gloo and fabric variables (ddlbench.launch.placement.NETWORK_ENV_NAMES) as the rank saw them:
     # the site's network_env, or the user's own environment; only those names
     network_env: dict[str, str] = field(default_factory=dict)
-    # the host allocator's settings (ddlbench.launch.placement.ALLOCATOR_ENV_NAMES) as the rank saw them; {}:
+    # the host allocator's settings (ddlbench.provenance.ALLOCATOR_ENV_NAMES) as the rank saw them; {}:
     # glibc's defaults (and in records from before they were kept: unknown)
     allocator_env: dict[str, str] = field(default_factory=dict)
     # Input (ddlbench.train.data.loader): "resident" batches made before timing (synthetic data, and real
@@ -375,7 +375,7 @@ class Provenance:
     nccl_version: str | None = None  # NCCL, dotted
     gpus: tuple[GpuFacts, ...] = ()  # every distinct GPU of the ranks (by host and UUID), as NVML reports it
     nvml: str | None = None  # "nvml" where some rank read NVML, else rank 0's "no NVML: <why>"
-    # the ranks' host allocator (ddlbench.launch.placement.allocator_summary), distinct values joined by "; ";
+    # the ranks' host allocator (ddlbench.provenance.allocator_summary), distinct values joined by "; ";
     # None in records from before it was kept
     allocator: str | None = None
 

@@ -301,7 +301,6 @@ class MachineModel:
         def rates(key: str) -> dict[str, float]:
             return {p: float(f["value"]) for p, f in (compute.get(key) or {}).items() if f and f.get("value")}
 
-        bandwidth = (compute.get("memory_bandwidth_bytes_per_s") or {}).get("value")
         return cls(
             name=str(data.get("name", "?")),
             source=str(data.get("source", "?")),
@@ -311,7 +310,7 @@ class MachineModel:
             threads_per_rank=int(device.get("threads_per_rank") or 1),
             matmul_flop_per_s=rates("matmul_flop_per_s"),
             conv_flop_per_s=rates("conv_flop_per_s"),
-            memory_bandwidth_bytes_per_s=float(bandwidth) if bandwidth else None,
+            memory_bandwidth_bytes_per_s=_figure(compute.get("memory_bandwidth_bytes_per_s")) or None,
             links=dict(data.get("links") or {}),
             collectives=tuple(data.get("collectives") or ()),
             layer_timings=tuple(_layer_timings(entry) for entry in data.get("layer_timings") or ()),

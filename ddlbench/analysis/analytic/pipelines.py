@@ -209,7 +209,8 @@ def model_pipeline(
     if replicas > 1:
         what += f"; each stage's gradients all-reduced over {replicas} replicas"
     ctx.notes.append("stages (blocks): " + ", ".join(f"[{lo},{hi})" for lo, hi in bounds))
-    touched = max(sum(micro * first_touch[k] for k in range(stages) if rank_of[k] == r) for r in range(ranks))
+    # what each rank's backwards, as its schedule orders them, spend on first touch
+    touched = max(sum(first_touch[a.stage] for a in order if a.kind == "B") for order in orders.values())
     if timeline.step_s > 0 and touched > 0.05 * timeline.step_s:  # worth a line: what a user can change
         ctx.notes.append(
             f"first touch: a rank maps and zeroes its stages' weight gradients anew each micro-batch, "

@@ -166,7 +166,7 @@ def compute_figures(record: CalibrationRecord) -> dict[str, Any]:
             # bytes for each pair of order statistics of the two timings (the k-th fastest of each), at least 0
             per_byte = [
                 max(0.0, fresh - kept) / entry["bytes"]
-                for fresh, kept in zip(sorted(entry["times_s"]), sorted(entry["kept_times_s"]), strict=False)
+                for fresh, kept in zip(sorted(entry["times_s"]), sorted(entry["kept_times_s"]), strict=True)
             ]
             figures["first_touch_s_per_byte"] = stats_figure(per_byte, bytes_filled=entry["bytes"])
         elif "error" in entry:
