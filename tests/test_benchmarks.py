@@ -262,7 +262,7 @@ def test_scheduler_load_simulates_its_smallest_sweep_beside_the_baseline():
 
 def test_scheduler_load_checks_out_the_baselines_code_for_the_cluster_roads(tmp_path):
     """The cluster mode's baseline side (left out of the cluster test for time): BASELINE's package and
-    Snakefile checked out as a worktree that the benchmark then removes."""
+    Snakefile checked out as a git worktree (removed again here, as the benchmark prunes its own)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("scheduler_load", REPO / "benchmarks" / "scheduler_load.py")
