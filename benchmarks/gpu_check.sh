@@ -7,7 +7,8 @@
 #   benchmarks/gpu_check.sh overhead               # another (~6.5 min): a lease's 15 minutes hold both
 #
 # Parts, with their wall time on one H200 (2026-11-28; each ddlbench or bare launch took 9-11 s there):
-#   tests     every test marked `gpu`, in parallel (not timed; 40+ tests, more than 110 s with 6 workers):
+#   tests     every test marked `gpu` (not timed; 41 tests; a module's tests share one worker, so test_gpu.py's
+#             strategy cases run one after another: 210 s reached 35 of 41 on an H200, hence 330 s):
 #             every strategy's CUDA path against one process on the same GPU (on one GPU the ranks share
 #             it, over gloo), NCCL where the host has a GPU per rank, binding and NUMA facts, CUDA events
 #             and the traced steps, the allocator's figures, precisions, energy and NVML provenance;
@@ -22,7 +23,7 @@
 #             HBM copy, pinned host<->device copies per GPU, NVML health) and `--level burn-in` for
 #             BURNIN_DURATION (default 60s; replays every round), each figure beside the card's peak and
 #             achievable (benchmarks/certify_summary.py prints them); references proposed into $OUT.
-#             Not yet timed on a GPU: ~20 s + BURNIN_DURATION.
+#             On an H200: quick 17 s; burn-in 46 s at BURNIN_DURATION=30s (its rounds take 16-23 s each).
 # Timed parts run alone, one after the other. Each part's limit can be set (GPU_TESTS_S, OVERHEAD_S,
 # ANALYTIC_S). Where the package's dependencies are missing (a bare GPU image), wheels in .whl/ are
 # installed first into /tmp/site (pip download ... -d .whl jsonschema jsonschema-specifications
@@ -54,7 +55,7 @@ PARTS=${*:-tests overhead analytic probe certify}
 for part in $PARTS; do
     case $part in
     tests)  # -v: with xdist only verbose output names each test as it ends (a summary needs a finished run)
-        run gpu-tests "${GPU_TESTS_S:-240}" $PY -m pytest -p no:cacheprovider -v -ra -m gpu -n "$WORKERS" \
+        run gpu-tests "${GPU_TESTS_S:-330}" $PY -m pytest -p no:cacheprovider -v -ra -m gpu -n "$WORKERS" \
             tests/test_gpu*.py tests/test_memory.py tests/test_execution.py ;;
     overhead)
         for precision in ${OVERHEAD_PRECISIONS:-fp32 tf32 bf16}; do
