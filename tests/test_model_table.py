@@ -20,7 +20,7 @@ from ddlbench.analysis.analytic.layers import parse_net, parse_net_header, rende
 from ddlbench.catalog import DATASETS, MODELS, resolve_builder
 from ddlbench.catalog.model_table import ModelTable
 from ddlbench.cli import main
-from ddlbench.train.introspect import build_model_table
+from ddlbench.train.introspect import build_model_table, grouped_conv_backward_flops
 
 # Every model on the datasets that change its layers' shapes; within CI's time budget the extra image sizes
 # (mnist's one channel, highres) run with one model, and the largest models on their reference dataset only
@@ -75,7 +75,8 @@ def test_table_accounts_for_the_whole_model(model, dataset):
     table = table_of(model, dataset)
     net = build(model, dataset, "meta")
     net.eval()  # batch norm takes one sample on 1×1 maps in eval mode; FLOPs are the same in training mode
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False)  # torch's formulas, with the table's count of grouped convolutions
+    counter.flop_registry[torch.ops.aten.convolution_backward] = grouped_conv_backward_flops
     with counter:
         out = net(inputs(dataset, 1, "meta"))
         forward = counter.get_total_flops()
@@ -98,6 +99,32 @@ def test_table_accounts_for_the_whole_model(model, dataset):
         for figure in ("params", "forward_flops", "backward_flops", "saved_bytes", "saved_fixed_bytes"):
             assert getattr(block, figure) == sum(getattr(layer, figure) for layer in mine), (block.index, figure)
     assert ModelTable.from_json(json.loads(json.dumps(table.to_json()))) == table
+
+
+@pytest.mark.parametrize("groups", [1, 4, 32])
+def test_a_convolutions_backward_counts_each_gradient_as_its_forward_whatever_its_groups(groups):
+    """Counted on a real CPU convolution, against its own forward count: the input's gradient and the weights'
+    each as many FLOPs as the forward (torch's own formula gives a depthwise one 33x its forward), one of them
+    where the input needs no gradient (a model's first layer)."""
+    conv = nn.Conv2d(32, 32, 3, padding=1, groups=groups)
+    for needs_input_grad, gradients in ((True, 2), (False, 1)):
+        x = torch.randn(2, 32, 8, 8, requires_grad=needs_input_grad)
+        counter = FlopCounterMode(display=False)
+        counter.flop_registry[torch.ops.aten.convolution_backward] = grouped_conv_backward_flops
+        with counter:
+            out = conv(x)
+            forward = counter.get_total_flops()
+            out.sum().backward()
+        assert forward == 2 * 2 * 8 * 8 * 32 * (32 // groups) * 9  # 2 FLOPs per multiply-add, per sample
+        assert counter.get_total_flops() - forward == gradients * forward, (groups, needs_input_grad)
+
+
+def test_mobilenets_depthwise_layers_count_two_forwards_backward():
+    table = table_of("mobilenet_v2", "cifar10")
+    depthwise = [layer for layer in table.layers if layer.type == "Conv2d" and layer.weight_shape[1] == 1]
+    assert len(depthwise) >= 10
+    for layer in depthwise:
+        assert layer.backward_flops == 2 * layer.forward_flops, layer.name
 
 
 @pytest.mark.parametrize(("model", "dataset"), [("resnet8", "cifar10"), ("gpt_tiny", "tokens_small")])

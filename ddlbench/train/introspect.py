@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
-from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_flop_count
 
 from ddlbench.catalog import DATASETS, MODELS, resolve_builder
 from ddlbench.catalog.model_table import BlockRow, LayerRow, ModelTable, Shape, resolve_request
@@ -38,6 +38,7 @@ from ddlbench.catalog.model_table import BlockRow, LayerRow, ModelTable, Shape, 
 log = logging.getLogger(__name__)
 
 PROBE_BATCHES = (2, 4)
+_TORCH_CONV_BACKWARD = FlopCounterMode(display=False).flop_registry[torch.ops.aten.convolution_backward]
 
 aten = torch.ops.aten
 
@@ -106,6 +107,7 @@ class _AttributedFlopCounter(FlopCounterMode):
         # (not CUDA flash's count, 2.5× forward with the recomputed scores: model FLOPs, not kernel FLOPs)
         self.flop_registry[aten._scaled_dot_product_flash_attention_for_cpu] = _attention_flops
         self.flop_registry[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _attention_backward_flops
+        self.flop_registry[aten.convolution_backward] = grouped_conv_backward_flops
         self.owner = owner
         self.by_module: Counter[str] = Counter()
 
@@ -113,6 +115,37 @@ class _AttributedFlopCounter(FlopCounterMode):
         if func_packet in self.flop_registry:
             self.by_module[self.owner()] += int(self.flop_registry[func_packet](*args, **kwargs, out_val=out))
         return out
+
+
+def grouped_conv_backward_flops(
+    grad_out: Tensor,
+    x: Tensor,
+    w: Tensor,
+    bias: Any,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    transposed: bool,
+    output_padding: Any,
+    groups: int,
+    output_mask: Any,
+    *,
+    out_val: Any = None,
+    **kwargs: Any,
+) -> int:
+    """A convolution's backward FLOPs, groups counted. torch's formula (flop_counter.conv_backward_flop, torch
+    2.13) leaves groups out of the input gradient: a depthwise 3×3 over C channels was charged C + 1 times its
+    forward (mobilenet_v2's first one, C = 32: 33×). Each gradient of a grouped convolution is as many
+    multiply-adds as its forward: the input's (a transposed convolution by the same weights, group by group)
+    and the weights' (each weight meets every output position of its group once). Ungrouped convolutions keep
+    torch's count."""
+    if groups == 1:
+        return _TORCH_CONV_BACKWARD(
+            grad_out, x, w, bias, stride, padding, dilation, transposed, output_padding, groups, output_mask,
+            out_val=out_val, **kwargs,
+        )  # fmt: skip
+    forward = conv_flop_count(list(x.shape), list(w.shape), list(grad_out.shape), transposed=transposed)
+    return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
 def _attention_flops(query: Tensor, key: Tensor, value: Tensor, *args: Any, out_val: Any = None, **kwargs: Any) -> int:

@@ -1,0 +1,46 @@
+"""The analytic model's benchmark sets (benchmarks/analytic_accuracy.py's SETS): each one is a sweep that
+validates and runs, and the frozen scoring set shares no model and no batch size with the sets the model was
+developed on or scored on before (docs/analytic.md, "Development and scoring sets")."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from conftest import REPO
+
+from ddlbench.config import load_sweep_config
+from ddlbench.sweep import expand_sweep
+
+HERE = REPO / "benchmarks" / "analytic"
+
+
+def _sets() -> dict[str, str]:
+    spec = importlib.util.spec_from_file_location("analytic_accuracy", REPO / "benchmarks" / "analytic_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module.SETS)
+
+
+SETS = _sets()
+
+
+@pytest.mark.parametrize("name", sorted(SETS))
+def test_each_set_is_a_sweep_whose_every_strategy_runs(name):
+    plan = expand_sweep(load_sweep_config(HERE / SETS[name]))
+    assert plan.points, name
+    ran = {point.strategy for point in plan.points}
+    assert ran == set(plan.config.strategies), (name, set(plan.config.strategies) - ran)
+
+
+def test_the_frozen_scoring_set_shares_no_model_or_batch_with_what_came_before():
+    import yaml
+
+    newest = load_sweep_config(HERE / SETS["scoring-2"])
+    before = [load_sweep_config(HERE / SETS[name]) for name in SETS if name != "scoring-2"]
+    suite = yaml.safe_load((HERE / "calibration.yaml").read_text())
+    profiled = {str(entry["model"]) for entry in suite.get("layer_timings") or []}  # the calibration's own
+    seen_models = profiled.union(*(set(config.models) for config in before))
+    seen_batches = set().union(*(set(config.batch_size) for config in before))
+    assert not set(newest.models) & seen_models
+    assert not set(newest.batch_size) & seen_batches
