@@ -12,7 +12,8 @@ import pytest
 
 from ddlbench.analysis.analytic.layer_splits import window_rows
 from ddlbench.analysis.analytic.machine_model import MachineModel
-from ddlbench.analysis.analytic.operators import OpCall, call_of_sample, fit_kind, fit_operator_model
+from ddlbench.analysis.analytic.operators import OpCall, basis, call_of_sample, fit_kind, fit_operator_model, layer_call
+from ddlbench.analysis.analytic.table_cache import find_table
 from ddlbench.analysis.machine.fit import fit_busy, nnls
 from ddlbench.train.calibration.operator_shapes import sample_shapes
 
@@ -70,6 +71,53 @@ def test_operator_fit_recovers_a_cost_law_and_predicts_shapes_it_never_timed():
             truth = _conv_law(call, shape.batch)[index]
             errors.append(abs(fit.seconds(call, shape.batch) - truth) / truth)
         assert float(np.median(errors)) < 0.05 and max(errors) < 0.25
+
+
+def _depthwise_law(call: OpCall, batch: int) -> tuple[float, float]:
+    """A depthwise convolution's cost: bound by its traffic more than its FLOPs (one channel per filter)."""
+    flop = 2.0 * call.out_channels * call.kernel_elements * call.out_pixels * batch
+    traffic = (call.in_channels * call.in_pixels + call.out_channels * call.out_pixels) * batch
+    return 20e-6 + flop / 20e9 + traffic * 2e-9, 40e-6 + 2 * flop / 15e9 + 3 * traffic * 2e-9
+
+
+def test_depthwise_shapes_are_drawn_fitted_apart_and_predict_shapes_never_timed():
+    drawn = sample_shapes(seed=0, per_kind=40, max_flop=3e8, max_elements=2**22)
+    depthwise = [s for s in drawn if s.kind == "depthwise_conv2d"]
+    assert len(depthwise) == 40 and all(s.out_channels == s.in_channels and s.kernel in (3, 5) for s in depthwise)
+    # the other kinds' draws are what they were before depthwise_conv2d came (it is drawn last)
+    assert [s.kind for s in drawn[: 6 * 40 + 3 * 40]].count("depthwise_conv2d") == 0
+    for shape in depthwise:
+        assert (
+            shape.forward_flop
+            == 2 * shape.in_channels * shape.kernel**2 * shape.out_height * shape.out_width * shape.batch
+        )
+    unseen = [
+        s for s in sample_shapes(seed=7, per_kind=40, max_flop=3e8, max_elements=2**22) if s.kind == "depthwise_conv2d"
+    ]
+    samples = _timed(depthwise, _depthwise_law, noise=0.05, seed=1)
+    for direction, index in (("forward", 0), ("backward", 1)):
+        fit = fit_kind("depthwise_conv2d", direction, samples)
+        assert fit.loo_error_median < 0.06
+        errors = []
+        for shape in unseen:
+            call = call_of_sample(shape.to_dict())
+            truth = _depthwise_law(call, shape.batch)[index]
+            errors.append(abs(fit.seconds(call, shape.batch) - truth) / truth)
+        assert float(np.median(errors)) < 0.05 and max(errors) < 0.25
+
+
+def test_a_models_depthwise_layers_are_depthwise_calls_with_the_tables_flops():
+    table = find_table("mobilenet_v2", "cifar10")
+    convs = [layer for layer in table.layers if layer.type == "Conv2d"]
+    depthwise = [layer for layer in convs if layer.weight_shape[1] == 1]
+    assert len(depthwise) >= 10
+    for layer in convs:
+        call = layer_call(layer.type, layer.input_shape, layer.output_shape, layer.weight_shape)
+        assert call.kind == ("depthwise_conv2d" if layer in depthwise else "conv2d"), layer.name
+        # the fit's FLOP regressor (index 2, one sample) is the table's forward count (FlopCounterMode's)
+        assert basis(call, 1, "forward")[2] == layer.forward_flops, layer.name
+    # a grouped convolution that is not depthwise (4 groups of 8 channels) has no kind: the roofline costs it
+    assert layer_call("Conv2d", (32, 8, 8), (32, 8, 8), (32, 8, 3, 3)) is None
 
 
 def test_operator_model_subtracts_the_autograd_engine_once_per_backward():

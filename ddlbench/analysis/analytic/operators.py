@@ -11,7 +11,8 @@ too slow weighs as one twice too fast; on relative residuals alone the fits came
 geometric mean over their own shapes, conv backward 1.49×), and last scaled by the geometric mean of
 t / t̂ over those shapes (the smearing correction: what is left of that bias, 10–24 %, goes):
 
-    conv2d, linear:  t = c0 + c0'·[N > 1] + c1·F + c2·F/C_in + c3·F/C_out + c4·F/P_out + c5·F/N
+    conv2d, linear, depthwise_conv2d:
+                     t = c0 + c0'·[N > 1] + c1·F + c2·F/C_in + c3·F/C_out + c4·F/P_out + c5·F/N
                          + c6·E_in + c7·E_out + c8·W
     elementwise:     t = c0 + c1·E_in + c2·E_out + c3·N·C + c4·C
 
@@ -21,8 +22,10 @@ E elements of the input and output, W weight elements. Each F/x term is an effic
 shrinks (a vector lane, a blocked tile or a batch loop left part empty); the E and W terms are the
 traffic of reading and writing them; c0 the call. A layer is then the sum of its calls. Kinds:
 conv2d, batch_norm2d, relu, max_pool2d (every 2-D pool), linear, add (a residual sum: binary
-elementwise, also what a copy of a tensor costs within a factor of 1.5), and slab_batch_norm2d (spatial
-parallelism's batch norm, its statistics in plain tensor operations: several times a fused one).
+elementwise, also what a copy of a tensor costs within a factor of 1.5), slab_batch_norm2d (spatial
+parallelism's batch norm, its statistics in plain tensor operations: several times a fused one), and
+depthwise_conv2d (groups = channels, MobileNet's: F = 2·C·k²·P·N, each filter over one channel; other
+grouped convolutions have no kind, and the roofline costs them).
 
 Each fit reports its leave-one-out error over the calibration's own shapes (what a shape it did not
 time is predicted to), which a prediction's notes repeat. Torch-free; numpy only when fitting.
@@ -51,7 +54,8 @@ KIND_OF_TYPE = {
     "Linear": "linear",
 }
 FREE_TYPES = ("Identity", "Flatten", "Dropout", "Dropout2d")  # views or no-ops in training (dropout: none here)
-KINDS = ("conv2d", "batch_norm2d", "relu", "max_pool2d", "linear", "add", "slab_batch_norm2d")
+KINDS = ("conv2d", "batch_norm2d", "relu", "max_pool2d", "linear", "add", "slab_batch_norm2d", "depthwise_conv2d")
+WEIGHTED = ("conv2d", "linear", "depthwise_conv2d")  # the kinds fitted on the FLOP and weight regressors
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,11 +77,12 @@ def basis(call: OpCall, batch: float, direction: str) -> list[float]:
     n = batch * call.rows
     e_in = n * call.in_channels * call.in_pixels
     e_out = n * call.out_channels * call.out_pixels
-    if call.kind in ("conv2d", "linear"):
-        flop = 2.0 * call.in_channels * call.out_channels * call.kernel_elements * call.out_pixels * n
+    if call.kind in WEIGHTED:
+        fan_in = 1 if call.kind == "depthwise_conv2d" else call.in_channels  # a depthwise filter sees one channel
+        flop = 2.0 * fan_in * call.out_channels * call.kernel_elements * call.out_pixels * n
         if direction == "backward":
             flop *= 2.0 if call.input_grad else 1.0
-        weights = call.in_channels * call.out_channels * call.kernel_elements
+        weights = fan_in * call.out_channels * call.kernel_elements
         return [
             1.0,
             1.0 if n > 1 else 0.0,  # oneDNN takes another path for more than one sample (≈ 60 µs more here)
@@ -155,12 +160,12 @@ def call_of_sample(sample: Mapping[str, Any]) -> OpCall:
         int(sample.get("stride") or 1),
     )
     c_in = int(sample["in_channels"])
-    if kind == "conv2d":
+    if kind in ("conv2d", "depthwise_conv2d"):
         h_out, w_out = (h + 2 * (k // 2) - k) // stride + 1, (w + 2 * (k // 2) - k) // stride + 1
         return OpCall(
             kind=kind,
             in_channels=c_in,
-            out_channels=int(sample["out_channels"]),
+            out_channels=int(sample.get("out_channels") or c_in),
             in_pixels=h * w,
             out_pixels=h_out * w_out,
             kernel_elements=k * k,
@@ -274,8 +279,10 @@ def layer_call(
     extra: dict = {}
     if kind == "conv2d":
         groups = input_shape[0] // weight_shape[1] if len(weight_shape) == 4 and weight_shape[1] else 1
-        if groups != 1:
-            return None  # grouped or depthwise: none of the calibration's shapes
+        if groups > 1 and groups == input_shape[0] == output_shape[0]:
+            kind = "depthwise_conv2d"  # one filter per channel (MobileNet's)
+        elif groups != 1:
+            return None  # grouped otherwise (a channel multiplier, ResNeXt's groups): none of the calibration's
         k = weight_shape[2] * weight_shape[3] if len(weight_shape) == 4 else 1
         extra = {"kernel_elements": int(k), "input_grad": input_grad}
     return OpCall(

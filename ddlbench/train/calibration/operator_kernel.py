@@ -52,6 +52,16 @@ def build_operator(
             padding=shape.kernel // 2,
             bias=False,
         )
+    elif shape.kind == "depthwise_conv2d":
+        module = nn.Conv2d(
+            shape.in_channels,
+            shape.in_channels,
+            shape.kernel,
+            stride=shape.stride,
+            padding=shape.kernel // 2,
+            groups=shape.in_channels,
+            bias=False,
+        )
     elif shape.kind == "batch_norm2d":
         module = nn.BatchNorm2d(shape.in_channels)
     elif shape.kind == "relu":

@@ -22,7 +22,18 @@ from dataclasses import asdict, dataclass
 # operator kinds timed, and the torch layer types (the model table's `type`) each one stands for
 # slab_batch_norm2d: spatial parallelism's batch norm on a slab (ddlbench.train.strategies.halo.SlabBatchNorm:
 # its statistics in plain tensor operations, shared over the group), timed over a group of one rank
-OPERATOR_KINDS = ("conv2d", "batch_norm2d", "relu", "max_pool2d", "linear", "add", "slab_batch_norm2d")
+# depthwise_conv2d: a convolution of groups = channels (MobileNet's), last so that the other kinds' draws
+# from the seeded generator are what they were before it came
+OPERATOR_KINDS = (
+    "conv2d",
+    "batch_norm2d",
+    "relu",
+    "max_pool2d",
+    "linear",
+    "add",
+    "slab_batch_norm2d",
+    "depthwise_conv2d",
+)
 LAYER_KIND = {
     "Conv2d": "conv2d",
     "BatchNorm2d": "batch_norm2d",
@@ -35,10 +46,14 @@ LAYER_KIND = {
 }
 
 
+CONV_KINDS = ("conv2d", "depthwise_conv2d")
+
+
 @dataclass(frozen=True, kw_only=True)
 class OperatorShape:
     """One operator call: `batch` samples of `in_channels` × height × width in; for conv2d `out_channels`
-    filters of kernel × kernel at `stride` with 'same'-style padding kernel // 2; for linear,
+    filters of kernel × kernel at `stride` with 'same'-style padding kernel // 2 (depthwise_conv2d: one
+    filter per channel, groups = in_channels = out_channels); for linear,
     in_channels → out_channels features (height = width = 1); elementwise kinds keep the shape."""
 
     kind: str
@@ -52,7 +67,7 @@ class OperatorShape:
 
     @property
     def out_height(self) -> int:
-        if self.kind == "conv2d":
+        if self.kind in CONV_KINDS:
             return (self.height + 2 * (self.kernel // 2) - self.kernel) // self.stride + 1
         if self.kind == "max_pool2d":
             return self.height // 2
@@ -60,7 +75,7 @@ class OperatorShape:
 
     @property
     def out_width(self) -> int:
-        if self.kind == "conv2d":
+        if self.kind in CONV_KINDS:
             return (self.width + 2 * (self.kernel // 2) - self.kernel) // self.stride + 1
         if self.kind == "max_pool2d":
             return self.width // 2
@@ -72,6 +87,8 @@ class OperatorShape:
         if self.kind == "conv2d":
             per = 2 * self.in_channels * self.out_channels * self.kernel**2
             return per * self.out_height * self.out_width * self.batch
+        if self.kind == "depthwise_conv2d":
+            return 2 * self.in_channels * self.kernel**2 * self.out_height * self.out_width * self.batch
         if self.kind == "linear":
             return 2 * self.in_channels * self.out_channels * self.batch
         return 0
@@ -94,7 +111,8 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     """`per_kind` shapes of each operator kind (more for convolutions, whose speed varies most), drawn
     log-uniformly: channels 8–512 (conv2d: 8–1024, output channels the input's, half or twice, or 3 input
     channels, as a first layer has), input side 2–64 rows and columns (conv2d: 1–8 one time in four;
-    rows sometimes fewer than columns: a spatial slab), batch 1–64; a conv2d or
+    rows sometimes fewer than columns: a spatial slab), batch 1–64 (depthwise_conv2d: channels 8–1024, 3×3
+    or 5×5); a conv2d or
     linear above `max_flop` forward FLOPs, or any tensor above `max_elements`, is drawn again."""
     rng = random.Random(seed)
     shapes: list[OperatorShape] = []
@@ -148,6 +166,19 @@ def _draw(rng: random.Random, kind: str) -> OperatorShape:
             width=width,
             out_channels=out,
             kernel=kernel,
+            stride=2 if rng.random() < 0.2 and height >= 4 else 1,
+        )
+    if kind == "depthwise_conv2d":
+        # as in MobileNet: 3×3 (one in five 5×5), channels 8-1024 (an expanded block's), stride 2 one in five
+        channels = _channels(rng, 8, 1024)
+        return OperatorShape(
+            kind=kind,
+            batch=batch,
+            in_channels=channels,
+            height=height,
+            width=width,
+            out_channels=channels,
+            kernel=5 if rng.random() < 0.2 else 3,
             stride=2 if rng.random() < 0.2 and height >= 4 else 1,
         )
     if kind == "max_pool2d":
