@@ -120,6 +120,46 @@ def test_a_models_depthwise_layers_are_depthwise_calls_with_the_tables_flops():
     assert layer_call("Conv2d", (32, 8, 8), (32, 8, 8), (32, 8, 3, 3)) is None
 
 
+def _token_law(call: OpCall, batch: int) -> tuple[float, float]:
+    """A transformer layer's cost: a call, its traffic, an embedding's table in backward, attention's FLOPs."""
+    traffic = 2 * call.in_channels * call.in_pixels * batch
+    flop = 4.0 * batch * call.in_pixels**2 * call.in_channels if call.kind == "attention" else 0.0
+    forward = 15e-6 + traffic * 1e-9 + flop / 30e9
+    backward = 30e-6 + 2 * traffic * 1e-9 + 2 * flop / 25e9 + call.weight_elements * 4e-10
+    return forward, backward
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "gelu", "embedding", "attention"])
+def test_a_transformers_layers_are_fitted_per_kind_and_predict_shapes_never_timed(kind):
+    drawn = [s for s in sample_shapes(seed=0, per_kind=40, max_flop=1.5e9, max_elements=2**23) if s.kind == kind]
+    unseen = [s for s in sample_shapes(seed=7, per_kind=40, max_flop=1.5e9, max_elements=2**23) if s.kind == kind]
+    assert len(drawn) == 40 and all(s.width == 1 and 8 <= s.height <= 512 for s in drawn)
+    samples = _timed(drawn, _token_law, noise=0.05, seed=1)
+    for direction, index in (("forward", 0), ("backward", 1)):
+        fit = fit_kind(kind, direction, samples)
+        assert fit.loo_error_median < 0.06
+        errors = []
+        for shape in unseen:
+            call = call_of_sample(shape.to_dict())
+            truth = _token_law(call, shape.batch)[index]
+            errors.append(abs(fit.seconds(call, shape.batch) - truth) / truth)
+        assert float(np.median(errors)) < 0.05 and max(errors) < 0.3, (kind, direction)
+
+
+def test_a_transformers_rows_are_token_calls_with_the_tables_attention_flops():
+    table = find_table("gpt_tiny", "tokens_small")
+    kinds = {}
+    for layer in table.layers:
+        call = layer_call(layer.type, layer.input_shape, layer.output_shape, layer.weight_shape)
+        assert call is not None, layer.name  # every row of the model has a fitted kind
+        kinds.setdefault(call.kind, []).append((layer, call))
+    assert set(kinds) == {"embedding", "layer_norm", "linear", "attention", "gelu"}
+    for layer, call in kinds["attention"]:
+        assert basis(call, 1, "forward")[2] == layer.forward_flops, layer.name  # F: FlopCounterMode's count
+    for layer, call in kinds["embedding"]:
+        assert call.weight_elements == layer.params and call.in_pixels == layer.output_shape[0]
+
+
 def test_operator_model_subtracts_the_autograd_engine_once_per_backward():
     shapes = [s for s in sample_shapes(seed=0, per_kind=8, max_flop=3e8, max_elements=2**20) if s.kind == "relu"]
 

@@ -15,6 +15,8 @@ t / t̂ over those shapes (the smearing correction: what is left of that bias, 1
                      t = c0 + c0'·[N > 1] + c1·F + c2·F/C_in + c3·F/C_out + c4·F/P_out + c5·F/N
                          + c6·E_in + c7·E_out + c8·W
     elementwise:     t = c0 + c1·E_in + c2·E_out + c3·N·C + c4·C
+    layer_norm, gelu, embedding:  the same + c5·W (an embedding's table: its backward writes a gradient as large)
+    attention:       t = c0 + c0'·[N > 1] + c1·F + c2·F/T + c3·E_in + c4·E_out,  F = 4·N·T²·C
 
 with F the FLOPs of the pass (backward: the input gradient's where autograd computes one, plus the
 weights'), C channels (features), P output pixels per sample, N the batch (a linear layer: the rows),
@@ -25,7 +27,9 @@ conv2d, batch_norm2d, relu, max_pool2d (every 2-D pool), linear, add (a residual
 elementwise, also what a copy of a tensor costs within a factor of 1.5), slab_batch_norm2d (spatial
 parallelism's batch norm, its statistics in plain tensor operations: several times a fused one), and
 depthwise_conv2d (groups = channels, MobileNet's: F = 2·C·k²·P·N, each filter over one channel; other
-grouped convolutions have no kind, and the roofline costs them).
+grouped convolutions have no kind, and the roofline costs them); and a transformer's layer_norm, gelu,
+embedding and attention over T tokens of C features (attention: the causal scaled dot-product attention
+with its head split and merge, what a CausalSelfAttention row of a model table holds beside its Linear rows).
 
 Each fit reports its leave-one-out error over the calibration's own shapes (what a shape it did not
 time is predicted to), which a prediction's notes repeat. Torch-free; numpy only when fitting.
@@ -52,9 +56,27 @@ KIND_OF_TYPE = {
     "AdaptiveAvgPool2d": "max_pool2d",
     "AdaptiveMaxPool2d": "max_pool2d",
     "Linear": "linear",
+    "LayerNorm": "layer_norm",
+    "GELU": "gelu",
+    "Embedding": "embedding",
+    "CausalSelfAttention": "attention",  # its scaled dot-product attention; q, k, v and out are Linear rows
 }
 FREE_TYPES = ("Identity", "Flatten", "Dropout", "Dropout2d")  # views or no-ops in training (dropout: none here)
-KINDS = ("conv2d", "batch_norm2d", "relu", "max_pool2d", "linear", "add", "slab_batch_norm2d", "depthwise_conv2d")
+KINDS = (
+    "conv2d",
+    "batch_norm2d",
+    "relu",
+    "max_pool2d",
+    "linear",
+    "add",
+    "slab_batch_norm2d",
+    "depthwise_conv2d",
+    "layer_norm",
+    "gelu",
+    "embedding",
+    "attention",
+)
+TOKEN_KINDS = ("layer_norm", "gelu", "embedding", "attention")  # over (tokens, features) per sample
 WEIGHTED = ("conv2d", "linear", "depthwise_conv2d")  # the kinds fitted on the FLOP and weight regressors
 
 
@@ -70,6 +92,7 @@ class OpCall:
     kernel_elements: int = 1  # k² of a convolution
     rows: int = 1  # a linear layer's rows per sample (tokens), 1 for images
     input_grad: bool = True  # whether backward computes the input's gradient (not a model's first layer)
+    weight_elements: int = 0  # an embedding's table (its backward writes a gradient as large)
 
 
 def basis(call: OpCall, batch: float, direction: str) -> list[float]:
@@ -95,6 +118,11 @@ def basis(call: OpCall, batch: float, direction: str) -> list[float]:
             e_out,
             float(weights),
         ]
+    if call.kind == "attention":  # tokens T = in_pixels, features C: F = 4·N·T²·C, two T×T products
+        flop = 4.0 * n * call.in_pixels**2 * call.in_channels
+        return [1.0, 1.0 if n > 1 else 0.0, flop, flop / call.in_pixels, e_in, e_out]
+    if call.kind in TOKEN_KINDS:
+        return [1.0, e_in, e_out, n * call.in_channels, float(call.in_channels), float(call.weight_elements)]
     return [1.0, e_in, e_out, n * call.in_channels, float(call.in_channels)]
 
 
@@ -173,6 +201,9 @@ def call_of_sample(sample: Mapping[str, Any]) -> OpCall:
         )
     if kind == "linear":
         return OpCall(kind=kind, in_channels=c_in, out_channels=int(sample["out_channels"]), in_pixels=1, out_pixels=1)
+    if kind in TOKEN_KINDS:  # height: tokens; out_channels: an embedding's rows (or attention's heads)
+        table = int(sample.get("out_channels") or 0) * c_in if kind == "embedding" else 0
+        return OpCall(kind=kind, in_channels=c_in, out_channels=c_in, in_pixels=h, out_pixels=h, weight_elements=table)
     out_pixels = (h // 2) * (w // 2) if kind == "max_pool2d" else h * w
     return OpCall(kind=kind, in_channels=c_in, out_channels=c_in, in_pixels=h * w, out_pixels=out_pixels)
 
@@ -273,6 +304,17 @@ def layer_call(
             out_pixels=1,
             rows=rows,
             input_grad=input_grad,
+        )
+    if kind in TOKEN_KINDS:  # (tokens, features) per sample; an embedding's input is its token ids
+        features = int(output_shape[-1]) if kind == "embedding" else int(input_shape[-1])
+        tokens = math.prod(output_shape[:-1]) if len(output_shape) > 1 else 1
+        return OpCall(
+            kind=kind,
+            in_channels=features,
+            out_channels=features,
+            in_pixels=int(tokens),
+            out_pixels=int(tokens),
+            weight_elements=math.prod(weight_shape) if kind == "embedding" else 0,
         )
     if len(input_shape) != 3 or len(output_shape) != 3:
         return None  # not a 2-D image layer (a volume, a sequence): the roofline costs it

@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ddlbench.train.calibration.kernels import DTYPES, Timer, _precision_switch
-from ddlbench.train.calibration.operator_shapes import OperatorShape, sample_shapes
+from ddlbench.train.calibration.operator_shapes import TOKEN_KINDS, OperatorShape, sample_shapes
 from ddlbench.train.calibration.point import CalibrationPoint
 
 SEED = 0
@@ -62,6 +63,22 @@ def build_operator(
             groups=shape.in_channels,
             bias=False,
         )
+    elif shape.kind == "layer_norm":
+        module = nn.LayerNorm(shape.in_channels)
+    elif shape.kind == "gelu":
+        module = nn.GELU()
+    elif shape.kind == "embedding":
+        module = nn.Embedding(shape.out_channels, shape.in_channels)
+    elif shape.kind == "attention":
+        heads = shape.out_channels
+
+        def attention(x: Tensor, _other: Tensor | None) -> Tensor:  # CausalSelfAttention between its projections
+            n, t, d = x.shape
+            q = x.view(n, t, heads, d // heads).transpose(1, 2)
+            y = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            return y.transpose(1, 2).reshape(n, t, d)
+
+        return attention, []
     elif shape.kind == "batch_norm2d":
         module = nn.BatchNorm2d(shape.in_channels)
     elif shape.kind == "relu":
@@ -85,6 +102,11 @@ def build_operator(
 
 
 def _input(shape: OperatorShape, generator: torch.Generator, device: torch.device) -> Tensor:
+    if shape.kind == "embedding":  # token ids: no gradient
+        return torch.randint(0, shape.out_channels, (shape.batch, shape.height), generator=generator).to(device)
+    if shape.kind in TOKEN_KINDS:
+        x = torch.randn(shape.batch, shape.height, shape.in_channels, generator=generator)
+        return x.to(device).requires_grad_()
     if shape.kind == "linear":
         size = (shape.batch, shape.in_channels)
     else:

@@ -22,8 +22,11 @@ from dataclasses import asdict, dataclass
 # operator kinds timed, and the torch layer types (the model table's `type`) each one stands for
 # slab_batch_norm2d: spatial parallelism's batch norm on a slab (ddlbench.train.strategies.halo.SlabBatchNorm:
 # its statistics in plain tensor operations, shared over the group), timed over a group of one rank
-# depthwise_conv2d: a convolution of groups = channels (MobileNet's), last so that the other kinds' draws
-# from the seeded generator are what they were before it came
+# depthwise_conv2d: a convolution of groups = channels (MobileNet's); then a transformer's own layers over
+# (batch, tokens, features): layer_norm, gelu, embedding (a lookup in a table of `out_channels` rows) and
+# attention (causal scaled dot-product attention over `out_channels` heads, with the head split and merge
+# around it, as ddlbench.train.models.gpt.CausalSelfAttention runs it). Each is drawn after the kinds that
+# came before it, so that their draws from the seeded generator are what they were before it came.
 OPERATOR_KINDS = (
     "conv2d",
     "batch_norm2d",
@@ -33,7 +36,12 @@ OPERATOR_KINDS = (
     "add",
     "slab_batch_norm2d",
     "depthwise_conv2d",
+    "layer_norm",
+    "gelu",
+    "embedding",
+    "attention",
 )
+TOKEN_KINDS = ("layer_norm", "gelu", "embedding", "attention")  # (batch, tokens = height, features = in_channels)
 LAYER_KIND = {
     "Conv2d": "conv2d",
     "BatchNorm2d": "batch_norm2d",
@@ -91,6 +99,8 @@ class OperatorShape:
             return 2 * self.in_channels * self.kernel**2 * self.out_height * self.out_width * self.batch
         if self.kind == "linear":
             return 2 * self.in_channels * self.out_channels * self.batch
+        if self.kind == "attention":  # two T×T products (the scores, then the weighted sum), as FlopCounterMode
+            return 4 * self.height**2 * self.in_channels * self.batch
         return 0
 
     def to_dict(self) -> dict[str, int | str]:
@@ -112,7 +122,7 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     log-uniformly: channels 8–512 (conv2d: 8–1024, output channels the input's, half or twice, or 3 input
     channels, as a first layer has), input side 2–64 rows and columns (conv2d: 1–8 one time in four;
     rows sometimes fewer than columns: a spatial slab), batch 1–64 (depthwise_conv2d: channels 8–1024, 3×3
-    or 5×5); a conv2d or
+    or 5×5; the token kinds: features 16–1024 over 8–512 tokens); a conv2d or
     linear above `max_flop` forward FLOPs, or any tensor above `max_elements`, is drawn again."""
     rng = random.Random(seed)
     shapes: list[OperatorShape] = []
@@ -123,6 +133,8 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
             shape = _draw(rng, kind)
             elements = shape.batch * shape.in_channels * shape.height * shape.width
             out_elements = shape.batch * max(shape.out_channels, shape.in_channels) * shape.out_height * shape.out_width
+            if shape.kind in TOKEN_KINDS:  # out_channels: an embedding's rows (its weight) or heads, not features
+                out_elements = max(elements, shape.out_channels * shape.in_channels if shape.kind == "embedding" else 0)
             if shape.forward_flop > max_flop or max(elements, out_elements) > max_elements:
                 continue
             if shape.out_height < 1 or shape.out_width < 1:
@@ -168,6 +180,18 @@ def _draw(rng: random.Random, kind: str) -> OperatorShape:
             kernel=kernel,
             stride=2 if rng.random() < 0.2 and height >= 4 else 1,
         )
+    if kind in TOKEN_KINDS:
+        # a transformer's activations: features 16-1024, tokens 8-512, batch 1-64; an embedding table of
+        # 64-65,536 rows; attention heads of 16, 32 or 64 features
+        features = _channels(rng, 16, 1024)
+        tokens = max(8, round(_log_uniform(rng, 8, 512)))
+        rows = 0
+        if kind == "embedding":
+            rows = max(64, round(_log_uniform(rng, 64, 65536)))
+        elif kind == "attention":
+            rows = max(1, features // rng.choice((16, 32, 64)))
+            features = rows * (features // rows)
+        return OperatorShape(kind=kind, batch=batch, in_channels=features, height=tokens, width=1, out_channels=rows)
     if kind == "depthwise_conv2d":
         # as in MobileNet: 3×3 (one in five 5×5), channels 8-1024 (an expanded block's), stride 2 one in five
         channels = _channels(rng, 8, 1024)
