@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddlbench.analysis.machine.fit import nnls
+from ddlbench.train.calibration.operator_shapes import OPERATOR_KINDS, TOKEN_KINDS
 
 CONV_TYPES = ("Conv2d",)
 KIND_OF_TYPE = {
@@ -62,21 +63,7 @@ KIND_OF_TYPE = {
     "CausalSelfAttention": "attention",  # its scaled dot-product attention; q, k, v and out are Linear rows
 }
 FREE_TYPES = ("Identity", "Flatten", "Dropout", "Dropout2d")  # views or no-ops in training (dropout: none here)
-KINDS = (
-    "conv2d",
-    "batch_norm2d",
-    "relu",
-    "max_pool2d",
-    "linear",
-    "add",
-    "slab_batch_norm2d",
-    "depthwise_conv2d",
-    "layer_norm",
-    "gelu",
-    "embedding",
-    "attention",
-)
-TOKEN_KINDS = ("layer_norm", "gelu", "embedding", "attention")  # over (tokens, features) per sample
+KINDS = OPERATOR_KINDS  # what the calibration times (ddlbench.train.calibration.operator_shapes)
 WEIGHTED = ("conv2d", "linear", "depthwise_conv2d")  # the kinds fitted on the FLOP and weight regressors
 
 
