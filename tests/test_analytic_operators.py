@@ -171,6 +171,32 @@ def test_operator_model_subtracts_the_autograd_engine_once_per_backward():
     assert backward == pytest.approx(5e-6 + 2 * elements * 1e-9, rel=0.02)  # the engine's 35 µs is not a layer's
 
 
+def test_copies_of_a_machine_model_fit_their_operators_once(monkeypatch):
+    """dataclasses.replace copies (a host floor's grid makes one per value) share their entries' fits; a
+    machine read anew fits its own, to the same coefficients."""
+    import copy
+    import dataclasses
+
+    from ddlbench.analysis.analytic import machine_model
+
+    shapes = [s for s in sample_shapes(seed=0, per_kind=8, max_flop=3e8, max_elements=2**20) if s.kind == "relu"]
+    data = {
+        "operator_timings": [
+            {"precision": "fp32", "threads": 1, "samples": _timed(shapes, lambda c, b: (1e-5, 2e-5), 0.05, 0)}
+        ]
+    }
+    fits = []
+    monkeypatch.setattr(
+        machine_model, "fit_operator_model", lambda entry: fits.append(entry) or fit_operator_model(entry)
+    )
+    machine = MachineModel.from_dict(data)
+    copies = [dataclasses.replace(machine, first_touch_s_per_byte=float(k)) for k in range(5)]
+    models = [each.operator_model_for("fp32", 1) for each in (machine, *copies)]
+    assert len(fits) == 1 and all(model is models[0] for model in models)
+    again = MachineModel.from_dict(copy.deepcopy(data)).operator_model_for("fp32", 1)  # as a file read anew
+    assert len(fits) == 2 and again.fits == models[0].fits
+
+
 def test_busy_fit_recovers_latency_bandwidth_and_wait_per_compute():
     rows = [
         (float(size), burst, 1.2e-3 + size / 2e9 + 0.3 * burst)

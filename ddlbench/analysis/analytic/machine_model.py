@@ -192,6 +192,22 @@ def _pooled_on_one_host(fits: list[Mapping[str, Any]]) -> list[Mapping[str, Any]
     return out
 
 
+_FITTED: dict[int, tuple[Mapping[str, Any], OperatorModel]] = {}
+_FITTED_KEPT = 64  # entries whose fits are kept (a process reads a few machine files, each a few entries)
+
+
+def _fitted(entry: Mapping[str, Any]) -> OperatorModel:
+    """`entry`'s operator fits, fitted once per entry object: copies of a machine model (dataclasses.replace,
+    as the GPU host floor's grid makes one per value tried) share their entries, and so their fits. Each fit
+    times every shape left out in turn, so fitting anew per copy cost seconds per prediction."""
+    held = _FITTED.get(id(entry))
+    if held is None or held[0] is not entry:  # the entry is held beside its fits, so its id is not reused
+        if len(_FITTED) >= _FITTED_KEPT:
+            _FITTED.pop(next(iter(_FITTED)))
+        held = _FITTED[id(entry)] = (entry, fit_operator_model(entry))
+    return held[1]
+
+
 class _LazyFits(dict):
     """Operator fits by entry index, each fitted the first time it is asked for."""
 
@@ -200,7 +216,7 @@ class _LazyFits(dict):
         self.entries = entries
 
     def __missing__(self, index: int) -> OperatorModel:
-        model = self[index] = fit_operator_model(self.entries[index])
+        model = self[index] = _fitted(self.entries[index])
         return model
 
 
