@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
-from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, flop_registry, sdpa_flop_count
 
 from ddlbench.catalog import DATASETS, MODELS, resolve_builder
 from ddlbench.catalog.model_table import BlockRow, LayerRow, ModelTable, Shape, resolve_request
@@ -38,7 +38,6 @@ from ddlbench.catalog.model_table import BlockRow, LayerRow, ModelTable, Shape, 
 log = logging.getLogger(__name__)
 
 PROBE_BATCHES = (2, 4)
-_TORCH_CONV_BACKWARD = FlopCounterMode(display=False).flop_registry[torch.ops.aten.convolution_backward]
 
 aten = torch.ops.aten
 
@@ -140,7 +139,7 @@ def grouped_conv_backward_flops(
     and the weights' (each weight meets every output position of its group once). Ungrouped convolutions keep
     torch's count."""
     if groups == 1:
-        return _TORCH_CONV_BACKWARD(
+        return flop_registry[aten.convolution_backward](  # torch's own formula
             grad_out, x, w, bias, stride, padding, dilation, transposed, output_padding, groups, output_mask,
             out_val=out_val, **kwargs,
         )  # fmt: skip

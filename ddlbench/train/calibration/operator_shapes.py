@@ -19,7 +19,7 @@ import math
 import random
 from dataclasses import asdict, dataclass
 
-# operator kinds timed, and the torch layer types (the model table's `type`) each one stands for
+# operator kinds timed (the layer types each stands for: ddlbench.analysis.analytic.operators.KIND_OF_TYPE)
 # slab_batch_norm2d: spatial parallelism's batch norm on a slab (ddlbench.train.strategies.halo.SlabBatchNorm:
 # its statistics in plain tensor operations, shared over the group), timed over a group of one rank
 # depthwise_conv2d: a convolution of groups = channels (MobileNet's); then a transformer's own layers over
@@ -42,16 +42,6 @@ OPERATOR_KINDS = (
     "attention",
 )
 TOKEN_KINDS = ("layer_norm", "gelu", "embedding", "attention")  # (batch, tokens = height, features = in_channels)
-LAYER_KIND = {
-    "Conv2d": "conv2d",
-    "BatchNorm2d": "batch_norm2d",
-    "ReLU": "relu",
-    "ReLU6": "relu",
-    "MaxPool2d": "max_pool2d",
-    "AvgPool2d": "max_pool2d",  # a windowed reduction over the same rows: the same traffic
-    "AdaptiveAvgPool2d": "max_pool2d",
-    "Linear": "linear",
-}
 
 
 CONV_KINDS = ("conv2d", "depthwise_conv2d")
