@@ -17,7 +17,15 @@ import time
 import pytest
 import yaml
 from conftest import BIN, REPO, job_counts, run_cli, run_snakemake
-from slurm_support import login_without_torch, one_row_per_point, profile_env, records_of, sweep, wait_until
+from slurm_support import (
+    login_without_torch,
+    one_row_per_point,
+    profile_env,
+    records_of,
+    sbatch_wait,
+    sweep,
+    wait_until,
+)
 
 from ddlbench.launch.resources import Site
 from ddlbench.records import read_record
@@ -100,10 +108,10 @@ def test_srun_ranks_on_two_nodes_match_the_local_run(slurm_env, tmp_path, strate
         [str(BIN / "ddlbench"), "run-point", "--spec", point.to_json(), "--out", str(tmp_path / "srun.json"),
          "--dump-params", str(tmp_path / "srun.pt")]
     )  # fmt: skip
-    batch = subprocess.run(
-        ["sbatch", "--wait", "--nodes=2", f"--ntasks-per-node={per_node}", f"--mem={1000 + 1000 * per_node}M",
+    batch = sbatch_wait(
+        ["--nodes=2", f"--ntasks-per-node={per_node}", f"--mem={1000 + 1000 * per_node}M",
          "--time=5", f"--output={tmp_path / 'job.out'}", "--wrap", command],
-        capture_output=True, text=True, env={**os.environ, **slurm_env}, timeout=300,
+        env={**os.environ, **slurm_env},
     )  # fmt: skip
     assert batch.returncode == 0, batch.stderr + (tmp_path / "job.out").read_text()
     record = read_record(tmp_path / "srun.json")

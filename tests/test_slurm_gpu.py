@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, make_point, run_cli, run_snakemake
-from slurm_support import profile_env, records_of, sweep
+from slurm_support import profile_env, records_of, sbatch_wait, sweep
 
 from ddlbench.launch.launchers import SrunLauncher
 from ddlbench.launch.placement import LAUNCH_VAR, settings_of
@@ -122,10 +122,10 @@ def test_the_ranks_srun_step_gives_each_task_a_gpu_of_its_own(gpu_env, tmp_path)
         show = f'echo "{bind} $SLURM_LOCALID ${{CUDA_VISIBLE_DEVICES-unset}}"'
         steps.append(shlex.join([*options, "bash", "-c", show]))
     out = tmp_path / "job.out"
-    batch = subprocess.run(
-        ["sbatch", "--wait", "-p", "gpu", "--nodes=1", "--ntasks=2", "--gres=gpu:2", "--mem=1000M", "--time=5",
+    batch = sbatch_wait(
+        ["-p", "gpu", "--nodes=1", "--ntasks=2", "--gres=gpu:2", "--mem=1000M", "--time=5",
          f"--output={out}", "--wrap", " && ".join(steps)],
-        capture_output=True, text=True, env={**os.environ, **gpu_env}, timeout=300,
+        env={**os.environ, **gpu_env},
     )  # fmt: skip
     assert batch.returncode == 0, batch.stderr + out.read_text()
     seen = sorted(tuple(line.split()) for line in out.read_text().splitlines() if line.split()[:1] != ["srun:"])
@@ -142,10 +142,10 @@ def test_ranks_start_whatever_task_geometry_the_job_script_exported(gpu_env, tmp
     exclusive with --ntasks-per-gpu and SLURM_NTASKS_PER_GPU", Slurm 22.05). The ranks' step drops them."""
     env = {**os.environ, **gpu_env}
     conflicting = "export SLURM_NTASKS_PER_GPU=1 SLURM_TRES_PER_TASK=cpu:1 SLURM_CPUS_PER_TASK=2; "
-    bare = subprocess.run(
-        ["sbatch", "--wait", "-p", "gpu", "--nodes=1", "--ntasks=2", "--gres=gpu:2", "--mem=3000M", "--time=5",
+    bare = sbatch_wait(
+        ["-p", "gpu", "--nodes=1", "--ntasks=2", "--gres=gpu:2", "--mem=3000M", "--time=5",
          f"--output={tmp_path / 'bare.out'}", "--wrap", conflicting + "srun --overlap -n2 --ntasks-per-node=2 true"],
-        capture_output=True, text=True, env=env, timeout=300,
+        env=env,
     )  # fmt: skip
     assert bare.returncode != 0, "the hazard is real: plain srun refuses the step"
     assert "mutually exclusive" in (tmp_path / "bare.out").read_text()
@@ -154,10 +154,10 @@ def test_ranks_start_whatever_task_geometry_the_job_script_exported(gpu_env, tmp
         [str(BIN / "ddlbench"), "run-point", "--spec", point.to_json(), "--out", str(tmp_path / "r.json"),
          "--launcher", "srun"]
     )  # fmt: skip
-    batch = subprocess.run(
-        ["sbatch", "--wait", "-p", "gpu", "--nodes=1", "--ntasks=2", "--gres=gpu:2", "--mem=3000M", "--time=5",
+    batch = sbatch_wait(
+        ["-p", "gpu", "--nodes=1", "--ntasks=2", "--gres=gpu:2", "--mem=3000M", "--time=5",
          f"--output={tmp_path / 'job.out'}", "--wrap", conflicting + command],
-        capture_output=True, text=True, env=env, timeout=300,
+        env=env,
     )  # fmt: skip
     assert batch.returncode == 0, batch.stderr + (tmp_path / "job.out").read_text()
     record = read_record(tmp_path / "r.json")

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, REPO, run_cli
-from slurm_support import login_without_torch, one_row_per_point, profile_env, records_of, sweep, wait_until
+from slurm_support import (
+    login_without_torch,
+    one_row_per_point,
+    profile_env,
+    records_of,
+    sbatch_wait,
+    sweep,
+    wait_until,
+)
 from test_slurm_limits import LIMIT, QOS, limited_qos  # noqa: F401 (limited_qos: a fixture)
 
 from ddlbench.launch.resources import Site
@@ -208,7 +216,7 @@ def test_snakemake_inside_an_allocation_hands_the_points_without_a_record_to_the
             f"cd {REPO}\n"
             f"exec {BIN}/snakemake --configfile {sweep_file} --cores 2\n"
         )
-        done = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True, env=env)
+        done = sbatch_wait([str(script)], env=env, timeout=600)
         output = "\n".join(path.read_text() for path in tmp_path.glob(f"{name}-*.out"))
         assert done.returncode == 0, output[-3000:]
         return done.stdout.strip().split(";")[0], output
