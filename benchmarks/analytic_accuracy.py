@@ -60,6 +60,7 @@ SETS = {
     "scoring": "scoring_sweep.yaml",  # the first scoring set: run four times, each after a change (worn)
     "scoring-2": "scoring2_sweep.yaml",  # the second: run once, then changed for (seen)
     "scoring-3": "scoring3_sweep.yaml",  # the third, frozen before anything was run on it
+    "tensor-development": "tensor_sweep.yaml",  # tensor parallelism's DTensor costs, on scoring-2's seen gpt_tiny
 }
 
 
@@ -155,7 +156,7 @@ def main() -> int:
         "--set",
         choices=tuple(SETS),
         default="development",
-        help="development, pipeline-development: developed on; scoring-3: the frozen scoring set "
+        help="development, pipeline-development, tensor-development: developed on; scoring-3: the frozen scoring set "
         "(scoring3_sweep.yaml), what the model's accuracy is reported on; scoring, scoring-2: earlier scoring "
         "sets, seen (changes were made for what they showed)",
     )

@@ -148,6 +148,25 @@ def test_a_transformers_rows_are_token_calls_with_the_tables_attention_flops():
         assert call.weight_elements == layer.params and call.in_pixels == layer.output_shape[0]
 
 
+def _linear_law(call: OpCall, batch: int) -> tuple[float, float]:
+    """A DTensor Linear's cost: its dispatch (a large call), FLOPs at 40 GFLOP/s, its traffic, its weights."""
+    rows = batch * call.rows
+    flop = 2.0 * call.in_channels * call.out_channels * rows
+    traffic = (call.in_channels + call.out_channels) * rows + call.in_channels * call.out_channels
+    return 300e-6 + flop / 40e9 + traffic * 1e-9, 700e-6 + 2 * flop / 30e9 + 2 * traffic * 1e-9
+
+
+@pytest.mark.parametrize("kind", ["tp_colwise_linear", "tp_rowwise_linear"])
+def test_tensor_parallel_linears_are_drawn_last_fitted_apart_and_predict_shapes_never_timed(kind):
+    drawn = sample_shapes(seed=0, per_kind=40, max_flop=1.5e9, max_elements=2**23)
+    # the kinds before them are drawn as they were before they came (they are drawn last)
+    assert [s.kind for s in drawn[-80:]] == ["tp_colwise_linear"] * 40 + ["tp_rowwise_linear"] * 40
+    mine = [s for s in drawn if s.kind == kind]
+    assert all(s.forward_flop == 2 * s.in_channels * s.out_channels * s.batch * s.height for s in mine)
+    unseen = [s for s in sample_shapes(seed=7, per_kind=40, max_flop=1.5e9, max_elements=2**23) if s.kind == kind]
+    _assert_fit_recovers(kind, mine, unseen, _linear_law, worst=0.3)
+
+
 def test_operator_model_subtracts_the_autograd_engine_once_per_backward():
     shapes = [s for s in sample_shapes(seed=0, per_kind=8, max_flop=3e8, max_elements=2**20) if s.kind == "relu"]
 
@@ -266,7 +285,11 @@ def test_window_rows_are_the_strategys_halo_windows(extent, parts, kernel, strid
 
 def _datasheet() -> MachineModel:
     """A machine with rates and one link: enough to lay out a step (the counts below do not depend on it)."""
-    return MachineModel.from_dict(
+    return MachineModel.from_dict(_datasheet_dict())
+
+
+def _datasheet_dict() -> dict:
+    return dict(
         {
             "name": "datasheet",
             "source": "datasheet",
@@ -312,3 +335,113 @@ def statistics_mode(values) -> int:
     """The count most steps issued (every measured step should issue the same)."""
     counts = [int(v) for v in values]
     return max(set(counts), key=counts.count)
+
+
+def _tensor_machine(*, dtensor: bool) -> MachineModel:
+    """The datasheet machine with operator fits of every transformer kind from known laws: a plain Linear's
+    (_linear_law less its DTensor dispatch) and, with `dtensor`, the sharded Linears' (_linear_law)."""
+    machine = _datasheet_dict()
+    kinds = ("linear", "layer_norm", "gelu", "embedding", "attention")
+    if dtensor:
+        kinds += ("tp_colwise_linear", "tp_rowwise_linear")
+    shapes = [s for s in sample_shapes(seed=0, per_kind=30, max_flop=1.5e9, max_elements=2**23) if s.kind in kinds]
+
+    def law(call: OpCall, batch: int) -> tuple[float, float]:
+        if call.kind == "linear":
+            forward, backward = _linear_law(call, batch)
+            return forward - 280e-6, backward - 660e-6  # 20 and 40 µs a call: a plain Linear's
+        return _linear_law(call, batch) if call.kind.startswith("tp_") else _token_law(call, batch)
+
+    machine["operator_timings"] = [{"precision": "fp32", "threads": 1, "samples": _timed(shapes, law, 0.0, 0)}]
+    return MachineModel.from_dict(machine)
+
+
+def test_tensor_parallelism_costs_each_rank_its_shards_and_each_sharded_linear_its_dtensor_call():
+    """A tensor-parallel rank of two computes the sharded Linears at half their output (column-wise) or input
+    (row-wise) features and the attention and the MLP's activation at half the features; with the sharded
+    Linears timed as DTensor calls, each costs its call: gpt_tiny's 2 blocks × 6 sharded Linears cost what
+    the calibration's laws say more than plain Linears of the same shapes, forward and backward."""
+    from ddlbench.analysis.analytic.layout import Context, Setting
+    from ddlbench.analysis.analytic.predict import introspected_table, resolved_options, run_strategy
+    from ddlbench.analysis.analytic.splits import COLWISE, ROWWISE, tensor_parallel_rows
+    from ddlbench.train.strategies import tensor  # a module of the project: imported, never skipped
+
+    assert (COLWISE, ROWWISE) == (tensor.COLWISE, tensor.ROWWISE)  # the analytic rows are the plan's
+    setting = Setting(
+        model="gpt_tiny", dataset="tokens_small", strategy="tensor", nodes=1, ranks_per_node=2, batch_size=8, split=2
+    )
+    table = introspected_table(setting.model, setting.dataset, resolved_options(setting))
+    runs = {}
+    for dtensor in (False, True):
+        ctx = Context(setting=setting, table=table, machine=_tensor_machine(dtensor=dtensor), sharing=2)
+        split = {layer.name for layer in table.layers if {"attn", "mlp"} & set(layer.name.split(".")[1:])}
+        rows = {row.name: row for row in tensor_parallel_rows(ctx, split, 2)}
+        for layer in table.layers:
+            row, inner = rows[layer.name], layer.name.split(".", 1)[-1]
+            if inner in COLWISE:
+                assert row.output_shape[-1] * 2 == layer.output_shape[-1] and row.input_shape == layer.input_shape
+                assert row.type == ("TpColwiseLinear" if dtensor else "Linear")
+            elif inner in ROWWISE:
+                assert row.input_shape[-1] * 2 == layer.input_shape[-1] and row.output_shape == layer.output_shape
+                assert row.type == ("TpRowwiseLinear" if dtensor else "Linear")
+            elif layer.name in split:  # the attention, the activation
+                assert row.input_shape[-1] * 2 == layer.input_shape[-1] and row.type == layer.type
+            else:
+                assert row == layer
+        runs[dtensor] = run_strategy(ctx)
+    sharded = 2 * (len(COLWISE) + len(ROWWISE))
+    assert sum(layer.name.split(".", 1)[-1] in COLWISE + ROWWISE for layer in table.layers) == sharded
+    more = runs[True].timeline.mean("compute_s") - runs[False].timeline.mean("compute_s")
+    assert more == pytest.approx(sharded * (280e-6 + 660e-6), rel=0.05)
+
+
+def _tensor_parallel_operators(rank: int, world: int, folder: str) -> None:
+    """run_operators on every drawn kind (one shape each, conv2d three), two ranks at once over gloo; each
+    rank writes its tensor-parallel entries and the type of a sharded Linear's weight as it builds it."""
+    import json
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    from ddlbench.train.calibration.operator_kernel import build_operator, run_operators
+    from ddlbench.train.calibration.point import CalibrationPoint
+
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world)
+    try:
+        point = CalibrationPoint(
+            suite="t", benchmark="operators", backend="", nodes=1, ranks_per_node=world, threads=1, warmup=1,
+            iterations=2, timeout_s=60, precisions=("fp32",), operator_samples=1, operator_seed=0,
+            operator_max_flop=3e7, operator_max_elements=2**18,
+        )  # fmt: skip
+        entries = [e for e in run_operators(point, torch.device("cpu")) if e["kind"] == "operator"]
+        tp = [e for e in entries if e["shape"]["kind"].startswith("tp_")]
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from ddlbench.train.calibration.operator_shapes import OperatorShape
+
+        mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replica", "tp"))["tp"]
+        shape = OperatorShape(kind="tp_rowwise_linear", batch=2, in_channels=16, out_channels=8, height=4, width=1)
+        _, params = build_operator(shape, None, torch.device("cpu"), mesh)
+        facts = {"entries": tp, "weight": type(params[0]).__name__, "mesh": mesh.size(), "kinds": len(entries)}
+        Path(folder, f"{rank}.json").write_text(json.dumps(facts))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_the_calibration_times_tensor_parallel_linears_as_dtensors_on_a_mesh_of_one_rank(tmp_path):
+    import json
+
+    import torch.multiprocessing as mp
+
+    mp.spawn(_tensor_parallel_operators, args=(2, str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        facts = json.loads((tmp_path / f"{rank}.json").read_text())
+        assert facts["weight"] == "DTensor" and facts["mesh"] == 1  # sharded, on a mesh of this rank alone
+        kinds = [entry["shape"]["kind"] for entry in facts["entries"]]
+        assert sorted(kinds) == ["tp_colwise_linear"] * 2 + ["tp_rowwise_linear"] * 2, facts  # one a round
+        for entry in facts["entries"]:
+            assert "error" not in entry, entry
+            assert len(entry["forward_s"]) == len(entry["backward_s"]) == 1  # 2 iterations over 2 rounds
+            assert min(entry["forward_s"]) > 0 and min(entry["backward_s"]) > 0

@@ -29,7 +29,11 @@ parallelism's batch norm, its statistics in plain tensor operations: several tim
 depthwise_conv2d (groups = channels, MobileNet's: F = 2·C·k²·P·N, each filter over one channel; other
 grouped convolutions have no kind, and the roofline costs them); and a transformer's layer_norm, gelu,
 embedding and attention over T tokens of C features (attention: the causal scaled dot-product attention
-with its head split and merge, what a CausalSelfAttention row of a model table holds beside its Linear rows).
+with its head split and merge, what a CausalSelfAttention row of a model table holds beside its Linear rows);
+and tensor parallelism's tp_colwise_linear and tp_rowwise_linear, a Linear over (batch, tokens, features)
+sharded by torch's ColwiseParallel or RowwiseParallel on a mesh of the rank alone, fitted on the linear
+regressors over its rows (batch × tokens): their call costs hold DTensor's dispatch, which a tensor-parallel
+rank pays on every sharded Linear (ddlbench.analysis.analytic.splits.tensor_parallel_rows).
 
 Each fit reports its leave-one-out error over the calibration's own shapes (what a shape it did not
 time is predicted to), which a prediction's notes repeat. Torch-free; numpy only when fitting.
@@ -43,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddlbench.analysis.machine.fit import nnls
-from ddlbench.train.calibration.operator_shapes import OPERATOR_KINDS, TOKEN_KINDS
+from ddlbench.train.calibration.operator_shapes import OPERATOR_KINDS, TENSOR_PARALLEL_KINDS, TOKEN_KINDS
 
 CONV_TYPES = ("Conv2d",)
 KIND_OF_TYPE = {
@@ -61,10 +65,16 @@ KIND_OF_TYPE = {
     "GELU": "gelu",
     "Embedding": "embedding",
     "CausalSelfAttention": "attention",  # its scaled dot-product attention; q, k, v and out are Linear rows
+    # a tensor-parallel rank's sharded Linears: not a module's type, the rows the tensor model makes of a
+    # block's Linears (ddlbench.analysis.analytic.splits.model_tensor), at the shape the rank holds
+    "TpColwiseLinear": "tp_colwise_linear",
+    "TpRowwiseLinear": "tp_rowwise_linear",
 }
 FREE_TYPES = ("Identity", "Flatten", "Dropout", "Dropout2d")  # views or no-ops in training (dropout: none here)
 KINDS = OPERATOR_KINDS  # what the calibration times (ddlbench.train.calibration.operator_shapes)
-WEIGHTED = ("conv2d", "linear", "depthwise_conv2d")  # the kinds fitted on the FLOP and weight regressors
+# the kinds fitted on the FLOP and weight regressors
+WEIGHTED = ("conv2d", "linear", "depthwise_conv2d", *TENSOR_PARALLEL_KINDS)
+LINEAR_KINDS = ("linear", *TENSOR_PARALLEL_KINDS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,6 +198,10 @@ def call_of_sample(sample: Mapping[str, Any]) -> OpCall:
         )
     if kind == "linear":
         return OpCall(kind=kind, in_channels=c_in, out_channels=int(sample["out_channels"]), in_pixels=1, out_pixels=1)
+    if kind in TENSOR_PARALLEL_KINDS:  # height: tokens, the rows per sample
+        return OpCall(
+            kind=kind, in_channels=c_in, out_channels=int(sample["out_channels"]), in_pixels=1, out_pixels=1, rows=h
+        )
     if kind in TOKEN_KINDS:  # height: tokens; out_channels: an embedding's rows (or attention's heads)
         table = int(sample.get("out_channels") or 0) * c_in if kind == "embedding" else 0
         return OpCall(kind=kind, in_channels=c_in, out_channels=c_in, in_pixels=h, out_pixels=h, weight_elements=table)
@@ -281,7 +295,7 @@ def layer_call(
     kind = KIND_OF_TYPE.get(layer_type)
     if kind is None:
         return None
-    if kind == "linear":
+    if kind in LINEAR_KINDS:
         rows = math.prod(input_shape[:-1]) if len(input_shape) > 1 else 1
         return OpCall(
             kind=kind,

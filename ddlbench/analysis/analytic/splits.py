@@ -14,17 +14,25 @@ gradients over the strided dp group. Per step, as implemented:
 
 from __future__ import annotations
 
-from ddlbench.analysis.analytic.compute import BlockTimes, split_time_shares
+import math
+from dataclasses import replace
+
+from ddlbench.analysis.analytic.compute import BlockTimes, block_times, split_time_shares
 from ddlbench.analysis.analytic.data_parallel import (
     StrategyRun,
     activation_terms,
 )
 from ddlbench.analysis.analytic.layout import Context
 from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, rank_memory
+from ddlbench.analysis.analytic.operators import TENSOR_PARALLEL_KINDS
 from ddlbench.analysis.analytic.simulate import Program
 from ddlbench.catalog import MODELS
+from ddlbench.catalog.model_table import LayerRow
 
 TENSOR_SPLIT = {"attn", "mlp"}
+# the Linears a block shards, by their name inside the block (ddlbench.train.strategies.tensor's plan)
+COLWISE = ("attn.q", "attn.k", "attn.v", "mlp.fc")
+ROWWISE = ("attn.out", "mlp.proj")
 
 
 def _groups(ctx: Context) -> tuple[list[int], list[int]]:
@@ -50,7 +58,14 @@ def model_tensor(ctx: Context, times_for) -> StrategyRun:
     # the attention (its heads) and the MLP, with their Linears: what a tensor-parallel rank computes 1/t of
     split = {layer.name for layer in table.layers if TENSOR_SPLIT & set(layer.name.split(".")[1:])}
     scale = block_scale(ctx, split, t)
-    times: BlockTimes = times_for(scale)
+    rows = tensor_parallel_rows(ctx, split, t)
+    if rows is None:  # no operator fits: each block's time scaled by the share a rank computes
+        times: BlockTimes = times_for(scale)
+    else:  # each layer at the shape a rank holds, its sharded Linears as DTensor calls
+        times = block_times(
+            table, ctx.machine, batch=s.batch_size, precision=s.precision, threads=s.threads, sharing=ctx.sharing,
+            layers=rows,
+        )  # fmt: skip
     d_model = int(dict(MODELS.get(s.model).shape).get("d_model", 0))
     activation = s.batch_size * table.sample_shape[0] * d_model * FP32
     transformer = sorted({layer.block for layer in table.layers if layer.name in split})
@@ -108,7 +123,8 @@ def model_tensor(ctx: Context, times_for) -> StrategyRun:
             )
     shard = len(dp) if fsdp else 1
     mine = sum(local_params) * FP32 / shard
-    program.compute(0, times.update_per_param_s * sum(local_params) / shard, deps=[previous, *scatters], label="update")
+    update = times.update_per_param_s * sum(local_params) / shard + dtensor_update_s(ctx, everything=fsdp)
+    program.compute(0, update, deps=[previous, *scatters], label="update")
     saved, grads, flowing = activation_terms(ctx, s.batch_size, scale=scale)
     memory = rank_memory(
         params=mine + table.buffer_bytes,
@@ -125,3 +141,82 @@ def model_tensor(ctx: Context, times_for) -> StrategyRun:
     if fsdp:
         what += f"; per block all-gathers and reduce-scatters over {len(dp)} replicas"
     return StrategyRun(timeline=ctx.simulate(program), memory=memory, comm=what)
+
+
+def parameter_tensors(layer: LayerRow) -> int:
+    """A layer's parameter tensors: its weight, and a bias where its parameters outnumber the weight's."""
+    weight = math.prod(layer.weight_shape) if layer.weight_shape else 0
+    return (1 if weight else 0) + (1 if layer.params > weight else 0)
+
+
+def dtensor_update_s(ctx: Context, *, everything: bool) -> float:
+    """What the optimizer's step pays beyond its arithmetic for parameters that are DTensors: a dispatch per
+    tensor per step (the machine's fsdp_units update cost per tensor: FSDP2 steps over DTensor shards, with
+    no collective, as a tensor-parallel rank does), over the sharded Linears' weights and biases, or over
+    every parameter (`everything`: dp_tp's FSDP2 makes them all DTensors). 0 where the machine has none."""
+    units = ctx.machine.fsdp_units_for(ranks=1, nodes=1) or next(iter(ctx.machine.fsdp_units), None)
+    if units is None:
+        return 0.0
+    sharded = COLWISE + ROWWISE
+    tensors = sum(
+        parameter_tensors(layer)
+        for layer in ctx.table.layers
+        if everything or (layer.type == "Linear" and layer.name.split(".", 1)[-1] in sharded)
+    )
+    return units.update_per_tensor_s * tensors
+
+
+def tensor_parallel_rows(ctx: Context, split: set[str], parts: int) -> list[LayerRow] | None:
+    """The model's layers as one of `parts` tensor-parallel ranks runs them, for the operator fits (None
+    where the machine has none): a column-wise Linear holds 1/p of the output features, a row-wise one 1/p
+    of the input features, both costed as DTensor calls (the operator kinds tp_colwise_linear and
+    tp_rowwise_linear: a Linear sharded on a one-rank mesh, DTensor's dispatch without a peer) where the
+    calibration timed them, as plain Linears otherwise; the attention runs 1/p of the heads and the MLP's
+    activation 1/p of the hidden features; the rest (embeddings, norms, head) whole."""
+    s = ctx.setting
+    operators = ctx.machine.operator_model_for(s.precision, s.threads, sharing=ctx.sharing)
+    if operators is None:
+        return None
+    dtensor = all((kind, d) in operators.fits for kind in TENSOR_PARALLEL_KINDS for d in ("forward", "backward"))
+    rows = []
+    for layer in ctx.table.layers:
+        if layer.name not in split:
+            rows.append(layer)
+            continue
+        inner = layer.name.split(".", 1)[1]
+        if inner in COLWISE and layer.type == "Linear":
+            rows.append(
+                replace(
+                    layer,
+                    type="TpColwiseLinear" if dtensor else "Linear",
+                    output_shape=(*layer.output_shape[:-1], layer.output_shape[-1] // parts),
+                    weight_shape=(layer.weight_shape[0] // parts, *layer.weight_shape[1:]),
+                    forward_flops=layer.forward_flops // parts,
+                    backward_flops=layer.backward_flops // parts,
+                    params=layer.params // parts,
+                )
+            )
+        elif inner in ROWWISE and layer.type == "Linear":
+            rows.append(
+                replace(
+                    layer,
+                    type="TpRowwiseLinear" if dtensor else "Linear",
+                    input_shape=(*layer.input_shape[:-1], layer.input_shape[-1] // parts),
+                    weight_shape=(layer.weight_shape[0], *(w // parts for w in layer.weight_shape[1:])),
+                    forward_flops=layer.forward_flops // parts,
+                    backward_flops=layer.backward_flops // parts,
+                    params=layer.params // parts,
+                )
+            )
+        else:  # the attention between the projections, the MLP's activation: on the rank's features
+            rows.append(
+                replace(
+                    layer,
+                    input_shape=(*layer.input_shape[:-1], layer.input_shape[-1] // parts),
+                    output_shape=(*layer.output_shape[:-1], layer.output_shape[-1] // parts),
+                    forward_flops=layer.forward_flops // parts,
+                    backward_flops=layer.backward_flops // parts,
+                    params=layer.params // parts,
+                )
+            )
+    return rows

@@ -11,7 +11,9 @@ so the operators share the node's cores and memory bandwidth as a training point
 in each of ROUNDS passes over all shapes, `warmup` untimed then iterations / ROUNDS timed repetitions of:
 - forward: y = op(x) with autograd recording, as in training;
 and spatial parallelism's slab batch norm (ddlbench.train.strategies.halo.SlabBatchNorm, its statistics
-shared over a group of this rank alone: its arithmetic without a peer to wait for):
+shared over a group of this rank alone: its arithmetic without a peer to wait for), and tensor parallelism's
+Linears (torch's ColwiseParallel and RowwiseParallel on a device mesh of this rank alone, the second
+dimension of a world × 1 mesh: DTensor's dispatch on every call, no peer):
 - backward: y.backward(g) after an untimed forward, the weights' gradients set to None first (as
   zero_grad(set_to_none=True) leaves them), so it includes their allocation and accumulation.
 The autograd engine's own cost of one backward() call is timed the same way, through chains of one and
@@ -29,9 +31,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ddlbench.train.calibration.kernels import DTYPES, Timer, _precision_switch
-from ddlbench.train.calibration.operator_shapes import TOKEN_KINDS, OperatorShape, sample_shapes
+from ddlbench.train.calibration.operator_shapes import TENSOR_PARALLEL_KINDS, TOKEN_KINDS, OperatorShape, sample_shapes
 from ddlbench.train.calibration.point import CalibrationPoint
 
 SEED = 0
@@ -39,11 +42,27 @@ ROUNDS = 2  # passes over every shape (run_operators)
 
 
 def build_operator(
-    shape: OperatorShape, own_group: dist.ProcessGroup | None = None, device: torch.device | None = None
+    shape: OperatorShape,
+    own_group: dist.ProcessGroup | None = None,
+    device: torch.device | None = None,
+    own_mesh: DeviceMesh | None = None,
 ) -> tuple[Callable[[Tensor, Tensor | None], Tensor], list[nn.Parameter]]:
     """The operator as a function of its input(s), and its parameters, on `device` (parameters and buffers:
     a batch norm's running statistics too). `own_group`: a process group of this rank alone, over which a
-    slab batch norm shares its statistics (its arithmetic, no peer)."""
+    slab batch norm shares its statistics (its arithmetic, no peer); `own_mesh`: a device mesh of this rank
+    alone, over which a tensor-parallel Linear is sharded (DTensor's dispatch, no peer)."""
+    if shape.kind in TENSOR_PARALLEL_KINDS:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        if own_mesh is None:
+            raise RuntimeError("a tensor-parallel Linear needs a device mesh (a point with a process group)")
+        linear = nn.Linear(shape.in_channels, shape.out_channels)
+        if device is not None:
+            linear.to(device)
+        style = ColwiseParallel() if shape.kind == "tp_colwise_linear" else RowwiseParallel()
+        module = parallelize_module(linear, own_mesh, style)
+        module.train()
+        return (lambda x, _other: module(x)), list(module.parameters())
     if shape.kind == "conv2d":
         module: nn.Module = nn.Conv2d(
             shape.in_channels,
@@ -104,7 +123,7 @@ def build_operator(
 def _input(shape: OperatorShape, generator: torch.Generator, device: torch.device) -> Tensor:
     if shape.kind == "embedding":  # token ids: no gradient
         return torch.randint(0, shape.out_channels, (shape.batch, shape.height), generator=generator).to(device)
-    if shape.kind in TOKEN_KINDS:
+    if shape.kind in TOKEN_KINDS or shape.kind in TENSOR_PARALLEL_KINDS:
         x = torch.randn(shape.batch, shape.height, shape.in_channels, generator=generator)
         return x.to(device).requires_grad_()
     if shape.kind == "linear":
@@ -125,9 +144,10 @@ def time_operator(
     iterations: int,
     autocast,
     own_group: dist.ProcessGroup | None = None,
+    own_mesh: DeviceMesh | None = None,
 ) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(SEED)
-    op, params = build_operator(shape, own_group, device)
+    op, params = build_operator(shape, own_group, device, own_mesh)
     x = _input(shape, generator, device)
     other = torch.randn(x.shape, generator=generator).to(device).requires_grad_() if shape.kind == "add" else None
     with autocast():
@@ -184,10 +204,14 @@ def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[st
         max_elements=point.operator_max_elements,
     )
     out: list[dict[str, Any]] = []
-    own_group = None
+    own_group = own_mesh = None
     if dist.is_initialized():  # every rank creates every group, in the same order
         groups = [dist.new_group([rank]) for rank in range(dist.get_world_size())]
         own_group = groups[dist.get_rank()]
+        if any(shape.kind in TENSOR_PARALLEL_KINDS for shape in shapes):
+            # each rank its own one-rank mesh: the second dimension of a world × 1 mesh (fsdp_unit_kernel's)
+            world = dist.get_world_size()
+            own_mesh = init_device_mesh(device.type, (world, 1), mesh_dim_names=("replica", "tp"))["tp"]
     for precision in point.precisions:
         dtype = DTYPES[precision]
 
@@ -216,6 +240,7 @@ def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[st
                         iterations=per_round,
                         autocast=autocast,
                         own_group=own_group,
+                        own_mesh=own_mesh,
                     )
                 except (RuntimeError, NotImplementedError) as exc:  # a dtype the device's kernels refuse
                     entry = {"kind": "operator", "shape": shape.to_dict(), "error": str(exc).splitlines()[0][:300]}

@@ -25,8 +25,11 @@ from dataclasses import asdict, dataclass
 # depthwise_conv2d: a convolution of groups = channels (MobileNet's); then a transformer's own layers over
 # (batch, tokens, features): layer_norm, gelu, embedding (a lookup in a table of `out_channels` rows) and
 # attention (causal scaled dot-product attention over `out_channels` heads, with the head split and merge
-# around it, as ddlbench.train.models.gpt.CausalSelfAttention runs it). Each is drawn after the kinds that
-# came before it, so that their draws from the seeded generator are what they were before it came.
+# around it, as ddlbench.train.models.gpt.CausalSelfAttention runs it); and tensor parallelism's Linears over
+# (batch, tokens, features), column-wise and row-wise (torch's ColwiseParallel and RowwiseParallel, as
+# ddlbench.train.strategies.tensor shards a block), on a mesh of the rank alone: DTensor's dispatch on every
+# call with no peer to wait for. Each is drawn after the kinds that came before it, so that their draws from
+# the seeded generator are what they were before it came.
 OPERATOR_KINDS = (
     "conv2d",
     "batch_norm2d",
@@ -40,8 +43,12 @@ OPERATOR_KINDS = (
     "gelu",
     "embedding",
     "attention",
+    "tp_colwise_linear",
+    "tp_rowwise_linear",
 )
 TOKEN_KINDS = ("layer_norm", "gelu", "embedding", "attention")  # (batch, tokens = height, features = in_channels)
+# (batch, tokens = height, in_channels → out_channels features), a DTensor Linear on a one-rank mesh
+TENSOR_PARALLEL_KINDS = ("tp_colwise_linear", "tp_rowwise_linear")
 
 
 CONV_KINDS = ("conv2d", "depthwise_conv2d")
@@ -89,6 +96,8 @@ class OperatorShape:
             return 2 * self.in_channels * self.kernel**2 * self.out_height * self.out_width * self.batch
         if self.kind == "linear":
             return 2 * self.in_channels * self.out_channels * self.batch
+        if self.kind in TENSOR_PARALLEL_KINDS:
+            return 2 * self.in_channels * self.out_channels * self.batch * self.height
         if self.kind == "attention":  # two T×T products (the scores, then the weighted sum), as FlopCounterMode
             return 4 * self.height**2 * self.in_channels * self.batch
         return 0
@@ -112,7 +121,8 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     log-uniformly: channels 8–512 (conv2d: 8–1024, output channels the input's, half or twice, or 3 input
     channels, as a first layer has), input side 2–64 rows and columns (conv2d: 1–8 one time in four;
     rows sometimes fewer than columns: a spatial slab), batch 1–64 (depthwise_conv2d: channels 8–1024, 3×3
-    or 5×5; the token kinds: features 16–1024 over 8–512 tokens); a conv2d or
+    or 5×5; the token kinds: features 16–1024 over 8–512 tokens; the tensor-parallel Linears: 16–1024
+    features in, 16–4096 out, over 8–512 tokens); a conv2d or
     linear above `max_flop` forward FLOPs, or any tensor above `max_elements`, is drawn again."""
     rng = random.Random(seed)
     shapes: list[OperatorShape] = []
@@ -169,6 +179,17 @@ def _draw(rng: random.Random, kind: str) -> OperatorShape:
             out_channels=out,
             kernel=kernel,
             stride=2 if rng.random() < 0.2 and height >= 4 else 1,
+        )
+    if kind in TENSOR_PARALLEL_KINDS:
+        # a transformer block's Linears as a tensor-parallel rank holds them: features 16-1024 in, 16-4096
+        # out (an MLP's first Linear widens 4×, its second narrows), tokens 8-512, batch 1-64
+        return OperatorShape(
+            kind=kind,
+            batch=batch,
+            in_channels=_channels(rng, 16, 1024),
+            out_channels=_channels(rng, 16, 4096),
+            height=max(8, round(_log_uniform(rng, 8, 512))),
+            width=1,
         )
     if kind in TOKEN_KINDS:
         # a transformer's activations: features 16-1024, tokens 8-512, batch 1-64; an embedding table of
