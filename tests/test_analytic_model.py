@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -11,7 +12,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ddlbench.analysis.analytic.accuracy import accuracy, by_strategy, join, overall
+from ddlbench.analysis.analytic.accuracy import (
+    accuracy,
+    by_strategy,
+    join,
+    overall,
+    per_configuration,
+    time_accuracy_interval,
+)
 from ddlbench.analysis.analytic.layout import Context, Setting
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.oracle import consult
@@ -228,6 +236,46 @@ def test_accuracy_is_one_minus_the_relative_error_averaged_per_strategy_then_ove
     assert rows["ddp"].memory_accuracy == pytest.approx(0.95)
     assert overall(rows.values()) == pytest.approx(((0.7 + 0.75) / 2, (0.95 + 1.0) / 2))
     assert accuracy(3.0, 1.0) == pytest.approx(-1.0)  # kept below zero, not clipped
+
+
+def _configurations(predicted: dict[str, float], spread: float, seed: int) -> pd.DataFrame:
+    """Three launches of each of two strategies' configurations, each launch's step time its strategy's true
+    time 1.0 s times a lognormal factor of sd `spread`; `predicted` the model's time per strategy."""
+    import random
+
+    rng = random.Random(seed)
+    rows, predictions = [], []
+    for strategy, guess in predicted.items():
+        for config in range(4):
+            for repetition in range(3):
+                point = f"{strategy}-{config}-{repetition}"
+                rows.append(
+                    {"point_id": point, "config_key": f"{strategy}-{config}", "status": "ok", "strategy": strategy,
+                     "model": "m", "step_time_s_median": math.exp(rng.gauss(0.0, spread)), "tensor_peak_bytes": 1}
+                )  # fmt: skip
+                predictions.append({"point_id": point, "step_time_s": guess, "peak_memory_bytes": 1})
+    return per_configuration(join(pd.DataFrame(rows), pd.DataFrame(predictions)))
+
+
+def test_the_time_accuracys_interval_comes_from_launches_and_judges_the_target_only_where_they_agree():
+    # no launch-to-launch spread: nothing to resample, the interval is the figure itself
+    exact = time_accuracy_interval(_configurations({"ddp": 1.0, "gpipe": 0.8}, spread=0.0, seed=0))
+    assert exact.value == pytest.approx((1.0 + 0.8) / 2) and exact.low == exact.high == pytest.approx(exact.value)
+    assert exact.against(0.85) == "met" and exact.against(0.95) == "missed"
+    # a model 1.5x too slow on every configuration: missed whatever the noise of 5 % per launch
+    slow = time_accuracy_interval(_configurations({"ddp": 1.5, "gpipe": 1.5}, spread=0.05, seed=1))
+    assert slow.high < 0.9 and slow.against(0.90) == "missed"
+    # the truth predicted, launches noisy (sd 30 %): the figure falls below 90 % by the noise alone, and the
+    # interval reaches above the target: the launches cannot tell a perfect model from one that misses
+    noisy = time_accuracy_interval(_configurations({"ddp": 1.0, "gpipe": 1.0}, spread=0.30, seed=2))
+    assert noisy.low < noisy.value < noisy.high and noisy.high - noisy.low > 0.05
+    assert noisy.against(0.90) in ("undecided", "missed") and noisy.against(noisy.low) == "met"
+    # more noise, wider: the interval says how sure the figure is
+    quiet = time_accuracy_interval(_configurations({"ddp": 1.0, "gpipe": 1.0}, spread=0.05, seed=2))
+    assert quiet.high - quiet.low < noisy.high - noisy.low
+    assert time_accuracy_interval(_configurations({"ddp": 1.0}, spread=0.3, seed=3), seed=5) == (
+        time_accuracy_interval(_configurations({"ddp": 1.0}, spread=0.3, seed=3), seed=5)
+    )  # reproducible: a fixed seed
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

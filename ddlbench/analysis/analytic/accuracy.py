@@ -95,6 +95,7 @@ def per_configuration(joined: pd.DataFrame) -> pd.DataFrame:
         pairs = [(a, b) for i, a in enumerate(times) for j, b in enumerate(times) if i != j]
         first.update(
             repetitions=len(group),
+            repetition_times_s=tuple(times),  # each repetition's median step: what the bootstrap resamples
             # how well one repetition predicts another: the accuracy a perfect model of this machine could
             # expect against a single run (mean over ordered pairs; None with one repetition)
             repeatability=sum(accuracy(a, b) for a, b in pairs) / len(pairs) if pairs else None,
@@ -146,3 +147,62 @@ def overall(rows: Iterable[StrategyAccuracy]) -> tuple[float | None, float | Non
     time = [r.time_accuracy for r in rows if r.time_accuracy is not None]
     memory = [r.memory_accuracy for r in rows if r.memory_accuracy is not None]
     return (sum(time) / len(time) if time else None, sum(memory) / len(memory) if memory else None)
+
+
+def headline_figure(configurations: pd.DataFrame, column: str = "time_accuracy") -> float | None:
+    """The mean over strategies of each strategy's mean over its configurations (the headline's average)."""
+    means = configurations.groupby("strategy")[column].mean().dropna()
+    return float(means.mean()) if len(means) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Interval:
+    """A time-accuracy figure with its bootstrap interval over launches and what it says of a target."""
+
+    value: float
+    low: float
+    high: float
+    draws: int
+    level: float
+
+    def against(self, target: float) -> str:
+        """ "met" when the whole interval is at or above `target`, "missed" when it is all below, else
+        "undecided" (the launches cannot tell)."""
+        if self.low >= target:
+            return "met"
+        if self.high < target:
+            return "missed"
+        return "undecided"
+
+
+def time_accuracy_interval(
+    configurations: pd.DataFrame, *, draws: int = 2000, level: float = 0.95, seed: int = 0
+) -> Interval | None:
+    """The headline time accuracy (headline_figure) with a percentile bootstrap interval over launches: each
+    draw resamples every configuration's repetitions with replacement (its launches, the independent
+    samples: steps of one launch are not), takes their median as the measured time again and recomputes the
+    averaged accuracy. It says how much the figure owes to which launches were measured; the noise of the
+    calibration the predictions came from (one launch of it) is not in it. None without a configuration
+    that has repetitions' times."""
+    import numpy as np
+
+    if configurations.empty or "repetition_times_s" not in configurations.columns:
+        return None
+    rows = configurations.dropna(subset=["time_accuracy"])
+    rows = rows[[len(t or ()) > 0 for t in rows["repetition_times_s"]]]
+    value = headline_figure(rows)
+    if value is None:
+        return None
+    rng = np.random.default_rng(seed)
+    predicted = rows["predicted_step_time_s"].to_numpy(dtype=float)
+    times = [np.asarray(t, dtype=float) for t in rows["repetition_times_s"]]
+    strategies = rows["strategy"].to_numpy()
+    figures = []
+    for _ in range(draws):
+        measured = np.array([np.median(t[rng.integers(0, len(t), len(t))]) for t in times])
+        accuracies = 1.0 - np.abs(predicted - measured) / measured
+        per_strategy = [accuracies[strategies == name].mean() for name in np.unique(strategies)]
+        figures.append(float(np.mean(per_strategy)))
+    tail = (1.0 - level) / 2
+    low, high = np.quantile(figures, [tail, 1.0 - tail])
+    return Interval(value=value, low=float(low), high=float(high), draws=draws, level=level)
