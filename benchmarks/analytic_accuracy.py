@@ -61,6 +61,7 @@ SETS = {
     "scoring-2": "scoring2_sweep.yaml",  # the second: run once, then changed for (seen)
     "scoring-3": "scoring3_sweep.yaml",  # the third, frozen before anything was run on it
     "tensor-development": "tensor_sweep.yaml",  # tensor parallelism's DTensor costs, on scoring-2's seen gpt_tiny
+    "scoring-4": "scoring4_sweep.yaml",  # the fourth, frozen (2026-12-01) before anything was run on it
 }
 
 
@@ -156,9 +157,9 @@ def main() -> int:
         "--set",
         choices=tuple(SETS),
         default="development",
-        help="development, pipeline-development, tensor-development: developed on; scoring-3: the frozen scoring set "
-        "(scoring3_sweep.yaml), what the model's accuracy is reported on; scoring, scoring-2: earlier scoring "
-        "sets, seen (changes were made for what they showed)",
+        help="development, pipeline-development, tensor-development: developed on; scoring-4: the frozen scoring set "
+        "(scoring4_sweep.yaml), what the model's accuracy is reported on; scoring, scoring-2, scoring-3: earlier "
+        "scoring sets (seen, or scored before the model's last change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     args = parser.parse_args()
