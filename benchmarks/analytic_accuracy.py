@@ -269,7 +269,9 @@ def main() -> int:
                 "resampled; the calibration's own noise not included), against the 90 % target:"
             )
             for name, interval in intervals.items():
-                if interval is not None:
+                if interval is None:
+                    print(f"  {name}: no interval (a configuration with fewer than two repetitions)")
+                else:
                     print(
                         f"  {name}: {pct(interval.value)} [{pct(interval.low)}, {pct(interval.high)}]: "
                         f"{interval.against(0.90)}"

@@ -238,8 +238,8 @@ def test_accuracy_is_one_minus_the_relative_error_averaged_per_strategy_then_ove
     assert accuracy(3.0, 1.0) == pytest.approx(-1.0)  # kept below zero, not clipped
 
 
-def _configurations(predicted: dict[str, float], spread: float, seed: int) -> pd.DataFrame:
-    """Three launches of each of two strategies' configurations, each launch's step time its strategy's true
+def _configurations(predicted: dict[str, float], spread: float, seed: int, launches: int = 3) -> pd.DataFrame:
+    """`launches` launches of each of the strategies' configurations, each launch's step time its strategy's true
     time 1.0 s times a lognormal factor of sd `spread`; `predicted` the model's time per strategy."""
     import random
 
@@ -247,7 +247,7 @@ def _configurations(predicted: dict[str, float], spread: float, seed: int) -> pd
     rows, predictions = [], []
     for strategy, guess in predicted.items():
         for config in range(4):
-            for repetition in range(3):
+            for repetition in range(launches):
                 point = f"{strategy}-{config}-{repetition}"
                 rows.append(
                     {"point_id": point, "config_key": f"{strategy}-{config}", "status": "ok", "strategy": strategy,
@@ -258,6 +258,8 @@ def _configurations(predicted: dict[str, float], spread: float, seed: int) -> pd
 
 
 def test_the_time_accuracys_interval_comes_from_launches_and_judges_the_target_only_where_they_agree():
+    # one launch a configuration: no interval at all (resampling one launch would claim certainty)
+    assert time_accuracy_interval(_configurations({"ddp": 1.0}, spread=0.3, seed=0, launches=1)) is None
     # no launch-to-launch spread: nothing to resample, the interval is the figure itself
     exact = time_accuracy_interval(_configurations({"ddp": 1.0, "gpipe": 0.8}, spread=0.0, seed=0))
     assert exact.value == pytest.approx((1.0 + 0.8) / 2) and exact.low == exact.high == pytest.approx(exact.value)

@@ -182,16 +182,16 @@ def time_accuracy_interval(
     draw resamples every configuration's repetitions with replacement (its launches, the independent
     samples: steps of one launch are not), takes their median as the measured time again and recomputes the
     averaged accuracy. It says how much the figure owes to which launches were measured; the noise of the
-    calibration the predictions came from (one launch of it) is not in it. None without a configuration
-    that has repetitions' times."""
+    calibration the predictions came from (one launch of it) is not in it. None where a configuration has
+    fewer than two repetitions: one launch says nothing of how the next would fall, and resampling it would
+    give an interval of no width."""
     import numpy as np
 
     if configurations.empty or "repetition_times_s" not in configurations.columns:
         return None
     rows = configurations.dropna(subset=["time_accuracy"])
-    rows = rows[[len(t or ()) > 0 for t in rows["repetition_times_s"]]]
     value = headline_figure(rows)
-    if value is None:
+    if value is None or any(len(t or ()) < 2 for t in rows["repetition_times_s"]):
         return None
     rng = np.random.default_rng(seed)
     predicted = rows["predicted_step_time_s"].to_numpy(dtype=float)
