@@ -12,6 +12,10 @@ rank 0 stands for all. What each issues per step, as implemented (ddlbench.train
   than its cycle, so a fused all-reduce per block. synchronize() before the update.
 - zero2: buckets (no small first one) reduce-scattered during backward; each rank updates 1/p of the
   parameters; then every bucket's shard is all-gathered back into the flat parameters before the step ends.
+  Its own buffers cost passes over the parameters and memory mapped anew every step (zero2_buffers_s):
+  zero-filled bucket buffers the gradients are copied into and divided in, the shards and their clones,
+  and on one rank gloo's copies; on one 2-core rank vgg11's zero2 step measured 1.3× ddp's, gpt_medium's
+  1.9× (2026-12-01), where the model had them equal.
 - fsdp: FSDP2 fully_shard per block: before each block's forward its parameters are all-gathered (on gloo
   the all-gather is issued at the block's pre-forward, so nothing hides it); in backward the next block's
   all-gather is prefetched while the current one runs, and each block's gradients are reduce-scattered
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddlbench.analysis.analytic.compute import BlockTimes
+from ddlbench.analysis.analytic.compute import BlockTimes, elementwise_s
 from ddlbench.analysis.analytic.layout import Context, block_params, block_tensors, elements
 from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, RankMemory, rank_memory
 from ddlbench.analysis.analytic.simulate import Program, Timeline
@@ -174,7 +178,10 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
         for k, b in enumerate(buckets)
     ]
     update = program.compute(
-        0, times.update_per_param_s * table.params / p, deps=[*scatters, backward[0]], label="update"
+        0,
+        times.update_per_param_s * table.params / p + zero2_buffers_s(ctx, table.params, p),
+        deps=[*scatters, backward[0]],
+        label="update",
     )
     for k, b in enumerate(buckets):
         program.comm(0, ctx.collective_s("all_gather", b.bytes, world), deps=(update,), label=f"all_gather {k}")
@@ -210,6 +217,21 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
     )
     what = f"{len(buckets)} reduce-scatter(s) during backward, {len(buckets)} all-gather(s) after the update"
     return StrategyRun(timeline=ctx.simulate(program), memory=memory, comm=what)
+
+
+def zero2_buffers_s(ctx: Context, params: int, p: int) -> float:
+    """What zero2's own buffers cost a rank each step beyond its collectives' fits (ddlbench.train.strategies.
+    sharded.ZeroStage2Trainer), as elementwise passes over `params` elements and first touches of memory
+    mapped anew: per bucket a zero-filled buffer of its gradients (a new allocation, written), the gradients
+    copied into it and divided by the ranks (two passes), its shard (1/p, new); after the update each shard
+    cloned for the all-gather (1/p, new, a pass). On one rank gloo's reduce-scatter and all-gather copy too
+    (no peer; the collectives' fits cost a group of one nothing). Counted with the update, after backward,
+    where the copies into the buckets really run inside it."""
+    s = ctx.setting
+    one_pass = elementwise_s(ctx.machine, params, precision=s.precision, threads=s.threads, sharing=ctx.sharing)
+    passes = 3 + 1 / p + (2 if p == 1 else 0)
+    touched = params * FP32 * (1 + 2 / p) * (ctx.machine.first_touch_s_per_byte or 0.0)
+    return one_pass * passes + touched
 
 
 def model_fsdp(ctx: Context, times: BlockTimes) -> StrategyRun:
