@@ -169,6 +169,12 @@ def main() -> int:
     sweep_path = HERE / ("quick_sweep.yaml" if args.quick else SETS[args.set])
     print(f"set: {'quick (says nothing)' if args.quick else args.set} ({sweep_path.relative_to(REPO)})", flush=True)
     sweep = yaml.safe_load(sweep_path.read_text())
+    if int(sweep.get("warmup_steps", 0)) < 2:  # ddlbench.train.memory probes a warm-up step, never the only one
+        print(
+            f"note: {sweep_path.name} warms up {sweep.get('warmup_steps', 0)} step(s); the memory probe needs 2, "
+            "so no point's memory is measured and no memory accuracy is scored",
+            flush=True,
+        )
     calibration = HERE / f"{prefix}calibration.yaml"
     if args.results_dir is not None:
         sweep["results_dir"] = str(args.results_dir.resolve())
