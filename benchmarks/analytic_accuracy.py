@@ -59,7 +59,7 @@ SETS = {
     "pipeline-development": "pipeline_sweep.yaml",
     "scoring": "scoring_sweep.yaml",  # the first scoring set: run four times, each after a change (worn)
     "scoring-2": "scoring2_sweep.yaml",  # the second: run once, then changed for (seen)
-    "scoring-3": "scoring3_sweep.yaml",  # the third, frozen before anything was run on it
+    "scoring-3": "scoring3_sweep.yaml",  # the third: run twice, then the tensor and zero2 terms came (seen)
     "tensor-development": "tensor_sweep.yaml",  # tensor parallelism's DTensor costs, on scoring-2's seen gpt_tiny
     "scoring-4": "scoring4_sweep.yaml",  # the fourth, frozen (2026-12-01) before anything was run on it
     "memory-of-scoring-4": "scoring4_memory_sweep.yaml",  # its memory: its run warmed up too little to probe
@@ -311,7 +311,7 @@ def main() -> int:
     dp = [r.time_accuracy for r in rows if r.strategy in DATA_PARALLEL and r.time_accuracy is not None]
     print(
         f"average over strategies: time {pct(time_all)} (target ≥ 92 %), "
-        f"memory {pct(memory_all)} (target ≥ 90 %; – where no point's memory was probed)"
+        f"memory {pct(memory_all)} (target ≥ 90 %)"  # –: no point's memory was probed
     )
     if dp:
         print(
