@@ -189,39 +189,30 @@ def tensor_parallel_rows(ctx: Context, split: set[str], parts: int) -> list[Laye
             rows.append(layer)
             continue
         inner = layer.name.split(".", 1)[1]
-        if inner in COLWISE and layer.type == "Linear":
-            rows.append(
-                replace(
-                    layer,
-                    type="TpColwiseLinear" if dtensor else "Linear",
-                    output_shape=(*layer.output_shape[:-1], layer.output_shape[-1] // parts),
-                    weight_shape=(layer.weight_shape[0] // parts, *layer.weight_shape[1:]),
-                    forward_flops=layer.forward_flops // parts,
-                    backward_flops=layer.backward_flops // parts,
-                    params=layer.params // parts,
-                )
-            )
-        elif inner in ROWWISE and layer.type == "Linear":
-            rows.append(
-                replace(
-                    layer,
-                    type="TpRowwiseLinear" if dtensor else "Linear",
-                    input_shape=(*layer.input_shape[:-1], layer.input_shape[-1] // parts),
-                    weight_shape=(layer.weight_shape[0], *(w // parts for w in layer.weight_shape[1:])),
-                    forward_flops=layer.forward_flops // parts,
-                    backward_flops=layer.backward_flops // parts,
-                    params=layer.params // parts,
-                )
-            )
+        linear = layer.type == "Linear"
+        if linear and inner in COLWISE:  # 1/p of the output features: the weight's rows
+            kind, cut_in, cut_out = "TpColwiseLinear", False, True
+            weight = (layer.weight_shape[0] // parts, *layer.weight_shape[1:])
+        elif linear and inner in ROWWISE:  # 1/p of the input features: the weight's columns
+            kind, cut_in, cut_out = "TpRowwiseLinear", True, False
+            weight = (layer.weight_shape[0], *(w // parts for w in layer.weight_shape[1:]))
         else:  # the attention between the projections, the MLP's activation: on the rank's features
-            rows.append(
-                replace(
-                    layer,
-                    input_shape=(*layer.input_shape[:-1], layer.input_shape[-1] // parts),
-                    output_shape=(*layer.output_shape[:-1], layer.output_shape[-1] // parts),
-                    forward_flops=layer.forward_flops // parts,
-                    backward_flops=layer.backward_flops // parts,
-                    params=layer.params // parts,
-                )
+            kind, cut_in, cut_out, weight = layer.type, True, True, layer.weight_shape
+        rows.append(
+            replace(
+                layer,
+                type=kind if dtensor or not linear else "Linear",
+                input_shape=_last_cut(layer.input_shape, parts) if cut_in else layer.input_shape,
+                output_shape=_last_cut(layer.output_shape, parts) if cut_out else layer.output_shape,
+                weight_shape=weight,
+                forward_flops=layer.forward_flops // parts,
+                backward_flops=layer.backward_flops // parts,
+                params=layer.params // parts,
             )
+        )
     return rows
+
+
+def _last_cut(shape: tuple[int, ...], parts: int) -> tuple[int, ...]:
+    """`shape` with its last dimension (the features) cut into `parts`."""
+    return (*shape[:-1], shape[-1] // parts)
