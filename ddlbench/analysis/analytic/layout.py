@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.simulate import Program, Timeline, simulate
 from ddlbench.catalog import STRATEGIES
-from ddlbench.catalog.model_table import ModelTable
+from ddlbench.catalog.model_table import LayerRow, ModelTable
 from ddlbench.point import Point
 
 
@@ -120,13 +120,19 @@ def block_params(table: ModelTable) -> list[int]:
     return [block.params for block in table.blocks]
 
 
+def layer_tensors(layer: LayerRow) -> int:
+    """A layer's parameter tensors: its weight, and its bias where it owns more elements than the weight."""
+    if not layer.params:
+        return 0
+    weight = math.prod(layer.weight_shape) if layer.weight_shape else 0
+    return (1 if weight else 0) + (1 if layer.params > weight else 0)
+
+
 def block_tensors(table: ModelTable) -> list[int]:
-    """Parameter tensors per block: a layer's weight, and its bias where it owns more elements than the weight."""
+    """Parameter tensors per block (layer_tensors of its layers)."""
     counts = [0] * len(table.blocks)
     for layer in table.layers:
-        if layer.params:
-            weight = math.prod(layer.weight_shape) if layer.weight_shape else 0
-            counts[layer.block] += (1 if weight else 0) + (1 if layer.params > weight else 0)
+        counts[layer.block] += layer_tensors(layer)
     return counts
 
 

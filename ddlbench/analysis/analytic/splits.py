@@ -19,7 +19,6 @@ gradients over the strided dp group. Per step, as implemented:
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from ddlbench.analysis.analytic.compute import BlockTimes, block_times, split_time_shares
@@ -27,7 +26,7 @@ from ddlbench.analysis.analytic.data_parallel import (
     StrategyRun,
     activation_terms,
 )
-from ddlbench.analysis.analytic.layout import Context
+from ddlbench.analysis.analytic.layout import Context, layer_tensors
 from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, rank_memory
 from ddlbench.analysis.analytic.operators import TENSOR_PARALLEL_KINDS
 from ddlbench.analysis.analytic.simulate import Program
@@ -148,12 +147,6 @@ def model_tensor(ctx: Context, times_for) -> StrategyRun:
     return StrategyRun(timeline=ctx.simulate(program), memory=memory, comm=what)
 
 
-def parameter_tensors(layer: LayerRow) -> int:
-    """A layer's parameter tensors: its weight, and a bias where its parameters outnumber the weight's."""
-    weight = math.prod(layer.weight_shape) if layer.weight_shape else 0
-    return (1 if weight else 0) + (1 if layer.params > weight else 0)
-
-
 def dtensor_update_s(ctx: Context, *, everything: bool) -> float:
     """What the optimizer's step pays beyond its arithmetic for parameters that are DTensors: a dispatch per
     tensor per step (the machine's fsdp_units update cost per tensor: FSDP2 steps over DTensor shards, with
@@ -164,7 +157,7 @@ def dtensor_update_s(ctx: Context, *, everything: bool) -> float:
         return 0.0
     sharded = COLWISE + ROWWISE
     tensors = sum(
-        parameter_tensors(layer)
+        layer_tensors(layer)
         for layer in ctx.table.layers
         if everything or (layer.type == "Linear" and layer.name.split(".", 1)[-1] in sharded)
     )
