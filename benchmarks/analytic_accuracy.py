@@ -63,6 +63,7 @@ SETS = {
     "tensor-development": "tensor_sweep.yaml",  # tensor parallelism's DTensor costs, on scoring-2's seen gpt_tiny
     "scoring-4": "scoring4_sweep.yaml",  # the fourth, frozen (2026-12-01) before anything was run on it
     "memory-of-scoring-4": "scoring4_memory_sweep.yaml",  # its memory: its run warmed up too little to probe
+    "scoring-5": "scoring5_sweep.yaml",  # the fifth, frozen (2026-12-02) before anything was run on it
 }
 
 
@@ -158,9 +159,9 @@ def main() -> int:
         "--set",
         choices=tuple(SETS),
         default="development",
-        help="development, pipeline-development, tensor-development: developed on; scoring-4: the frozen scoring set "
-        "(scoring4_sweep.yaml), what the model's accuracy is reported on; scoring, scoring-2, scoring-3: earlier "
-        "scoring sets (seen, or scored before the model's last change)",
+        help="development, pipeline-development, tensor-development: developed on; scoring-5: the frozen scoring set "
+        "(scoring5_sweep.yaml), what the model's accuracy is reported on; scoring to scoring-4: earlier scoring "
+        "sets (seen, or scored before the model's last change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     args = parser.parse_args()

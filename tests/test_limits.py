@@ -20,7 +20,14 @@ from ddlbench.launch.limits import (
 from ddlbench.launch.profile import ProfileOptions, write_profile
 from ddlbench.launch.resources import Site
 from ddlbench.launch.slurm import ClusterFacts, Partition, QueuedJob, check_resources, parse_default_account
-from ddlbench.launch.waves import LimitRefusal, QueueWatch, submit_in_waves, wait_for_jobs
+from ddlbench.launch.waves import (
+    EMPTY_QUEUE_PATIENCE_S,
+    REFUSALS_WITH_EMPTY_QUEUE,
+    LimitRefusal,
+    QueueWatch,
+    submit_in_waves,
+    wait_for_jobs,
+)
 
 # `sacctmgr -nP show assoc where user=ana format=<ASSOC_FIELDS>`: ana's association in two accounts on
 # two clusters, one of them limited on one partition only
@@ -215,9 +222,29 @@ def test_a_refusal_for_a_limit_is_tried_again_and_never_lost():
 
 def test_a_refusal_with_none_of_the_users_jobs_queued_ends_in_an_error():
     fake = FakeQueue(refuse_over=0)
-    watch = QueueWatch(query=fake.squeue, sleep=lambda s: None)
-    with pytest.raises(DdlbenchError, match="refused 5 times in a row for a limit although none of your jobs"):
+    naps: list[float] = []
+    watch = QueueWatch(poll_s=2, max_poll_s=10, query=fake.squeue, sleep=naps.append)
+    with pytest.raises(DdlbenchError, match=r"refused \d+ times in a row over \d+ s for a limit although none of your"):
         submit_in_waves([("a", [0])], fake.sbatch, limits=lambda k: limits_of(), watch=watch)
+    # not after five quick refusals (18 s): only once the pauses add up to the patience
+    assert len(naps) > REFUSALS_WITH_EMPTY_QUEUE and sum(naps[:5]) < EMPTY_QUEUE_PATIENCE_S
+    assert EMPTY_QUEUE_PATIENCE_S <= sum(naps) < EMPTY_QUEUE_PATIENCE_S + 10
+
+
+def test_a_controller_that_counts_ended_jobs_a_while_longer_is_waited_for():
+    """The test cluster under load refused five times over 18 s with none of the user's jobs queued: its
+    count of queued jobs lagged squeue's. Once the count catches up, the point goes in."""
+    fake = FakeQueue(refuse_over=0)
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 8:  # about 40 s after the first refusal
+            fake.refuse_over = 3
+
+    watch = QueueWatch(poll_s=2, max_poll_s=10, query=fake.squeue, sleep=sleep)
+    submitted = submit_in_waves([("a", [0, 1])], fake.sbatch, limits=lambda k: limits_of(), watch=watch)
+    assert sorted(submitted.values()) == [0, 1] and len(naps) == 8
 
 
 def test_the_poll_interval_grows_while_nothing_ends_and_falls_back_when_a_job_ends():

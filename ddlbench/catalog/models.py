@@ -29,8 +29,14 @@ for _depth, _parameters in ((8, "78k"), (20, "272k")):
         )
     )
 
-# ImageNet ResNets (He et al. 2016, table 1): basic blocks for 18, bottlenecks for 50 and 152.
-for _depth, _blocks, _parameters in ((18, 8, "11.7M"), (50, 16, "25.6M"), (152, 50, "60.2M")):
+# ImageNet ResNets (He et al. 2016, table 1): basic blocks for 18 and 34, bottlenecks for 50, 101 and 152.
+for _depth, _blocks, _parameters in (
+    (18, 8, "11.7M"),
+    (34, 16, "21.8M"),
+    (50, 16, "25.6M"),
+    (101, 33, "44.5M"),
+    (152, 50, "60.2M"),
+):
     MODELS.register(
         ModelSpec(
             name=f"resnet{_depth}",

@@ -24,8 +24,11 @@ log = logging.getLogger(__name__)
 Key = TypeVar("Key", bound=Hashable)
 Item = TypeVar("Item")
 
-# refusals in a row, with none of the user's jobs queued, after which a refusal is taken for good
+# refusals in a row, with none of the user's jobs queued, after which a refusal is taken for good, once
+# the pauses between them add up to EMPTY_QUEUE_PATIENCE_S: a controller under load may still count jobs
+# that squeue already lists as ended (seen on the test cluster: five refusals over 18 s with none queued)
 REFUSALS_WITH_EMPTY_QUEUE = 5
+EMPTY_QUEUE_PATIENCE_S = 120.0
 
 
 class LimitRefusal(Exception):
@@ -90,7 +93,7 @@ def submit_in_waves(
     LimitRefusal when sbatch refuses for a limit; anything else it raises ends the submission."""
     submitted: dict[str, Item] = {}
     queue: list[QueuedJob] | None = None
-    refusals = 0
+    refusals, refused_for_s = 0, 0.0
     # after a refusal the limits read overstate the room (a group limit counts other users' jobs):
     # the next array is half the refused one, and each one that goes in doubles it again
     ceiling: int | None = None
@@ -130,24 +133,28 @@ def submit_in_waves(
             waiting = waiting[len(job_ids) :]
             if refusal is not None:
                 ceiling = max(1, take // 2)
-                queue = _after_refusal(refusal, watch, submitted, refusals := refusals + 1)
+                refused_for_s += watch.interval
+                queue = _after_refusal(refusal, watch, submitted, refusals := refusals + 1, refused_for_s)
                 continue
-            refusals = 0
+            refusals, refused_for_s = 0, 0.0
             ceiling = ceiling * 2 if ceiling else None
     return submitted
 
 
 def _after_refusal(
-    refusal: LimitRefusal, watch: QueueWatch, submitted: Collection[str], refusals: int
+    refusal: LimitRefusal, watch: QueueWatch, submitted: Collection[str], refusals: int, refused_for_s: float
 ) -> list[QueuedJob]:
     """Pause after sbatch refused for a limit; the queue as it then is. With none of the user's jobs
-    queued nothing of theirs can end to make room: after a few such refusals it is an error."""
+    queued nothing of theirs can end to make room: after a few such refusals, `refused_for_s` seconds of
+    pauses in all (this one's included), it is an error."""
     log.warning("sbatch refused for a limit (%s); trying again in %.0f s", str(refusal).strip(), watch.interval)
     watch.pause()
     queue = watch.poll(submitted)
-    if refusals >= REFUSALS_WITH_EMPTY_QUEUE and not any(job.active for job in queue):
+    patience_spent = refusals >= REFUSALS_WITH_EMPTY_QUEUE and refused_for_s >= EMPTY_QUEUE_PATIENCE_S
+    if patience_spent and not any(job.active for job in queue):
         raise DdlbenchError(
-            f"sbatch refused {refusals} times in a row for a limit although none of your jobs is queued: "
+            f"sbatch refused {refusals} times in a row over {refused_for_s:.0f} s for a limit although none of "
+            f"your jobs is queued: "
             f"{str(refusal).strip()}; ask `sacctmgr show assoc user=$USER` and `sacctmgr show qos` what it is"
         )
     return queue

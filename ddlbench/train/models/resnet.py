@@ -167,12 +167,38 @@ def build_resnet18(
     )
 
 
+def build_resnet34(
+    *, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch", stem: str = "auto"
+) -> nn.Sequential:
+    return build_resnet(
+        block=BasicBlock,
+        blocks_per_stage=(3, 4, 6, 3),
+        sample_shape=sample_shape,
+        num_outputs=num_outputs,
+        norm=norm,
+        stem=stem,
+    )
+
+
 def build_resnet50(
     *, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch", stem: str = "auto"
 ) -> nn.Sequential:
     return build_resnet(
         block=Bottleneck,
         blocks_per_stage=(3, 4, 6, 3),
+        sample_shape=sample_shape,
+        num_outputs=num_outputs,
+        norm=norm,
+        stem=stem,
+    )
+
+
+def build_resnet101(
+    *, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch", stem: str = "auto"
+) -> nn.Sequential:
+    return build_resnet(
+        block=Bottleneck,
+        blocks_per_stage=(3, 4, 23, 3),
         sample_shape=sample_shape,
         num_outputs=num_outputs,
         norm=norm,
