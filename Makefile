@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: run test test-equivalence-sse test-floor torch-free venv horovod lint bench bench-slurm slurm-up slurm-down clean docs
+.PHONY: run test test-equivalence-sse test-floor test-floor-unserial test-floor-serial torch-free venv horovod lint bench bench-slurm slurm-up slurm-down clean docs
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,11 +37,14 @@ run: venv
 # timed launches) alone. Exit code 5 (nothing selected) is accepted in the second part only, where a
 # selection may leave none of them. Select by marker with TEST_MARKERS (e.g. TEST_MARKERS="not slow";
 # a -m in PYTEST_ARGS would replace each part's own).
+# BEFORE_SERIAL: a command run between the two parts (CI waits there for what it ran beside the first part).
 TEST_WORKERS ?= 2
 TEST_MARKERS ?=
+BEFORE_SERIAL ?= true
 test_and = $(if $(TEST_MARKERS), and ($(TEST_MARKERS)))
 test: venv
 	$(BIN)/pytest -n $(TEST_WORKERS) -m "not serial$(test_and)" $(PYTEST_ARGS)
+	@$(BEFORE_SERIAL)
 	$(BIN)/pytest -m "serial$(test_and)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The docs site (mkdocs.yml, docs/) into site/, strict: a broken link or anchor, a page left out of the nav, or a
@@ -98,11 +101,15 @@ $(FLOOR_VENV)/.installed: pyproject.toml | venv
 	$(BIN)/uv pip install --quiet --python $(FLOOR_VENV)/bin/python -e '.[test]'
 	touch $@
 
-test-floor: $(FLOOR_VENV)/.installed
+# test-floor-unserial: all but the `serial` ones (CI runs it beside `make test`'s first part), test-floor-serial:
+# those alone on the machine
+test-floor: test-floor-unserial test-floor-serial
+test-floor-unserial: $(FLOOR_VENV)/.installed
 	@$(FLOOR_VENV)/bin/python -c "import torch; v = torch.__version__.split('+')[0]; assert v == '$(TORCH_FLOOR)', v; print('torch', v)"
 	$(FLOOR_VENV)/bin/pytest -n $(TEST_WORKERS) -m "not slow and not slurm and not gpu and not serial" $(FLOOR_IGNORE) $(PYTEST_ARGS)
-	$(FLOOR_VENV)/bin/pytest -m "serial and not slow and not slurm and not gpu" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(FLOOR_VENV)/bin/pytest -m "not slurm and not gpu" $(PYTEST_ARGS) $(FLOOR_SLOW_TESTS)
+test-floor-serial: $(FLOOR_VENV)/.installed
+	$(FLOOR_VENV)/bin/pytest -m "serial and not slow and not slurm and not gpu" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: venv
 	$(BIN)/ruff check ddlbench tests benchmarks docs

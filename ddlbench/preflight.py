@@ -57,12 +57,15 @@ class Prepared:
     suite: Any = None  # ddlbench.calibrate.suite.Suite (calibrate.smk)
     adaptive: Any = None  # ddlbench.config.adaptive.AdaptiveSettings (adaptive.smk)
     points: tuple[Any, ...] = ()  # what runs, or (adaptive) what the sampled points are drawn from
-    resources: dict[str, dict[str, Any]]  # point id → Snakemake resources of its allocation; empty locally
+    # point id → Snakemake resources: its allocation's on SLURM; locally, where the sweep's machine file
+    # predicts it, its memory on this host (mem_mb), which host_memory_mb bounds for the points run at once
+    resources: dict[str, dict[str, Any]]
     # a sweep inside an allocation with DDLBENCH_PACK=1: its points go to the dispatcher (`ddlbench
     # run-packed`, ddlbench.launch.inside), one Snakemake job for all of them, each a job step there
     packed: bool = False
     # the calibrate_machine rule's job (a sweep with `calibrate:`, on SLURM): where the sweep's points run
     calibration_resources: dict[str, Any] = field(default_factory=dict)
+    host_memory_mb: int | None = None  # this host's memory, MB: the local points' mem_mb together stay under it
 
     @property
     def what(self) -> str:
@@ -108,20 +111,39 @@ def prepare_workflow(
         return replace(prepared, packed=True)
     elif not linting:
         check_plan_cores(list(prepared.points), cores)
+    host_bytes: dict[str, int] = {}
     if prepared.kind == "sweep" and not linting and not environ.get("SLURM_JOB_ID"):  # once, before any job
-        foresee_misfits(prepared.plan, on_slurm=bool(site_file), write=not dry_run)
+        foresee_misfits(prepared.plan, on_slurm=bool(site_file), write=not dry_run, host_bytes=host_bytes)
     resources = {point_id: snakemake_resources(allocation) for point_id, allocation in planned.items()}
     calibrating = snakemake_resources(calibration) if calibration else {}
-    return replace(prepared, resources=resources, calibration_resources=calibrating)
+    if site_file or not host_bytes or len(host_bytes) < len(prepared.points):
+        return replace(prepared, resources=resources, calibration_resources=calibrating)
+    # Locally, Snakemake runs points side by side as --cores allows; two that each fit alone may not fit
+    # together (two single-rank gpt_large points, 11 and 14 GB predicted, on a 23 GB host: both ended by
+    # the out-of-memory killer, 2026-12-02). Each point asks for its predicted memory, at most the host's.
+    host_mb = host_memory_mb()
+    local = {point_id: {"mem_mb": min(host_mb, -(-used // 2**20))} for point_id, used in host_bytes.items()}
+    return replace(prepared, resources=local, host_memory_mb=host_mb)
+
+
+def host_memory_mb() -> int:
+    """This host's physical memory, MB (2**20 bytes)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
 
 
 def foresee_misfits(
-    plan: Any, *, on_slurm: bool, say: Callable[[str], None] | None = None, write: bool = True
+    plan: Any,
+    *,
+    on_slurm: bool,
+    say: Callable[[str], None] | None = None,
+    write: bool = True,
+    host_bytes: dict[str, int] | None = None,
 ) -> list[Any]:
     """The sweep's points predicted not to fit or not to finish (ddlbench.analysis.analytic.foresight), said
     on stderr with their figures; with `predicted_misfits: skip`, each without a record gets one saying it
     was not run (nothing measured is overwritten; `write` False: only said, as `ddlbench plan` does). On
-    SLURM a node's ranks share its memory; locally every rank of a point shares this host's."""
+    SLURM a node's ranks share its memory; locally every rank of a point shares this host's. `host_bytes`:
+    filled with each point's predicted bytes on its host (ddlbench.analysis.analytic.foresight.foresee)."""
     from ddlbench.analysis.analytic.foresight import NOT_RUN, foresee
     from ddlbench.launch.runner import write_not_run_record
     from ddlbench.records import record_path
@@ -129,7 +151,9 @@ def foresee_misfits(
     config = plan.config
     say = say or (lambda line: sys.stderr.write(line + "\n"))
     sharing = (lambda point: point.ranks_per_node) if on_slurm else (lambda point: point.world_size)
-    misfits, source = foresee(plan.points, config.machine_path, sweep_dir=config.sweep_dir, ranks_per_host=sharing)
+    misfits, source = foresee(
+        plan.points, config.machine_path, sweep_dir=config.sweep_dir, ranks_per_host=sharing, host_bytes=host_bytes
+    )
     if not misfits:
         return []
     action = "left unrun, each with a record saying so" if config.predicted_misfits == "skip" else "run anyway"

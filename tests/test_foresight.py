@@ -14,7 +14,7 @@ from conftest import run_snakemake
 from ddlbench.analysis.analytic.foresight import NOT_RUN, foresee
 from ddlbench.config import sweep_config_from_mapping
 from ddlbench.errors import ConfigError
-from ddlbench.preflight import foresee_misfits, prepare_workflow
+from ddlbench.preflight import foresee_misfits, host_memory_mb, prepare_workflow
 from ddlbench.records import read_record, record_path
 from tests.conftest import make_point
 
@@ -82,3 +82,49 @@ def test_skip_leaves_the_misfit_unrun_with_a_record_and_snakemake_runs_the_rest(
     small = next(point for point in prepared.points if point.batch_size == 8)
     assert read_record(record_path(config.sweep_dir, small.point_id)).status == "ok"
     assert read_record(record_path(config.sweep_dir, big.point_id)).reason == record.reason  # kept as it was
+
+
+def test_local_points_ask_for_their_predicted_memory_on_this_host(cpu_machine):
+    """Locally, every point asks Snakemake for its predicted memory on this host (mem_mb: the busiest rank's
+    predicted peak × its ranks), bounded by this host's memory; on SLURM its allocation decides instead."""
+    raw = {
+        "name": "memory", "machine": str(cpu_machine), "models": ["resnet8"], "datasets": ["cifar10"],
+        "strategies": ["ddp"], "nodes": [1], "ranks_per_node": [1, 2], "batch_size": [8, 512],
+    }  # fmt: skip
+    prepared = prepare_workflow("sweep", raw, site_file=None, cores=2, dry_run=True)
+    asked = {point.point_id: prepared.resources[point.point_id]["mem_mb"] for point in prepared.points}
+    by = {(point.world_size, point.batch_size): asked[point.point_id] for point in prepared.points}
+    assert by[(1, 512)] > by[(1, 8)] > 0  # a larger batch holds more activations
+    assert by[(2, 8)] >= 2 * by[(1, 8)] - 1  # two ranks on this host: twice one (each ceiled to a MB)
+    assert prepared.host_memory_mb == host_memory_mb() > 0
+    assert all(mb <= prepared.host_memory_mb for mb in asked.values())
+    unpredicted = {key: value for key, value in raw.items() if key != "machine"}
+    without = prepare_workflow("sweep", unpredicted, site_file=None, cores=2, dry_run=True)
+    assert without.resources == {} and without.host_memory_mb is None  # nothing predicted, nothing asked
+
+
+@pytest.mark.slow
+def test_points_whose_memory_together_exceeds_the_bound_run_one_after_the_other(tmp_path, cpu_machine):
+    """Two single-rank points on 2 cores run side by side, unless their predicted memory together exceeds
+    the bound (here --resources mem_mb, in place of the host's: what two single-rank gpt_large points,
+    11 and 14 GB predicted, needed on a 23 GB host)."""
+    raw = {
+        "name": "side", "results_dir": str(tmp_path / "results"), "machine": str(cpu_machine), "models": ["resnet8"],
+        "datasets": ["cifar10"], "strategies": ["ddp"], "nodes": [1], "ranks_per_node": [1], "batch_size": [8, 16],
+        "warmup_steps": 1, "steps": 30,
+    }  # fmt: skip
+    prepared = prepare_workflow("sweep", raw, site_file=None, cores=2, dry_run=True)
+    largest = max(resources["mem_mb"] for resources in prepared.resources.values())
+    spans = {}
+    for label, bound in (("room for both", 4 * largest), ("room for one", largest + largest // 2)):
+        sweep = tmp_path / f"{label}.yaml"
+        sweep.write_text(yaml.safe_dump(raw | {"name": label.replace(" ", "_")}))
+        done = run_snakemake("--cores", "2", "--resources", f"mem_mb={bound}", "--configfile", str(sweep))
+        assert done.returncode == 0, done.stderr[-3000:]
+        folder = tmp_path / "results" / label.replace(" ", "_")
+        records = [read_record(record_path(folder, point.point_id)) for point in prepared.points]
+        spans[label] = sorted((r.provenance.start_time, r.provenance.end_time) for r in records)
+    (_, first_end), (second_start, _) = spans["room for both"]
+    assert second_start < first_end, spans  # side by side: the test can tell
+    (_, first_end), (second_start, _) = spans["room for one"]
+    assert second_start >= first_end, spans  # one after the other

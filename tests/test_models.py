@@ -48,7 +48,9 @@ PLAIN_LEAVES = (
 # (torchvision's model cards).
 PUBLISHED_PARAMETERS = {
     "resnet18": 11_689_512,
+    "resnet34": 21_797_672,
     "resnet50": 25_557_032,
+    "resnet101": 44_549_160,
     "resnet152": 60_192_808,
     "vgg11": 132_868_840,
     "vgg16": 138_365_992,

@@ -38,8 +38,13 @@ except DdlbenchError as error:
     sys.stderr.write(refusal(WORKFLOW_KIND, error))
     sys.exit(2)
 
-# point id → its SLURM allocation as Snakemake resources; empty when the points run on this host
+# point id → its SLURM allocation as Snakemake resources; on this host, its predicted memory (mem_mb) where
+# the sweep's machine file predicts every point, and this host's memory as the bound of the points run at
+# once (unless --resources gave one): Snakemake starts a point only while the memory of those running leaves
+# room for it
 RESOURCES = PREPARED.resources
+if PREPARED.host_memory_mb and "mem_mb" not in workflow.global_resources:
+    workflow.register_resource("mem_mb", PREPARED.host_memory_mb)
 POINTS = {point.point_id: point for point in PREPARED.points}
 
 
@@ -59,7 +64,7 @@ def resource_of_point(key):
     return value
 
 
-# the same keys for every point (a Snakemake rule has one set); none when running locally
+# the same keys for every point (a Snakemake rule has one set); locally mem_mb or none
 POINT_RESOURCES = {key: resource_of_point(key) for key in next(iter(RESOURCES.values()), {})}
 
 # Snakemake takes the signature of each of these functions (inspect.signature) anew at every call, a few

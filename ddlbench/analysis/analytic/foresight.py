@@ -55,8 +55,11 @@ def foresee(
     *,
     sweep_dir: Path | None = None,
     ranks_per_host: Callable[[Point], int] | None = None,
+    host_bytes: dict[str, int] | None = None,
 ) -> tuple[list[Misfit], str]:
-    """The flagged points (module docstring), and a line saying what they were predicted on (or why none)."""
+    """The flagged points (module docstring), and a line saying what they were predicted on (or why none).
+    `host_bytes`, when given, is filled with each predicted point's bytes on its host: the busiest rank's
+    predicted peak × the ranks that share the host (an upper bound)."""
     if machine_file is None or not Path(machine_file).exists():
         return [], "no machine file: nothing predicted before running"
     from ddlbench.analysis.analytic.layout import Setting
@@ -73,6 +76,8 @@ def foresee(
             prediction = predict(
                 Setting.of_point(point), machine, tables=tables, memory_per_device=limit, search_batch=False
             )
+            if host_bytes is not None:
+                host_bytes[point.point_id] = int(prediction.peak_memory_bytes) * sharing(point)
             if limit is not None and prediction.peak_memory_bytes > limit:
                 text = f"predicted peak {_gb(prediction.peak_memory_bytes)} a rank, above the {_gb(limit)} a rank has"
                 misfits.append(Misfit(point_id=point.point_id, kind="memory", text=f"{text} ({where})"))

@@ -154,66 +154,38 @@ def build_resnet(
     return init_weights(nn.Sequential(*layers))
 
 
-def build_resnet18(
-    *, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch", stem: str = "auto"
-) -> nn.Sequential:
-    return build_resnet(
-        block=BasicBlock,
-        blocks_per_stage=(2, 2, 2, 2),
-        sample_shape=sample_shape,
-        num_outputs=num_outputs,
-        norm=norm,
-        stem=stem,
-    )
+# He et al. 2016, table 1: the block and the blocks per stage of each depth
+LAYOUTS: dict[int, tuple[type[BasicBlock] | type[Bottleneck], tuple[int, int, int, int]]] = {
+    18: (BasicBlock, (2, 2, 2, 2)),
+    34: (BasicBlock, (3, 4, 6, 3)),
+    50: (Bottleneck, (3, 4, 6, 3)),
+    101: (Bottleneck, (3, 4, 23, 3)),
+    152: (Bottleneck, (3, 8, 36, 3)),
+}
 
 
-def build_resnet34(
-    *, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch", stem: str = "auto"
-) -> nn.Sequential:
-    return build_resnet(
-        block=BasicBlock,
-        blocks_per_stage=(3, 4, 6, 3),
-        sample_shape=sample_shape,
-        num_outputs=num_outputs,
-        norm=norm,
-        stem=stem,
-    )
+def _builder(depth: int):
+    block, blocks_per_stage = LAYOUTS[depth]
+
+    def build(
+        *, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch", stem: str = "auto"
+    ) -> nn.Sequential:
+        return build_resnet(
+            block=block,
+            blocks_per_stage=blocks_per_stage,
+            sample_shape=sample_shape,
+            num_outputs=num_outputs,
+            norm=norm,
+            stem=stem,
+        )
+
+    build.__name__ = build.__qualname__ = f"build_resnet{depth}"
+    build.__doc__ = f"ResNet-{depth}: {blocks_per_stage} {block.__name__}s per stage."
+    return build
 
 
-def build_resnet50(
-    *, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch", stem: str = "auto"
-) -> nn.Sequential:
-    return build_resnet(
-        block=Bottleneck,
-        blocks_per_stage=(3, 4, 6, 3),
-        sample_shape=sample_shape,
-        num_outputs=num_outputs,
-        norm=norm,
-        stem=stem,
-    )
-
-
-def build_resnet101(
-    *, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch", stem: str = "auto"
-) -> nn.Sequential:
-    return build_resnet(
-        block=Bottleneck,
-        blocks_per_stage=(3, 4, 23, 3),
-        sample_shape=sample_shape,
-        num_outputs=num_outputs,
-        norm=norm,
-        stem=stem,
-    )
-
-
-def build_resnet152(
-    *, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch", stem: str = "auto"
-) -> nn.Sequential:
-    return build_resnet(
-        block=Bottleneck,
-        blocks_per_stage=(3, 8, 36, 3),
-        sample_shape=sample_shape,
-        num_outputs=num_outputs,
-        norm=norm,
-        stem=stem,
-    )
+build_resnet18 = _builder(18)
+build_resnet34 = _builder(34)
+build_resnet50 = _builder(50)
+build_resnet101 = _builder(101)
+build_resnet152 = _builder(152)
