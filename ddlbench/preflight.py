@@ -43,6 +43,7 @@ from ddlbench.launch.resources import Resources, calibration_job, load_site, sna
 from ddlbench.launch.slurm import allocation_hosts, query_cluster, query_queue
 from ddlbench.launch.submission import plan_resources
 from ddlbench.launch.submit_once import guard_sbatch
+from ddlbench.provenance import host_memory_bytes
 
 # what each workflow plans from its config, and how a refusal names that config
 WORKFLOWS = {"sweep": "sweep config", "adaptive": "sweep config", "calibration": "calibration suite"}
@@ -116,19 +117,17 @@ def prepare_workflow(
         foresee_misfits(prepared.plan, on_slurm=bool(site_file), write=not dry_run, host_bytes=host_bytes)
     resources = {point_id: snakemake_resources(allocation) for point_id, allocation in planned.items()}
     calibrating = snakemake_resources(calibration) if calibration else {}
-    if site_file or not host_bytes or len(host_bytes) < len(prepared.points):
-        return replace(prepared, resources=resources, calibration_resources=calibrating)
+    prepared = replace(prepared, resources=resources, calibration_resources=calibrating)
+    host = host_memory_bytes()
+    if site_file or host is None or len(host_bytes) < len(prepared.points):
+        return prepared
     # Locally, Snakemake runs points side by side as --cores allows; two that each fit alone may not fit
     # together (two single-rank gpt_large points, 11 and 14 GB predicted, on a 23 GB host: both ended by
-    # the out-of-memory killer, 2026-12-02). Each point asks for its predicted memory, at most the host's.
-    host_mb = host_memory_mb()
+    # the out-of-memory killer, 2026-12-02). Each point asks for its predicted memory, MB (2**20 bytes,
+    # rounded up), at most the host's.
+    host_mb = host // 2**20
     local = {point_id: {"mem_mb": min(host_mb, -(-used // 2**20))} for point_id, used in host_bytes.items()}
     return replace(prepared, resources=local, host_memory_mb=host_mb)
-
-
-def host_memory_mb() -> int:
-    """This host's physical memory, MB (2**20 bytes)."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
 
 
 def foresee_misfits(

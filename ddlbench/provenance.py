@@ -89,6 +89,14 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def host_memory_bytes() -> int | None:
+    """This host's physical memory, bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
 def installed_version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)

@@ -36,7 +36,7 @@ def _no_site_launch_settings_left_behind():
 
 
 SLURM_MODULES = "test_slurm_"  # the modules of the tests marked slurm: one group under xdist
-SLURM_NICE = -5  # tests/cluster/slurm.sh's DDLBENCH_SLURM_NICE default
+SLURM_NICE = int(os.environ.get("DDLBENCH_SLURM_NICE", "-5"))  # what tests/cluster/slurm.sh gives its daemons
 
 
 def pytest_itemcollected(item):

@@ -14,7 +14,8 @@ from conftest import run_snakemake
 from ddlbench.analysis.analytic.foresight import NOT_RUN, foresee
 from ddlbench.config import sweep_config_from_mapping
 from ddlbench.errors import ConfigError
-from ddlbench.preflight import foresee_misfits, host_memory_mb, prepare_workflow
+from ddlbench.preflight import foresee_misfits, prepare_workflow
+from ddlbench.provenance import host_memory_bytes
 from ddlbench.records import read_record, record_path
 from tests.conftest import make_point
 
@@ -96,7 +97,7 @@ def test_local_points_ask_for_their_predicted_memory_on_this_host(cpu_machine):
     by = {(point.world_size, point.batch_size): asked[point.point_id] for point in prepared.points}
     assert by[(1, 512)] > by[(1, 8)] > 0  # a larger batch holds more activations
     assert by[(2, 8)] >= 2 * by[(1, 8)] - 1  # two ranks on this host: twice one (each ceiled to a MB)
-    assert prepared.host_memory_mb == host_memory_mb() > 0
+    assert prepared.host_memory_mb == host_memory_bytes() // 2**20 > 0
     assert all(mb <= prepared.host_memory_mb for mb in asked.values())
     unpredicted = {key: value for key, value in raw.items() if key != "machine"}
     without = prepare_workflow("sweep", unpredicted, site_file=None, cores=2, dry_run=True)

@@ -7,6 +7,7 @@ import socket
 
 import torch
 
+from ddlbench.provenance import host_memory_bytes
 from ddlbench.train.calibration.kernels import run_collectives_mpi, run_collectives_torch, run_compute
 from ddlbench.train.calibration.point import CalibrationPoint
 from ddlbench.train.calibration.records import CalibrationRankResult
@@ -47,12 +48,5 @@ def measure(point: CalibrationPoint, ctx: RankContext) -> CalibrationRankResult:
         cpus=tuple(sorted(os.sched_getaffinity(0))),
         measurements=tuple(measurements),
         slurm_node=os.environ.get("SLURMD_NODENAME", ""),
-        memory_bytes=torch.cuda.get_device_properties(ctx.device).total_memory if on_cuda else _host_memory(),
+        memory_bytes=torch.cuda.get_device_properties(ctx.device).total_memory if on_cuda else host_memory_bytes(),
     )
-
-
-def _host_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return None
