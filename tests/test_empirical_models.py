@@ -23,6 +23,7 @@ from ddlbench.analysis.empirical.extrapolation import (
     serial_fraction,
 )
 from ddlbench.analysis.empirical.holdout import hold_out
+from ddlbench.analysis.empirical.laws import bounded_linear
 from ddlbench.analysis.empirical.regression import fit_hypothesis, smape
 from ddlbench.analysis.empirical.search import loo_smape, search_extrap
 from ddlbench.analysis.empirical.series import Series
@@ -195,6 +196,35 @@ def test_a_throughputs_default_is_extra_ps_search_with_the_chosen_spread_and_two
     assert fit.spread == BAND_SPREAD["law"] > 0
     # with two points nothing was scored out of sample: Amdahl's law alone, as before
     assert search_ddlbench(("p",), p[:2, None], values[:2], kind="throughput").formula().startswith("p/(")
+
+
+def test_amdahls_law_alone_bounds_its_serial_part_so_superlinear_points_predict_linear_scaling():
+    # two scales, two launches each, the second 3.3× the first (a noisy first point): unbounded, p/R = a + b·p
+    # has b < 0 and crosses 0 before p = 4, a throughput with a pole there (what a CI run under load once met)
+    p = np.array([[1.0], [2.0]])
+    values = [[98.0, 102.0], [324.0, 336.0]]
+    raw = amdahl(("p",), p, values)
+    assert raw.coefficients[1] < 0 and not np.isfinite(raw.predict([[4.0]])[0])
+    fit = search_ddlbench(("p",), p, values, kind="throughput")
+    # bounded at b = 0: least squares of the constant a over every launch's device-seconds per sample
+    a = np.mean([q / v for q, reps in zip((1.0, 2.0), values, strict=True) for v in reps])
+    assert fit.coefficients == pytest.approx((a,), rel=1e-12) and serial_fraction(fit) == 0.0
+    assert fit.predict([[4.0], [64.0]]) == pytest.approx([4 / a, 64 / a], rel=1e-12)
+    # its band carries the misfit: linear scaling misses both scales by ~25 %, so s² (3 degrees of freedom)
+    # lets a + b·p's lower end reach 0, and the band is open above
+    low, high = fit.band([[4.0]])
+    assert 0 < low[0] < 4 / a and np.isnan(high[0])
+    close = search_ddlbench(("p",), p, [[98.0, 102.0], [196.0, 204.0]], kind="throughput")
+    low, high = close.band([[4.0]])
+    assert 0 < low[0] < close.predict([[4.0]])[0] < high[0] < np.inf
+    # a step time under weak scaling (p·B₁/R, linear in p by the same law) stays positive: the constant
+    steps = [[32 * q / v for v in reps] for q, reps in zip((1.0, 2.0), values, strict=True)]
+    time = search_ddlbench(("p",), p, steps, kind="amdahl_time")
+    assert time.predict([[4.0]])[0] == pytest.approx(np.mean(steps), rel=1e-12)
+    assert bounded_linear(("p",), p, steps).coefficients == time.coefficients and len(time.coefficients) == 1
+    # data that scale sublinearly are fitted as before: b > 0 is left alone
+    sub = [[98.0, 102.0], [150.0, 154.0]]
+    assert search_ddlbench(("p",), p, sub, kind="throughput").coefficients == amdahl(("p",), p, sub).coefficients
 
 
 def test_a_figure_of_unknown_kind_gets_extra_ps_search_and_a_time_the_forward_validated_normal_form():

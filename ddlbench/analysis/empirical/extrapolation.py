@@ -25,6 +25,12 @@ constant otherwise. Kinds no public series scores keep their physics:
 
 - **amdahl_time** (a step time under weak scaling, node-hours per epoch: proportional to p/R): by
   Amdahl's law, linear, a + b·p.
+
+Where Amdahl's law itself is the answer (those 2-point fits, and amdahl_time) its serial part is
+bounded, b ≥ 0 (laws.bounded_linear): measurements scaling better than linearly would otherwise give a
+throughput with a pole and a step time that turns negative a few doublings out; bounded, they give
+linear scaling. As a candidate of the selection it stays unbounded, as it was scored (combine.py drops a
+member past its pole).
 - **time**: the normal form chosen by forward validation, kept positive up to 4× the largest scale, the
   hypotheses that validated about as well widening its band (laws.py).
 
@@ -38,8 +44,15 @@ from dataclasses import replace
 import numpy as np
 
 from ddlbench.analysis.empirical.candidates import candidate, family_of
-from ddlbench.analysis.empirical.laws import LINEAR, amdahl, forward_error, forward_search, serial_fraction
-from ddlbench.analysis.empirical.regression import Fit, fit_hypothesis
+from ddlbench.analysis.empirical.laws import (
+    LINEAR,
+    amdahl,
+    bounded_linear,
+    forward_error,
+    forward_search,
+    serial_fraction,
+)
+from ddlbench.analysis.empirical.regression import Fit
 from ddlbench.analysis.empirical.search import loo_smape, search_extrap
 
 __all__ = [
@@ -73,9 +86,9 @@ def search_ddlbench(names: tuple[str, ...], x: np.ndarray, values: list[list[flo
         fit = candidate(DEFAULT_SEARCH[family], kind)(names, x, values)
         return replace(fit, spread=BAND_SPREAD[family])
     if kind in ("throughput", "per_device") and len(values) >= 2:
-        return amdahl(names, x, values, per_device=kind == "per_device")
+        return amdahl(names, x, values, per_device=kind == "per_device", bounded=True)
     if kind == "amdahl_time" and len(values) >= 2:
-        fit = fit_hypothesis(names, LINEAR, x, values)
+        fit = bounded_linear(names, x, values)
         means = np.array([float(np.mean(v)) for v in values])
-        return replace(fit, cv_smape=loo_smape(LINEAR, x, means) if len(values) > 2 else None)
+        return replace(fit, cv_smape=loo_smape(fit.terms, x, means) if len(values) > 2 else None)
     return forward_search(names, x, values, kind)

@@ -42,12 +42,45 @@ def building_blocks(parameter: int, *, logs: bool) -> list[Factor]:
     return [*base, *(Factor(parameter, -f.poly, f.log) for f in base if f.poly), Factor(parameter, saturating=True)]
 
 
-def amdahl(names: tuple[str, ...], x: np.ndarray, values: list[list[float]], *, per_device: bool = False) -> Fit:
-    """Amdahl's law fitted to a throughput (p/(a + b·p)) or a per-device rate (1/(a + b·p))."""
-    fit = fit_hypothesis(names, LINEAR, x, values, per_unit=None if per_device else 0, inverse=True)
+def amdahl(
+    names: tuple[str, ...],
+    x: np.ndarray,
+    values: list[list[float]],
+    *,
+    per_device: bool = False,
+    bounded: bool = False,
+) -> Fit:
+    """Amdahl's law fitted to a throughput (p/(a + b·p)) or a per-device rate (1/(a + b·p)). `bounded`:
+    with its serial part b ≥ 0 (see `bounded_linear`), so that it predicts a finite rate at every p."""
+    per_unit = None if per_device else 0
+    if bounded:
+        fit = bounded_linear(names, x, values, per_unit=per_unit, inverse=True)
+    else:
+        fit = fit_hypothesis(names, LINEAR, x, values, per_unit=per_unit, inverse=True)
     means = np.array([float(np.mean(v)) for v in values])
     loo = _loo_back(fit, x, means) if len(values) > 2 else None
     return replace(fit, cv_smape=loo)
+
+
+def bounded_linear(
+    names: tuple[str, ...],
+    x: np.ndarray,
+    values: list[list[float]],
+    *,
+    per_unit: int | None = None,
+    inverse: bool = False,
+) -> Fit:
+    """a + b·p (of the figure, or of its transform: fit_hypothesis's `per_unit` and `inverse`) fitted by
+    least squares under b ≥ 0: Amdahl's serial part is not negative. Measurements that scale better than
+    linearly (a cache that the split model fits in, or a noisy first point) give b < 0, and a + b·p then
+    crosses 0: a throughput p/(a + b·p) with a pole, a step time that turns negative. The objective is a
+    convex quadratic under one linear bound, so where the unconstrained b is negative the bounded optimum
+    has b = 0: the constant a (the mean device-seconds per sample, weighted by the repetitions), i.e.
+    linear scaling, the most Amdahl's law allows. Its band then rests on N − 1 degrees of freedom."""
+    fit = fit_hypothesis(names, LINEAR, x, values, per_unit=per_unit, inverse=inverse)
+    if fit.coefficients[1] < 0:
+        fit = fit_hypothesis(names, (), x, values, per_unit=per_unit, inverse=inverse)
+    return fit
 
 
 def amdahl_fold_predictions(x: np.ndarray, values: list[list[float]], *, per_device: bool = False) -> np.ndarray:
@@ -67,7 +100,10 @@ def amdahl_fold_predictions(x: np.ndarray, values: list[list[float]], *, per_dev
 
 
 def serial_fraction(fit: Fit) -> float | None:
-    """Amdahl's serial fraction b/(a + b) of a fit by `amdahl` (None for any other fit)."""
+    """Amdahl's serial fraction b/(a + b) of a fit by `amdahl` (0 where `bounded` set b to 0; None for any
+    other fit)."""
+    if fit.inverse and fit.terms == ():
+        return 0.0
     if not fit.inverse or fit.terms != LINEAR:
         return None
     a, b = fit.coefficients
