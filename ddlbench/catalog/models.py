@@ -51,9 +51,25 @@ for _depth, _blocks, _parameters in (
         )
     )
 
-# VGG (Simonyan & Zisserman 2015, configurations A and D): each convolution (with its norm, ReLU and
+MODELS.register(
+    ModelSpec(
+        name="wide_resnet50_2",
+        builder="ddlbench.train.models.resnet:build_wide_resnet50_2",
+        family="cnn2d",
+        input_kind="image2d",
+        default_batch_size=32,
+        description="Wide ResNet-50-2 (Zagoruyko & Komodakis 2016; torchvision's layout: ResNet-50 with "
+        "bottlenecks twice as wide inside), 68.9M parameters; CIFAR stem on small inputs",
+        blocks=1 + 16 + 1,
+        parameters="68.9M",
+        options={"norm": _CNN_NORMS, "stem": _STEMS},
+    )
+)
+
+# VGG (Simonyan & Zisserman 2015, configurations A, B, D and E): each convolution (with its norm, ReLU and
 # any following max-pool) is one block, and so is each of the three classifier layers.
-for _depth, _convs, _parameters in ((11, 8, "132.9M"), (16, 13, "138.4M")):
+_VGG_CONFIGURATIONS = {11: "A", 13: "B", 16: "D", 19: "E"}
+for _depth, _convs, _parameters in ((11, 8, "132.9M"), (13, 10, "133.1M"), (16, 13, "138.4M"), (19, 16, "143.7M")):
     MODELS.register(
         ModelSpec(
             name=f"vgg{_depth}",
@@ -61,7 +77,7 @@ for _depth, _convs, _parameters in ((11, 8, "132.9M"), (16, 13, "138.4M")):
             family="cnn2d",
             input_kind="image2d",
             default_batch_size=32,
-            description=f"VGG-{_depth} (configuration {'A' if _depth == 11 else 'D'}), {_parameters} parameters "
+            description=f"VGG-{_depth} (configuration {_VGG_CONFIGURATIONS[_depth]}), {_parameters} parameters "
             "on ImageNet; a 512-wide classifier on inputs of at most 64 pixels",
             blocks=_convs + 3,
             parameters=_parameters,
@@ -116,6 +132,8 @@ MODELS.register(
 # causal self-attention, a 4×d MLP; blocks = embedding + layers + (final norm and LM head).
 for _name, _d_model, _heads, _layers, _parameters in (
     ("gpt_tiny", 64, 4, 2, "~0.1M + embeddings"),
+    # Pythia-70M's shape (Biderman et al. 2023: 6 layers, 512 features, 8 heads) in GPT-2's architecture
+    ("gpt_mini", 512, 8, 6, "~19M + embeddings"),
     ("gpt_small", 768, 12, 12, "124M"),
     ("gpt_medium", 1024, 16, 24, "355M"),
     ("gpt_large", 1280, 20, 36, "774M"),

@@ -87,18 +87,21 @@ class BasicBlock(nn.Module):
 
 
 class Bottleneck(nn.Module):
-    """1×1 reduce, 3×3 (carrying the stride, as torchvision's "v1.5" does), 1×1 expand ×4 (ResNet-50/152)."""
+    """1×1 reduce, 3×3 (carrying the stride, as torchvision's "v1.5" does), 1×1 expand ×4 (ResNet-50/152).
+    A wide one (Zagoruyko & Komodakis 2016, as torchvision's wide_resnet50_2) has `widen` times the inner
+    width; its output stays width × 4."""
 
     expansion = 4
 
-    def __init__(self, in_channels: int, width: int, stride: int, norm: str) -> None:
+    def __init__(self, in_channels: int, width: int, stride: int, norm: str, widen: int = 1) -> None:
         super().__init__()
         out_channels = width * self.expansion
-        self.conv1 = nn.Conv2d(in_channels, width, 1, bias=False)
-        self.norm1 = make_norm(norm, width)
-        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
-        self.norm2 = make_norm(norm, width)
-        self.conv3 = nn.Conv2d(width, out_channels, 1, bias=False)
+        inner = width * widen
+        self.conv1 = nn.Conv2d(in_channels, inner, 1, bias=False)
+        self.norm1 = make_norm(norm, inner)
+        self.conv2 = nn.Conv2d(inner, inner, 3, stride=stride, padding=1, bias=False)
+        self.norm2 = make_norm(norm, inner)
+        self.conv3 = nn.Conv2d(inner, out_channels, 1, bias=False)
         self.norm3 = make_norm(norm, out_channels)
         self.relu = nn.ReLU()
         self.shortcut = _shortcut(in_channels, out_channels, stride, norm)
@@ -138,6 +141,7 @@ def build_resnet(
     num_outputs: int,
     norm: str,
     stem: str,
+    widen: int = 1,
 ) -> nn.Sequential:
     check_option("norm", norm, NORMS[:2])  # a ResNet this deep needs its normalisation
     check_option("stem", stem, STEMS)
@@ -148,24 +152,26 @@ def build_resnet(
     for stage, (count, width) in enumerate(zip(blocks_per_stage, (64, 128, 256, 512), strict=True)):
         for index in range(count):
             stride = 2 if stage > 0 and index == 0 else 1
-            layers.append(block(channels, width, stride, norm))
+            layers.append(block(channels, width, stride, norm, widen) if widen > 1 else block(channels, width, stride, norm))
             channels = width * block.expansion
     layers.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_outputs)))
     return init_weights(nn.Sequential(*layers))
 
 
-# He et al. 2016, table 1: the block and the blocks per stage of each depth
-LAYOUTS: dict[int, tuple[type[BasicBlock] | type[Bottleneck], tuple[int, int, int, int]]] = {
-    18: (BasicBlock, (2, 2, 2, 2)),
-    34: (BasicBlock, (3, 4, 6, 3)),
-    50: (Bottleneck, (3, 4, 6, 3)),
-    101: (Bottleneck, (3, 4, 23, 3)),
-    152: (Bottleneck, (3, 8, 36, 3)),
+# He et al. 2016, table 1: the block and the blocks per stage of each depth; the wide ResNet-50-2
+# (Zagoruyko & Komodakis 2016, torchvision's layout) is ResNet-50's with bottlenecks twice as wide inside
+LAYOUTS: dict[str, tuple[type[BasicBlock] | type[Bottleneck], tuple[int, int, int, int], int]] = {
+    "18": (BasicBlock, (2, 2, 2, 2), 1),
+    "34": (BasicBlock, (3, 4, 6, 3), 1),
+    "50": (Bottleneck, (3, 4, 6, 3), 1),
+    "101": (Bottleneck, (3, 4, 23, 3), 1),
+    "152": (Bottleneck, (3, 8, 36, 3), 1),
+    "50_2": (Bottleneck, (3, 4, 6, 3), 2),
 }
 
 
-def _builder(depth: int):
-    block, blocks_per_stage = LAYOUTS[depth]
+def _builder(depth: str, name: str):
+    block, blocks_per_stage, widen = LAYOUTS[depth]
 
     def build(
         *, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch", stem: str = "auto"
@@ -177,15 +183,17 @@ def _builder(depth: int):
             num_outputs=num_outputs,
             norm=norm,
             stem=stem,
+            widen=widen,
         )
 
-    build.__name__ = build.__qualname__ = f"build_resnet{depth}"
-    build.__doc__ = f"ResNet-{depth}: {blocks_per_stage} {block.__name__}s per stage."
+    build.__name__ = build.__qualname__ = f"build_{name}"
+    build.__doc__ = f"{name}: {blocks_per_stage} {block.__name__}s per stage" + (f", {widen}× wide" if widen > 1 else "")
     return build
 
 
-build_resnet18 = _builder(18)
-build_resnet34 = _builder(34)
-build_resnet50 = _builder(50)
-build_resnet101 = _builder(101)
-build_resnet152 = _builder(152)
+build_resnet18 = _builder("18", "resnet18")
+build_resnet34 = _builder("34", "resnet34")
+build_resnet50 = _builder("50", "resnet50")
+build_resnet101 = _builder("101", "resnet101")
+build_resnet152 = _builder("152", "resnet152")
+build_wide_resnet50_2 = _builder("50_2", "wide_resnet50_2")

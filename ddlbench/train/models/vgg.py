@@ -1,4 +1,5 @@
-"""VGG (Simonyan & Zisserman 2015), configurations A (VGG-11) and D (VGG-16), without dropout.
+"""VGG (Simonyan & Zisserman 2015), configurations A (VGG-11), B (VGG-13), D (VGG-16) and E (VGG-19),
+without dropout.
 
 One child per convolution (with its norm, ReLU and the max-pool that follows it, if any) and one per
 classifier layer, so a pipeline can cut between any two layers. Dropout is left out: benchmarks
@@ -14,7 +15,9 @@ from ddlbench.train.models.resnet import NORMS, SMALL_INPUT_MAX_SIDE, check_opti
 POOL = 0  # marks a 2×2 max-pool in a configuration
 CONFIGURATIONS: dict[str, tuple[int, ...]] = {
     "A": (64, POOL, 128, POOL, 256, 256, POOL, 512, 512, POOL, 512, 512, POOL),
+    "B": (64, 64, POOL, 128, 128, POOL, 256, 256, POOL, 512, 512, POOL, 512, 512, POOL),
     "D": (64, 64, POOL, 128, 128, POOL, 256, 256, 256, POOL, 512, 512, 512, POOL, 512, 512, 512, POOL),
+    "E": (64, 64, POOL, 128, 128, POOL, 256, 256, 256, 256, POOL, 512, 512, 512, 512, POOL, 512, 512, 512, 512, POOL),
 }
 
 
@@ -53,5 +56,13 @@ def build_vgg11(*, sample_shape: tuple[int, ...], num_outputs: int, norm: str = 
     return build_vgg(configuration="A", sample_shape=sample_shape, num_outputs=num_outputs, norm=norm)
 
 
+def build_vgg13(*, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch") -> nn.Sequential:
+    return build_vgg(configuration="B", sample_shape=sample_shape, num_outputs=num_outputs, norm=norm)
+
+
 def build_vgg16(*, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch") -> nn.Sequential:
     return build_vgg(configuration="D", sample_shape=sample_shape, num_outputs=num_outputs, norm=norm)
+
+
+def build_vgg19(*, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch") -> nn.Sequential:
+    return build_vgg(configuration="E", sample_shape=sample_shape, num_outputs=num_outputs, norm=norm)
