@@ -188,14 +188,17 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
     saved, grads, flowing = activation_terms(ctx, s.batch_size)
     if ctx.machine.device_kind == "cpu":
         # gloo (ddlbench.train.strategies.sharded): a bucket's gradients are .grad until its last block's
-        # backward ends; then it holds its buffer (their size), the collective's output temporary and the
-        # rank's shard (1/p each), and none of it is dropped before the end of backward (a launch drops only
-        # buckets whose reduce-scatter is done, and gloo's async work is not done by then). Measured on
-        # models outside the scoring sweep (resnet18, alexnet; 1 and 2 ranks): a peak of P·(2 + 3/p) once
-        # the activations are gone, P the parameters' bytes
+        # backward ends; then its buffer (their size; the gradients freed) and the rank's shard (1/p) are
+        # held to the end of backward (a launch drops only buffers whose reduce-scatter is done, which gloo's
+        # async work rarely is by then), and the collective's output temporary (1/p) while it runs: held at
+        # the end by the buckets still running then. Measured (tests/test_zero2_memory.py; the scoring sets'
+        # resnet34-152 and gpt_small-large at 1 and 2 ranks, docs/analytic.md): P·(2 + 2/p) once the
+        # activations are gone where backward outlasts the collectives, toward P·(2 + 3/p) for alexnet's
+        # 67 MB buckets at batch 2, P the parameters' bytes
         walked, launched, transient = list(grads), [0.0] * len(grads), 0.0
-        for b in buckets:
-            launched[b.ready_block] += 2.0 * b.bytes / p
+        running = _in_flight_at_backward_end(ctx, times, buckets, p)
+        for b, held in zip(buckets, running, strict=True):
+            launched[b.ready_block] += b.bytes / p * (2.0 if held else 1.0)
     else:
         # NCCL: a bucket's gradients are copied into its buffer and freed once it is full, the reduce-scatter
         # writes into the shard and is done by the next launch: one bucket's gradients and buffer at a time,
@@ -217,6 +220,29 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
     )
     what = f"{len(buckets)} reduce-scatter(s) during backward, {len(buckets)} all-gather(s) after the update"
     return StrategyRun(timeline=ctx.simulate(program), memory=memory, comm=what)
+
+
+def _in_flight_at_backward_end(ctx: Context, times: BlockTimes, buckets: list[Bucket], p: int) -> list[bool]:
+    """Whether each zero2 bucket's reduce-scatter on gloo is still running when backward ends. gloo runs a
+    group's collectives one after another on its own thread: bucket k starts when its ready block's
+    backward ends or when bucket k−1's is done, whichever is later, and takes the collective's fit (on one
+    rank gloo copies the bucket, no peer: an elementwise pass) and the first touch of its output."""
+    s = ctx.setting
+    total = sum(times.backward_s)
+    done, running = 0.0, []
+    for bucket in buckets:
+        launched = total - sum(times.backward_s[: bucket.ready_block])  # backward walks the blocks in reverse
+        if p > 1:
+            seconds = ctx.collective_s("reduce_scatter", bucket.bytes, list(range(p)))
+        else:
+            seconds = elementwise_s(
+                ctx.machine, bucket.bytes / FP32, precision=s.precision, threads=s.threads, sharing=ctx.sharing
+            )
+        # its output temporary is memory mapped anew (first touch), as the calibration's collectives' is not
+        seconds += bucket.bytes / p * (ctx.machine.first_touch_s_per_byte or 0.0)
+        done = max(done, launched) + seconds
+        running.append(done > total)
+    return running
 
 
 def zero2_buffers_s(ctx: Context, params: int, p: int) -> float:

@@ -366,7 +366,8 @@ def model_spatial_layers(ctx: Context) -> StrategyRun:
         saved=saved,
         grad_per_block=grads,
         flowing=[f * sc for f, sc in zip(flowing, scale, strict=True)],
-        extra_peak=region_params * FP32,  # the flat copy of the region's gradients while they are reduced
+        # the flat copy of the region's gradients while they are reduced: after the walk, the activations gone
+        after_backward=region_params * FP32,
         detail=f"{region} of {len(table.blocks)} blocks on slabs of 1/{p} ({share.flops_share:.0%} of the FLOPs); "
         f"{share.detail}",
     )

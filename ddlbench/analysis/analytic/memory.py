@@ -113,15 +113,20 @@ def rank_memory(
     in_flight: float = 1.0,
     extra_peak: float = 0.0,
     launched: Sequence[float] | None = None,
+    after_backward: float = 0.0,
     detail: str = "",
 ) -> RankMemory:
-    """A rank's memory from its parts (bytes); extra_peak: a strategy's transient on top (gathered
-    parameters, gradient buckets in flight); `launched`: buckets kept to the end of backward
-    (bucketed_backward_peak)."""
+    """A rank's memory from its parts (bytes); extra_peak: a strategy's transient on top during the backward
+    walk (gathered parameters, gradient buckets in flight); `launched`: buckets kept to the end of backward
+    (bucketed_backward_peak); `after_backward`: a transient made once the walk is over, beside every
+    gradient but no activation (a flat copy of the gradients while they are reduced): the moment is a
+    candidate for the peak of its own, never added to the walk's."""
     if launched is None:
         step_peak, activations = backward_peak(saved, grad_per_block, flowing, in_flight=in_flight)
     else:
         step_peak, activations = bucketed_backward_peak(saved, grad_per_block, flowing, launched)
+    if after_backward:
+        step_peak = max(step_peak, float(sum(grad_per_block)) + after_backward - extra_peak)
     return RankMemory(
         params_bytes=int(params),
         grads_bytes=int(grads),

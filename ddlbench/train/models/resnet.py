@@ -152,7 +152,8 @@ def build_resnet(
     for stage, (count, width) in enumerate(zip(blocks_per_stage, (64, 128, 256, 512), strict=True)):
         for index in range(count):
             stride = 2 if stage > 0 and index == 0 else 1
-            layers.append(block(channels, width, stride, norm, widen) if widen > 1 else block(channels, width, stride, norm))
+            wide = (widen,) if widen > 1 else ()  # only a Bottleneck widens
+            layers.append(block(channels, width, stride, norm, *wide))
             channels = width * block.expansion
     layers.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_outputs)))
     return init_weights(nn.Sequential(*layers))
@@ -187,7 +188,7 @@ def _builder(depth: str, name: str):
         )
 
     build.__name__ = build.__qualname__ = f"build_{name}"
-    build.__doc__ = f"{name}: {blocks_per_stage} {block.__name__}s per stage" + (f", {widen}× wide" if widen > 1 else "")
+    build.__doc__ = f"{name}: {blocks_per_stage} {block.__name__}s per stage" + (f", {widen}× wide" * (widen > 1))
     return build
 
 
