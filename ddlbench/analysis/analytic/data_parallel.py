@@ -6,7 +6,10 @@ rank 0 stands for all. What each issues per step, as implemented (ddlbench.train
   (broadcast_buffers, on by default); gradients all-reduced in buckets during backward: buckets are
   filled in reverse parameter order, the first capped at 1 MiB (torch's _DEFAULT_FIRST_BUCKET_BYTES),
   the rest at `bucket_cap_mb`; a bucket is issued when the backward of the block holding its last
-  parameter ends. The update waits for every bucket.
+  parameter ends. The reducer (gradient_as_bucket_view off, torch's default) copies each gradient into its
+  bucket as it is ready and back once reduced, and on one rank gloo's all-reduce copies the bucket too:
+  passes over the parameters at least at the memory bandwidth (`copy_pass_s`). The update waits for every
+  bucket.
 - horovod: DistributedOptimizer: each gradient is submitted when ready; Horovod's background thread
   fuses what is ready into one all-reduce up to `fusion_threshold_mb`; backward blocks take far longer
   than its cycle, so a fused all-reduce per block. synchronize() before the update.
@@ -135,13 +138,24 @@ def model_ddp(ctx: Context, times: BlockTimes, *, horovod: bool = False) -> Stra
         what = f"{len(buckets)} bucket all-reduce(s) of {table.param_bytes / 1e6:.3g} MB of gradients during backward"
         if buffer_bytes and s.world_size > 1:
             what += f"; a broadcast of {buffer_bytes} B of buffers before each forward"
+    if horovod:
+        ready = {k: backward[b.ready_block] for k, b in enumerate(buckets)}
+    else:  # the reducer copies each gradient into its bucket as it is ready (on the backward's thread)
+        ready = {
+            k: program.compute(
+                0, copy_pass_s(ctx, b.bytes / FP32), deps=(backward[b.ready_block],), label=f"into bucket {k}"
+            )
+            for k, b in enumerate(buckets)
+        }
     reductions = [
-        program.comm(
-            0, ctx.collective_s("all_reduce", b.bytes, world), deps=(backward[b.ready_block],), label=f"all_reduce {k}"
-        )
+        program.comm(0, ctx.collective_s("all_reduce", b.bytes, world), deps=(ready[k],), label=f"all_reduce {k}")
         for k, b in enumerate(buckets)
     ]
-    program.compute(0, times.update_per_param_s * table.params, deps=[*reductions, backward[0]], label="update")
+    deps = [*reductions, backward[0]]
+    if not horovod:  # and back into the gradients once reduced; on one rank gloo's all-reduce copies too
+        passes = 1 + (1 if s.world_size == 1 else 0)
+        deps = [program.compute(0, passes * copy_pass_s(ctx, table.params), deps=deps, label="buckets back")]
+    program.compute(0, times.update_per_param_s * table.params, deps=deps, label="update")
     saved, grads, flowing = activation_terms(ctx, s.batch_size)
     # DDP's buckets copy every gradient; Horovod allocates its whole fusion buffer once it fuses anything
     comm_buffer = table.param_bytes if not horovod else (cap if s.world_size > 1 else 0)
@@ -243,6 +257,18 @@ def _in_flight_at_backward_end(ctx: Context, times: BlockTimes, buckets: list[Bu
         done = max(done, launched) + seconds
         running.append(done > total)
     return running
+
+
+def copy_pass_s(ctx: Context, elements: float) -> float:
+    """Seconds to copy `elements` fp32 values into another tensor: the operator fits' elementwise pass, and
+    at least the bytes read and written over the memory bandwidth (a pass over more than the caches; the
+    fits are timed on shapes that mostly fit in them). DDP's reducer on a 2-core host (gpt_medium, 1.21 GB
+    of gradients, one rank, 2026-12-02): its backward took 0.47-0.58 s more than the plain model's, its
+    three passes (into the buckets, gloo's one-rank all-reduce, back) 0.56 s by bandwidth, 0.23 s by the fit."""
+    s = ctx.setting
+    fitted = elementwise_s(ctx.machine, elements, precision=s.precision, threads=s.threads, sharing=ctx.sharing)
+    bandwidth = ctx.machine.memory_bandwidth_bytes_per_s
+    return max(fitted, 2 * FP32 * elements / bandwidth) if bandwidth else fitted
 
 
 def zero2_buffers_s(ctx: Context, params: int, p: int) -> float:
