@@ -9,7 +9,10 @@ from ddlbench.launch.rendezvous import STEP_LANES, port_is_free, slurm_master_po
 
 
 def _listen(port: int) -> socket.socket:
+    """A listener on `port`, bound as torch's store binds (SO_REUSEADDR: a connection of an earlier test
+    lingering in TIME_WAIT there does not refuse it); Linux still refuses a second listener on it."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("", port))
     listener.listen()
     return listener
@@ -37,7 +40,9 @@ def test_a_port_in_use_moves_the_choice_to_the_next_candidate_alike_each_time():
 
 
 def test_steps_in_different_lanes_never_share_a_port_even_when_one_moves():
-    job = "4242"
+    # a job whose lane-0 port nothing on this host holds now (the suite's packed SLURM steps use this range):
+    # this test takes it itself
+    job = next(str(j) for j in range(4242, 4242 + 64) if port_is_free(step_port(str(j), 0, check=False)))
     taken = step_port(job, 0, check=False)
     with _listen(taken):
         ports = [step_port(job, lane) for lane in range(STEP_LANES)]
