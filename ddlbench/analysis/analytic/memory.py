@@ -125,15 +125,15 @@ def rank_memory(
         step_peak, activations = backward_peak(saved, grad_per_block, flowing, in_flight=in_flight)
     else:
         step_peak, activations = bucketed_backward_peak(saved, grad_per_block, flowing, launched)
-    if after_backward:
-        step_peak = max(step_peak, float(sum(grad_per_block)) + after_backward - extra_peak)
+    # the walk's moment (with the strategy's transient on it) or, after it, every gradient and that copy
+    transient = max(step_peak + extra_peak, float(sum(grad_per_block)) + after_backward if after_backward else 0.0)
     return RankMemory(
         params_bytes=int(params),
         grads_bytes=int(grads),
         optimizer_bytes=int(optimizer),
         buffers_bytes=int(buffers),
         activations_bytes=int(activations),
-        peak_bytes=int(params + optimizer + buffers + step_peak + extra_peak),
+        peak_bytes=int(params + optimizer + buffers + transient),
         detail=detail,
     )
 

@@ -25,14 +25,14 @@ constant otherwise. Kinds no public series scores keep their physics:
 
 - **amdahl_time** (a step time under weak scaling, node-hours per epoch: proportional to p/R): by
   Amdahl's law, linear, a + b·p.
+- **time**: the normal form chosen by forward validation, kept positive up to 4× the largest scale, the
+  hypotheses that validated about as well widening its band (laws.py).
 
 Where Amdahl's law itself is the answer (those 2-point fits, and amdahl_time) its serial part is
 bounded, b ≥ 0 (laws.bounded_linear): measurements scaling better than linearly would otherwise give a
 throughput with a pole and a step time that turns negative a few doublings out; bounded, they give
 linear scaling. As a candidate of the selection it stays unbounded, as it was scored (combine.py drops a
 member past its pole).
-- **time**: the normal form chosen by forward validation, kept positive up to 4× the largest scale, the
-  hypotheses that validated about as well widening its band (laws.py).
 
 Several parameters: Extra-P's multi-parameter search (ddlbench.analysis.empirical.search).
 """

@@ -71,8 +71,10 @@ class BasicBlock(nn.Module):
 
     expansion = 1
 
-    def __init__(self, in_channels: int, width: int, stride: int, norm: str) -> None:
+    def __init__(self, in_channels: int, width: int, stride: int, norm: str, widen: int = 1) -> None:
         super().__init__()
+        if widen != 1:
+            raise ValueError(f"a basic block has no inner width to widen (widen={widen})")
         self.conv1 = nn.Conv2d(in_channels, width, 3, stride=stride, padding=1, bias=False)
         self.norm1 = make_norm(norm, width)
         self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
@@ -152,27 +154,26 @@ def build_resnet(
     for stage, (count, width) in enumerate(zip(blocks_per_stage, (64, 128, 256, 512), strict=True)):
         for index in range(count):
             stride = 2 if stage > 0 and index == 0 else 1
-            wide = (widen,) if widen > 1 else ()  # only a Bottleneck widens
-            layers.append(block(channels, width, stride, norm, *wide))
+            layers.append(block(channels, width, stride, norm, widen))
             channels = width * block.expansion
     layers.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_outputs)))
     return init_weights(nn.Sequential(*layers))
 
 
-# He et al. 2016, table 1: the block and the blocks per stage of each depth; the wide ResNet-50-2
-# (Zagoruyko & Komodakis 2016, torchvision's layout) is ResNet-50's with bottlenecks twice as wide inside
+# He et al. 2016, table 1: the block, the blocks per stage and the inner widening of each model; the wide
+# ResNet-50-2 (Zagoruyko & Komodakis 2016, torchvision's layout) is ResNet-50's with bottlenecks twice as wide
 LAYOUTS: dict[str, tuple[type[BasicBlock] | type[Bottleneck], tuple[int, int, int, int], int]] = {
-    "18": (BasicBlock, (2, 2, 2, 2), 1),
-    "34": (BasicBlock, (3, 4, 6, 3), 1),
-    "50": (Bottleneck, (3, 4, 6, 3), 1),
-    "101": (Bottleneck, (3, 4, 23, 3), 1),
-    "152": (Bottleneck, (3, 8, 36, 3), 1),
-    "50_2": (Bottleneck, (3, 4, 6, 3), 2),
+    "resnet18": (BasicBlock, (2, 2, 2, 2), 1),
+    "resnet34": (BasicBlock, (3, 4, 6, 3), 1),
+    "resnet50": (Bottleneck, (3, 4, 6, 3), 1),
+    "resnet101": (Bottleneck, (3, 4, 23, 3), 1),
+    "resnet152": (Bottleneck, (3, 8, 36, 3), 1),
+    "wide_resnet50_2": (Bottleneck, (3, 4, 6, 3), 2),
 }
 
 
-def _builder(depth: str, name: str):
-    block, blocks_per_stage, widen = LAYOUTS[depth]
+def _builder(name: str):
+    block, blocks_per_stage, widen = LAYOUTS[name]
 
     def build(
         *, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch", stem: str = "auto"
@@ -192,9 +193,9 @@ def _builder(depth: str, name: str):
     return build
 
 
-build_resnet18 = _builder("18", "resnet18")
-build_resnet34 = _builder("34", "resnet34")
-build_resnet50 = _builder("50", "resnet50")
-build_resnet101 = _builder("101", "resnet101")
-build_resnet152 = _builder("152", "resnet152")
-build_wide_resnet50_2 = _builder("50_2", "wide_resnet50_2")
+build_resnet18 = _builder("resnet18")
+build_resnet34 = _builder("resnet34")
+build_resnet50 = _builder("resnet50")
+build_resnet101 = _builder("resnet101")
+build_resnet152 = _builder("resnet152")
+build_wide_resnet50_2 = _builder("wide_resnet50_2")
