@@ -49,7 +49,7 @@ sys.meta_path.insert(0, NoTorch())
 """
 # the tables that take a second or more to build on a 2-core machine; the quick tests check their siblings
 # (same builders) and mobilenet_v2 on one dataset
-SLOW_TABLES = {"resnet152", "resnet50", "wide_resnet50_2", "gpt_small", "gpt_medium", "gpt_large"}
+SLOW_TABLES = {"resnet152", "resnet50", "wide_resnet50_2", "wide_resnet101_2", "gpt_small", "gpt_medium", "gpt_large"}
 
 
 def _slow(model: str, dataset: str) -> bool:

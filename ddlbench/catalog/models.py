@@ -51,20 +51,22 @@ for _depth, _blocks, _parameters in (
         )
     )
 
-MODELS.register(
-    ModelSpec(
-        name="wide_resnet50_2",
-        builder="ddlbench.train.models.resnet:build_wide_resnet50_2",
-        family="cnn2d",
-        input_kind="image2d",
-        default_batch_size=32,
-        description="Wide ResNet-50-2 (Zagoruyko & Komodakis 2016; torchvision's layout: ResNet-50 with "
-        "bottlenecks twice as wide inside), 68.9M parameters; CIFAR stem on small inputs",
-        blocks=1 + 16 + 1,
-        parameters="68.9M",
-        options={"norm": _CNN_NORMS, "stem": _STEMS},
+# Wide ResNets (Zagoruyko & Komodakis 2016; torchvision's layout: the ResNet's bottlenecks twice as wide inside)
+for _depth, _blocks, _parameters in ((50, 16, "68.9M"), (101, 33, "126.9M")):
+    MODELS.register(
+        ModelSpec(
+            name=f"wide_resnet{_depth}_2",
+            builder=f"ddlbench.train.models.resnet:build_wide_resnet{_depth}_2",
+            family="cnn2d",
+            input_kind="image2d",
+            default_batch_size=32,
+            description=f"Wide ResNet-{_depth}-2 (Zagoruyko & Komodakis 2016; torchvision's layout: ResNet-{_depth} "
+            f"with bottlenecks twice as wide inside), {_parameters} parameters; CIFAR stem on small inputs",
+            blocks=1 + _blocks + 1,
+            parameters=_parameters,
+            options={"norm": _CNN_NORMS, "stem": _STEMS},
+        )
     )
-)
 
 # VGG (Simonyan & Zisserman 2015, configurations A, B, D and E): each convolution (with its norm, ReLU and
 # any following max-pool) is one block, and so is each of the three classifier layers.
@@ -133,6 +135,8 @@ MODELS.register(
 for _name, _d_model, _heads, _layers, _parameters in (
     ("gpt_tiny", 64, 4, 2, "~0.1M + embeddings"),
     # Pythia-70M's shape (Biderman et al. 2023: 6 layers, 512 features, 8 heads) in GPT-2's architecture
+    # Pythia-31M's shape (6 layers, 256 features, 8 heads of 32)
+    ("gpt_micro", 256, 8, 6, "~4.7M + embeddings"),
     ("gpt_mini", 512, 8, 6, "~19M + embeddings"),
     ("gpt_small", 768, 12, 12, "124M"),
     ("gpt_medium", 1024, 16, 24, "355M"),

@@ -169,6 +169,7 @@ LAYOUTS: dict[str, tuple[type[BasicBlock] | type[Bottleneck], tuple[int, int, in
     "resnet101": (Bottleneck, (3, 4, 23, 3), 1),
     "resnet152": (Bottleneck, (3, 8, 36, 3), 1),
     "wide_resnet50_2": (Bottleneck, (3, 4, 6, 3), 2),
+    "wide_resnet101_2": (Bottleneck, (3, 4, 23, 3), 2),
 }
 
 
@@ -199,3 +200,4 @@ build_resnet50 = _builder("resnet50")
 build_resnet101 = _builder("resnet101")
 build_resnet152 = _builder("resnet152")
 build_wide_resnet50_2 = _builder("wide_resnet50_2")
+build_wide_resnet101_2 = _builder("wide_resnet101_2")
