@@ -35,7 +35,16 @@ PAIRS = [
 # The quick set keeps each model once or twice: the image models on cifar10 (small stem) and imagenet (large
 # stem), except those whose table takes seconds on a 2-core machine (module count, not input size, sets the
 # meta probe's cost), which run on one dataset, or only with the slow tests (same code as a smaller sibling).
-SLOW_MODELS = {"resnet101", "resnet152", "wide_resnet50_2", "wide_resnet101_2", "vgg19", "gpt_small", "gpt_medium", "gpt_large"}
+SLOW_MODELS = {
+    "resnet101",
+    "resnet152",
+    "wide_resnet50_2",
+    "wide_resnet101_2",
+    "vgg19",
+    "gpt_small",
+    "gpt_medium",
+    "gpt_large",
+}
 ONE_QUICK_DATASET = {"mobilenet_v2": "cifar10", "resnet50": "imagenet"}
 SECOND_DATASETS = {"mnist", "highres"}
 
