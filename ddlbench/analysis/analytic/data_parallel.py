@@ -264,7 +264,9 @@ def copy_pass_s(ctx: Context, elements: float) -> float:
     at least the bytes read and written over the memory bandwidth (a pass over more than the caches; the
     fits are timed on shapes that mostly fit in them). DDP's reducer on a 2-core host (gpt_medium, 1.21 GB
     of gradients, one rank, 2026-12-02): its backward took 0.47-0.58 s more than the plain model's, its
-    three passes (into the buckets, gloo's one-rank all-reduce, back) 0.56 s by bandwidth, 0.23 s by the fit."""
+    three passes (into the buckets, gloo's one-rank all-reduce, back) 0.56 s by bandwidth, 0.23 s by the fit.
+    The layer-by-layer strategies' copies (ddlbench.analysis.analytic.layer_splits.Lane.copy: windows, cats,
+    the flat gradient of a region) cost the same way."""
     s = ctx.setting
     fitted = elementwise_s(ctx.machine, elements, precision=s.precision, threads=s.threads, sharing=ctx.sharing)
     bandwidth = ctx.machine.memory_bandwidth_bytes_per_s

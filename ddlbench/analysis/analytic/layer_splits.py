@@ -34,8 +34,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ddlbench.analysis.analytic.compute import block_times, elementwise_s, layer_costs
-from ddlbench.analysis.analytic.data_parallel import FIRST_BUCKET_BYTES, StrategyRun, activation_terms, plan_buckets
+from ddlbench.analysis.analytic.compute import block_times, layer_costs
+from ddlbench.analysis.analytic.data_parallel import (
+    FIRST_BUCKET_BYTES,
+    StrategyRun,
+    activation_terms,
+    copy_pass_s,
+    plan_buckets,
+)
 from ddlbench.analysis.analytic.layout import Context, elements
 from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, rank_memory
 from ddlbench.analysis.analytic.simulate import Program
@@ -61,11 +67,7 @@ class Lane:
         return self.previous
 
     def copy(self, values: float, label: str) -> int:
-        s = self.ctx.setting
-        seconds = elementwise_s(
-            self.ctx.machine, values, precision=s.precision, threads=s.threads, sharing=self.ctx.sharing
-        )
-        return self.compute(seconds, label)
+        return self.compute(copy_pass_s(self.ctx, values), label)
 
     def collective(self, op: str, nbytes: float, group: list[int], label: str) -> int:
         seconds = self.ctx.collective_s(op, nbytes, group, after_s=self.since_call)
