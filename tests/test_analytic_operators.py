@@ -15,7 +15,7 @@ from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.operators import OpCall, basis, call_of_sample, fit_kind, fit_operator_model, layer_call
 from ddlbench.analysis.analytic.table_cache import find_table
 from ddlbench.analysis.machine.fit import fit_busy, nnls
-from ddlbench.train.calibration.operator_shapes import sample_shapes
+from ddlbench.train.calibration.operator_shapes import WIDE_CONV_SHARE, sample_shapes
 
 
 def test_nnls_solves_and_keeps_coefficients_non_negative():
@@ -77,6 +77,46 @@ def test_operator_fit_recovers_a_cost_law_and_predicts_shapes_it_never_timed():
     calibrated = [s for s in sample_shapes(seed=0, per_kind=30, max_flop=3e8, max_elements=2**22) if s.kind == "conv2d"]
     unseen = [s for s in sample_shapes(seed=7, per_kind=30, max_flop=3e8, max_elements=2**22) if s.kind == "conv2d"]
     _assert_fit_recovers("conv2d", calibrated, unseen, _conv_law, worst=0.25)
+
+
+def _stepped_conv_law(call: OpCall, batch: int) -> tuple[float, float]:
+    """_conv_law, with each weight past 2^22 (16 MiB in fp32) costing 5 ns more in forward and 15 ns more in
+    backward, and FLOPs there a third slower in backward: the weight gradient's GEMM out of a cache."""
+    forward, backward = _conv_law(call, batch)
+    weights = call.in_channels * call.out_channels * call.kernel_elements
+    if weights > 2**22:
+        flop = 2.0 * weights * call.out_pixels * batch
+        forward += weights * 5e-9
+        backward += weights * 15e-9 + (2 if call.input_grad else 1) * flop / 180e9
+    return forward, backward
+
+
+def test_a_conv_fit_finds_where_wide_weights_cost_more_and_predicts_wide_shapes_it_never_timed(monkeypatch):
+    """The calibration draws wide convolutions on small maps beside the others; the fit takes the knot past
+    which each weight costs more (operators.KNOTS) and predicts wide shapes of another draw, which the same
+    regressors without a knot cannot."""
+    from ddlbench.analysis.analytic import operators
+
+    drawn = [s for s in sample_shapes(seed=0, per_kind=40, max_flop=1.5e9, max_elements=2**23) if s.kind == "conv2d"]
+    unseen = [s for s in sample_shapes(seed=7, per_kind=40, max_flop=1.5e9, max_elements=2**23) if s.kind == "conv2d"]
+    wide = [s for s in unseen if s.in_channels * s.out_channels * s.kernel**2 > 2**22]
+    assert sum(s.in_channels >= 512 for s in drawn) >= 20 and len(wide) >= 5  # the wide draws reach past the step
+    samples = _timed(drawn, _stepped_conv_law, noise=0.05, seed=1)
+
+    def errors(fit, index):
+        out = []
+        for shape in wide:
+            call = call_of_sample(shape.to_dict())
+            truth = _stepped_conv_law(call, shape.batch)[index]
+            out.append(abs(fit.seconds(call, shape.batch) - truth) / truth)
+        return float(np.median(out))
+
+    for direction, index in (("forward", 0), ("backward", 1)):
+        fit = fit_kind("conv2d", direction, samples)
+        assert fit.knot == 2**22, direction
+        assert errors(fit, index) < 0.08, direction
+    monkeypatch.setattr(operators, "KNOTTED", ())
+    assert errors(fit_kind("conv2d", "backward", samples), 1) > 0.15  # no knot: the wide shapes are missed
 
 
 def _depthwise_law(call: OpCall, batch: int) -> tuple[float, float]:
@@ -160,7 +200,10 @@ def _linear_law(call: OpCall, batch: int) -> tuple[float, float]:
 def test_tensor_parallel_linears_are_drawn_last_fitted_apart_and_predict_shapes_never_timed(kind):
     drawn = sample_shapes(seed=0, per_kind=40, max_flop=1.5e9, max_elements=2**23)
     # the kinds before them are drawn as they were before they came (they are drawn last)
-    assert [s.kind for s in drawn[-80:]] == ["tp_colwise_linear"] * 40 + ["tp_rowwise_linear"] * 40
+    # (then only the wide convolutions, drawn after every kind)
+    wide = round(WIDE_CONV_SHARE * 40)
+    assert [s.kind for s in drawn[-80 - wide : -wide]] == ["tp_colwise_linear"] * 40 + ["tp_rowwise_linear"] * 40
+    assert all(s.kind == "conv2d" and s.in_channels >= 512 for s in drawn[-wide:])
     mine = [s for s in drawn if s.kind == kind]
     assert all(s.forward_flop == 2 * s.in_channels * s.out_channels * s.batch * s.height for s in mine)
     unseen = [s for s in sample_shapes(seed=7, per_kind=40, max_flop=1.5e9, max_elements=2**23) if s.kind == kind]

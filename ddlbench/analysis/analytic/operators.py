@@ -13,7 +13,7 @@ t / t̂ over those shapes (the smearing correction: what is left of that bias, 1
 
     conv2d, linear, depthwise_conv2d:
                      t = c0 + c0'·[N > 1] + c1·F + c2·F/C_in + c3·F/C_out + c4·F/P_out + c5·F/N
-                         + c6·E_in + c7·E_out + c8·W
+                         + c6·E_in + c7·E_out + c8·W + [W > K]·(c9·W + c10·F)   (K: conv2d's knot)
     elementwise:     t = c0 + c1·E_in + c2·E_out + c3·N·C + c4·C
     layer_norm, gelu, embedding:  the same + c5·W (an embedding's table: its backward writes a gradient as large)
     attention:       t = c0 + c0'·[N > 1] + c1·F + c2·F/T + c3·E_in + c4·E_out,  F = 4·N·T²·C
@@ -22,7 +22,9 @@ with F the FLOPs of the pass (backward: the input gradient's where autograd comp
 weights'), C channels (features), P output pixels per sample, N the batch (a linear layer: the rows),
 E elements of the input and output, W weight elements. Each F/x term is an efficiency lost as x
 shrinks (a vector lane, a blocked tile or a batch loop left part empty); the E and W terms are the
-traffic of reading and writing them; c0 the call. A layer is then the sum of its calls. Kinds:
+traffic of reading and writing them; c0 the call; K a weight size past which each weight and FLOP cost
+more (a convolution's weights outgrowing a cache), one of KNOTS or none, whichever fits the calibration's
+shapes best (its wide draws reach past it). A layer is then the sum of its calls. Kinds:
 conv2d, batch_norm2d, relu, max_pool2d (every 2-D pool), linear, add (a residual sum: binary
 elementwise, also what a copy of a tensor costs within a factor of 1.5), slab_batch_norm2d (spatial
 parallelism's batch norm, its statistics in plain tensor operations: several times a fused one), and
@@ -92,8 +94,18 @@ class OpCall:
     weight_elements: int = 0  # an embedding's table (its backward writes a gradient as large)
 
 
-def basis(call: OpCall, batch: float, direction: str) -> list[float]:
-    """The regressors of the module docstring for one call at `batch` samples."""
+# weight sizes (elements: 4, 8, 16, 32 and 64 MiB in fp32) one of which a weighted kind's fit may take as the
+# size past which each weight costs more (the weight gradient's GEMM slowing once the weights outgrow a cache:
+# here 1.6-1.9× per weight between 768 and 1024 channels at 3×3); fit_kind keeps the one, or none, that fits
+# the calibration's shapes best, with at least KNOT_SAMPLES shapes on either side
+KNOTS = (2.0**20, 2.0**21, 2.0**22, 2.0**23, 2.0**24)
+KNOT_SAMPLES = 8
+KNOTTED = ("conv2d",)  # the kinds whose calibration draws wide shapes (operator_shapes.WIDE_CONV_SHARE)
+
+
+def basis(call: OpCall, batch: float, direction: str, knot: float = 0.0) -> list[float]:
+    """The regressors of the module docstring for one call at `batch` samples (a weighted kind's last two:
+    its weights and FLOPs where its weights exceed `knot` elements, 0 without a knot)."""
     n = batch * call.rows
     e_in = n * call.in_channels * call.in_pixels
     e_out = n * call.out_channels * call.out_pixels
@@ -103,6 +115,7 @@ def basis(call: OpCall, batch: float, direction: str) -> list[float]:
         if direction == "backward":
             flop *= 2.0 if call.input_grad else 1.0
         weights = fan_in * call.out_channels * call.kernel_elements
+        above = 1.0 if 0 < knot < weights else 0.0
         return [
             1.0,
             1.0 if n > 1 else 0.0,  # oneDNN takes another path for more than one sample (≈ 60 µs more here)
@@ -114,6 +127,8 @@ def basis(call: OpCall, batch: float, direction: str) -> list[float]:
             e_in,
             e_out,
             float(weights),
+            above * weights,
+            above * flop,
         ]
     if call.kind == "attention":  # tokens T = in_pixels, features C: F = 4·N·T²·C, two T×T products
         flop = 4.0 * n * call.in_pixels**2 * call.in_channels
@@ -134,9 +149,10 @@ class OpFit:
     samples: int
     loo_error_median: float  # |predicted − measured| / measured for shapes left out one at a time
     loo_error_mean: float
+    knot: float = 0.0  # weight elements past which the last two regressors count (0: none; KNOTS)
 
     def seconds(self, call: OpCall, batch: float) -> float:
-        x = basis(call, batch, self.direction)
+        x = basis(call, batch, self.direction, self.knot)
         return sum(c * v / s for c, v, s in zip(self.coefficients, x, self.scale, strict=True))
 
 
@@ -238,11 +254,30 @@ def fit_kind(
     rows = [s for s in samples if s["kind"] == kind and s.get(f"{direction}_s") is not None]
     if len(rows) < 4:
         return None
-    x = np.array([basis(call_of_sample(s), float(s["batch"]), direction) for s in rows], dtype=float)
     y = np.array([max(float(s[f"{direction}_s"]) - offset_s, floor_s) for s in rows])
-    scale = x.max(axis=0)
-    scale[scale <= 0] = 1.0
-    x = x / scale
+
+    def design(knot: float):
+        x = np.array([basis(call_of_sample(s), float(s["batch"]), direction, knot) for s in rows], dtype=float)
+        scale = x.max(axis=0)
+        scale[scale <= 0] = 1.0
+        return x / scale, scale
+
+    knot, (x, scale) = 0.0, design(0.0)
+    if kind in KNOTTED:  # the knot (or none) whose fit leaves the least squared log error over the shapes
+        calls = [call_of_sample(s) for s in rows]
+        weights = np.array([basis(c, 1.0, direction)[9] for c in calls])
+
+        def misfit(x) -> float:
+            return float(np.sum(np.log(y / np.maximum(x @ solve(x, y), 1e-12)) ** 2))
+
+        best = misfit(x)
+        for candidate in KNOTS:
+            above = int(np.sum(weights > candidate))
+            if above < KNOT_SAMPLES or len(y) - above < KNOT_SAMPLES:
+                continue
+            trial = design(candidate)
+            if (error := misfit(trial[0])) < best:
+                best, knot, (x, scale) = error, candidate, trial
     errors = []
     for left_out in range(len(y)):
         keep = np.arange(len(y)) != left_out
@@ -257,6 +292,7 @@ def fit_kind(
         samples=len(y),
         loo_error_median=float(np.median(errors)),
         loo_error_mean=float(np.mean(errors)),
+        knot=knot,
     )
 
 

@@ -123,7 +123,8 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     rows sometimes fewer than columns: a spatial slab), batch 1–64 (depthwise_conv2d: channels 8–1024, 3×3
     or 5×5; the token kinds: features 16–1024 over 8–512 tokens; the tensor-parallel Linears: 16–1024
     features in, 16–4096 out, over 8–512 tokens); a conv2d or
-    linear above `max_flop` forward FLOPs, or any tensor above `max_elements`, is drawn again."""
+    linear above `max_flop` forward FLOPs, or any tensor above `max_elements`, is drawn again. Then
+    WIDE_CONV_SHARE × `per_kind` wide conv2d shapes (_draw_wide_conv), up to WIDE_CONV_FLOP × `max_flop`."""
     rng = random.Random(seed)
     shapes: list[OperatorShape] = []
     for kind in OPERATOR_KINDS:
@@ -141,7 +142,45 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
                 continue
             shapes.append(shape)
             drawn += 1
+    # then wide convolutions on small maps, as a deep stage holds them (WIDE_CONV_SHARE of per_kind more
+    # conv2d shapes): their weights, not their pixels, set their time, and past a size the weight gradient's
+    # GEMM slows per weight (here 1.6-1.9× between 768 and 1024 channels at 3×3), which shapes drawn over
+    # 8-1024 channels rarely reach. Drawn after every kind, so the draws before them are what they were.
+    drawn = 0
+    while drawn < max(1, round(WIDE_CONV_SHARE * per_kind)):
+        shape = _draw_wide_conv(rng)
+        elements = shape.batch * max(
+            shape.in_channels * shape.height * shape.width, shape.out_channels * shape.out_height * shape.out_width
+        )
+        if shape.forward_flop > WIDE_CONV_FLOP * max_flop or elements > max_elements or shape.out_height < 1:
+            continue
+        shapes.append(shape)
+        drawn += 1
     return shapes
+
+
+WIDE_CONV_SHARE = 0.5
+# their FLOP cap, times max_flop: a deep stage's batch of small maps (1024 channels 3×3, 14 × 4×4: 4.2 GFLOP)
+WIDE_CONV_FLOP = 4.0
+
+
+def _draw_wide_conv(rng: random.Random) -> OperatorShape:
+    """A conv2d of 512-2048 input channels, as many output channels, half or twice (256-2048), 3×3 (one in
+    four 1×1), on a map of 1-8 columns (rows fewer one time in three: a spatial slab), batch 1-64."""
+    channels = _channels(rng, 512, 2048)
+    out = max(256, min(2048, int(channels * rng.choice((0.5, 1, 1, 2)))))
+    width = max(1, round(_log_uniform(rng, 1, 8)))
+    height = max(1, round(width * _log_uniform(rng, 0.25, 1.0))) if rng.random() < 1 / 3 else width
+    return OperatorShape(
+        kind="conv2d",
+        batch=max(1, round(_log_uniform(rng, 1, 64))),
+        in_channels=channels,
+        height=height,
+        width=width,
+        out_channels=out,
+        kernel=1 if rng.random() < 0.25 else 3,
+        stride=1,
+    )
 
 
 def _draw(rng: random.Random, kind: str) -> OperatorShape:
