@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -247,8 +248,17 @@ def test_calibrate_writes_layer_timings_from_real_runs(tmp_path):
             low, high = step["ci_low"] or step["value"], step["ci_high"] or step["value"]
             assert 0.5 * low <= parts <= 1.25 * high, (timings["model"], size, parts, step)
         heaviest = max(timings["blocks"], key=lambda block: block["forward_s"][1]["value"])
-        # 4× (8×) the samples: ~3× (~2.5×) the time on this machine, a gap load noise does not close
-        assert heaviest["forward_s"][1]["value"] > heaviest["forward_s"][0]["value"], heaviest
+        # 4× (8×) the samples: ~3× (~2.5×) the time on this machine. Load only adds time, and under xdist's
+        # load one batch's median came out above the other's (5.1 ms, interval [0.9, 11], against 3.2):
+        # the fastest of each batch's 8 timed calls (both ranks) is what the gap shows through
+        index = timings["blocks"].index(heaviest)
+        fastest: dict[int, float] = {}
+        for rank in record.ranks:
+            for entry in rank.measurements:
+                times = entry["blocks"][index]["forward_s"]
+                fastest[entry["batch_size"]] = min(fastest.get(entry["batch_size"], math.inf), *times)
+        small, large = sorted(fastest)
+        assert fastest[large] > fastest[small], (timings["model"], fastest)
         assert heaviest["forward_fit"]["beta_s_per_sample"] > 0
     report = (tmp_path / "results" / "timed" / "calibration" / "report.html").read_text()
     assert "resnet8 on cifar10" in report and "gpt_tiny on tokens_small" in report
