@@ -29,39 +29,26 @@ for _depth, _parameters in ((8, "78k"), (20, "272k")):
         )
     )
 
-# ImageNet ResNets (He et al. 2016, table 1): basic blocks for 18 and 34, bottlenecks for 50, 101 and 152.
-for _depth, _blocks, _parameters in (
-    (18, 8, "11.7M"),
-    (34, 16, "21.8M"),
-    (50, 16, "25.6M"),
-    (101, 33, "44.5M"),
-    (152, 50, "60.2M"),
+# ImageNet ResNets (He et al. 2016, table 1): basic blocks for 18 and 34, bottlenecks for 50, 101 and 152; and
+# the wide ones (Zagoruyko & Komodakis 2016, torchvision's layout: the bottlenecks twice as wide inside).
+_WIDE = "bottlenecks twice as wide inside; "
+for _name, _title, _note, _blocks, _parameters in (
+    ("resnet18", "ResNet-18", "", 8, "11.7M"),
+    ("resnet34", "ResNet-34", "", 16, "21.8M"),
+    ("resnet50", "ResNet-50", "", 16, "25.6M"),
+    ("resnet101", "ResNet-101", "", 33, "44.5M"),
+    ("resnet152", "ResNet-152", "", 50, "60.2M"),
+    ("wide_resnet50_2", "Wide ResNet-50-2", _WIDE, 16, "68.9M"),
+    ("wide_resnet101_2", "Wide ResNet-101-2", _WIDE, 33, "126.9M"),
 ):
     MODELS.register(
         ModelSpec(
-            name=f"resnet{_depth}",
-            builder=f"ddlbench.train.models.resnet:build_resnet{_depth}",
+            name=_name,
+            builder=f"ddlbench.train.models.resnet:build_{_name}",
             family="cnn2d",
             input_kind="image2d",
             default_batch_size=32,
-            description=f"ResNet-{_depth} (ImageNet layout; CIFAR stem on small inputs), {_parameters} parameters",
-            blocks=1 + _blocks + 1,
-            parameters=_parameters,
-            options={"norm": _CNN_NORMS, "stem": _STEMS},
-        )
-    )
-
-# Wide ResNets (Zagoruyko & Komodakis 2016; torchvision's layout: the ResNet's bottlenecks twice as wide inside)
-for _depth, _blocks, _parameters in ((50, 16, "68.9M"), (101, 33, "126.9M")):
-    MODELS.register(
-        ModelSpec(
-            name=f"wide_resnet{_depth}_2",
-            builder=f"ddlbench.train.models.resnet:build_wide_resnet{_depth}_2",
-            family="cnn2d",
-            input_kind="image2d",
-            default_batch_size=32,
-            description=f"Wide ResNet-{_depth}-2 (Zagoruyko & Komodakis 2016; torchvision's layout: ResNet-{_depth} "
-            f"with bottlenecks twice as wide inside), {_parameters} parameters; CIFAR stem on small inputs",
+            description=f"{_title} ({_note}ImageNet layout; CIFAR stem on small inputs), {_parameters} parameters",
             blocks=1 + _blocks + 1,
             parameters=_parameters,
             options={"norm": _CNN_NORMS, "stem": _STEMS},
@@ -134,8 +121,8 @@ MODELS.register(
 # causal self-attention, a 4×d MLP; blocks = embedding + layers + (final norm and LM head).
 for _name, _d_model, _heads, _layers, _parameters in (
     ("gpt_tiny", 64, 4, 2, "~0.1M + embeddings"),
-    # Pythia-70M's shape (Biderman et al. 2023: 6 layers, 512 features, 8 heads) in GPT-2's architecture
-    # Pythia-31M's shape (6 layers, 256 features, 8 heads of 32)
+    # Pythia-31M's and Pythia-70M's shapes (Biderman et al. 2023: 6 layers of 256 or 512 features, 8 heads)
+    # in GPT-2's architecture
     ("gpt_micro", 256, 8, 6, "~4.7M + embeddings"),
     ("gpt_mini", 512, 8, 6, "~19M + embeddings"),
     ("gpt_small", 768, 12, 12, "124M"),

@@ -103,6 +103,12 @@ KNOT_SAMPLES = 8
 KNOTTED = ("conv2d",)  # the kinds whose calibration draws wide shapes (operator_shapes.WIDE_CONV_SHARE)
 
 
+def weight_elements(call: OpCall) -> int:
+    """A weighted kind's weight elements (a depthwise filter sees one channel)."""
+    fan_in = 1 if call.kind == "depthwise_conv2d" else call.in_channels
+    return fan_in * call.out_channels * call.kernel_elements
+
+
 def basis(call: OpCall, batch: float, direction: str, knot: float = 0.0) -> list[float]:
     """The regressors of the module docstring for one call at `batch` samples (a weighted kind's last two:
     its weights and FLOPs where its weights exceed `knot` elements, 0 without a knot)."""
@@ -110,11 +116,10 @@ def basis(call: OpCall, batch: float, direction: str, knot: float = 0.0) -> list
     e_in = n * call.in_channels * call.in_pixels
     e_out = n * call.out_channels * call.out_pixels
     if call.kind in WEIGHTED:
-        fan_in = 1 if call.kind == "depthwise_conv2d" else call.in_channels  # a depthwise filter sees one channel
-        flop = 2.0 * fan_in * call.out_channels * call.kernel_elements * call.out_pixels * n
+        weights = weight_elements(call)
+        flop = 2.0 * weights * call.out_pixels * n
         if direction == "backward":
             flop *= 2.0 if call.input_grad else 1.0
-        weights = fan_in * call.out_channels * call.kernel_elements
         above = 1.0 if 0 < knot < weights else 0.0
         return [
             1.0,
@@ -256,16 +261,17 @@ def fit_kind(
         return None
     y = np.array([max(float(s[f"{direction}_s"]) - offset_s, floor_s) for s in rows])
 
+    calls, batches = [call_of_sample(s) for s in rows], [float(s["batch"]) for s in rows]
+
     def design(knot: float):
-        x = np.array([basis(call_of_sample(s), float(s["batch"]), direction, knot) for s in rows], dtype=float)
+        x = np.array([basis(c, b, direction, knot) for c, b in zip(calls, batches, strict=True)], dtype=float)
         scale = x.max(axis=0)
         scale[scale <= 0] = 1.0
         return x / scale, scale
 
     knot, (x, scale) = 0.0, design(0.0)
     if kind in KNOTTED:  # the knot (or none) whose fit leaves the least squared log error over the shapes
-        calls = [call_of_sample(s) for s in rows]
-        weights = np.array([basis(c, 1.0, direction)[9] for c in calls])
+        weights = np.array([weight_elements(c) for c in calls])
 
         def misfit(x) -> float:
             return float(np.sum(np.log(y / np.maximum(x @ solve(x, y), 1e-12)) ** 2))

@@ -132,16 +132,9 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
         drawn = 0
         while drawn < count:
             shape = _draw(rng, kind)
-            elements = shape.batch * shape.in_channels * shape.height * shape.width
-            out_elements = shape.batch * max(shape.out_channels, shape.in_channels) * shape.out_height * shape.out_width
-            if shape.kind in TOKEN_KINDS:  # out_channels: an embedding's rows (its weight) or heads, not features
-                out_elements = max(elements, shape.out_channels * shape.in_channels if shape.kind == "embedding" else 0)
-            if shape.forward_flop > max_flop or max(elements, out_elements) > max_elements:
-                continue
-            if shape.out_height < 1 or shape.out_width < 1:
-                continue
-            shapes.append(shape)
-            drawn += 1
+            if _within(shape, max_flop, max_elements):
+                shapes.append(shape)
+                drawn += 1
     # then wide convolutions on small maps, as a deep stage holds them (WIDE_CONV_SHARE of per_kind more
     # conv2d shapes): their weights, not their pixels, set their time, and past a size the weight gradient's
     # GEMM slows per weight (here 1.6-1.9× between 768 and 1024 channels at 3×3), which shapes drawn over
@@ -149,14 +142,25 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     drawn = 0
     while drawn < max(1, round(WIDE_CONV_SHARE * per_kind)):
         shape = _draw_wide_conv(rng)
-        elements = shape.batch * max(
-            shape.in_channels * shape.height * shape.width, shape.out_channels * shape.out_height * shape.out_width
-        )
-        if shape.forward_flop > WIDE_CONV_FLOP * max_flop or elements > max_elements or shape.out_height < 1:
-            continue
-        shapes.append(shape)
-        drawn += 1
+        if _within(shape, WIDE_CONV_FLOP * max_flop, max_elements):
+            shapes.append(shape)
+            drawn += 1
     return shapes
+
+
+def _within(shape: OperatorShape, max_flop: float, max_elements: int) -> bool:
+    """Whether a drawn shape is kept: at most `max_flop` forward FLOPs, no tensor above `max_elements`, and an
+    output of at least one row and column."""
+    elements = shape.batch * shape.in_channels * shape.height * shape.width
+    out_elements = shape.batch * max(shape.out_channels, shape.in_channels) * shape.out_height * shape.out_width
+    if shape.kind in TOKEN_KINDS:  # out_channels: an embedding's rows (its weight) or heads, not features
+        out_elements = max(elements, shape.out_channels * shape.in_channels if shape.kind == "embedding" else 0)
+    return (
+        shape.forward_flop <= max_flop
+        and max(elements, out_elements) <= max_elements
+        and shape.out_height >= 1
+        and shape.out_width >= 1
+    )
 
 
 WIDE_CONV_SHARE = 0.5
