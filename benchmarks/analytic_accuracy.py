@@ -65,7 +65,8 @@ SETS = {
     "memory-of-scoring-4": "scoring4_memory_sweep.yaml",  # its memory: its run warmed up too little to probe
     "scoring-5": "scoring5_sweep.yaml",  # the fifth, frozen (2026-12-02) before anything was run on it (seen)
     "scoring-6": "scoring6_sweep.yaml",  # the sixth, frozen (2026-12-02) before anything was run on it (seen)
-    "scoring-7": "scoring7_sweep.yaml",  # the seventh, frozen (2026-12-02) before anything was run on it
+    "scoring-7": "scoring7_sweep.yaml",  # the seventh, frozen (2026-12-02) before anything was run on it (seen)
+    "scoring-8": "scoring8_sweep.yaml",  # the eighth, frozen (2026-12-02) before anything was run on it
 }
 
 
@@ -161,8 +162,8 @@ def main() -> int:
         "--set",
         choices=tuple(SETS),
         default="development",
-        help="development, pipeline-development, tensor-development: developed on; scoring-7: the frozen scoring set "
-        "(scoring7_sweep.yaml), what the model's accuracy is reported on; scoring to scoring-6: earlier scoring "
+        help="development, pipeline-development, tensor-development: developed on; scoring-8: the frozen scoring set "
+        "(scoring8_sweep.yaml), what the model's accuracy is reported on; scoring to scoring-7: earlier scoring "
         "sets (seen, or scored before the model's last change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")

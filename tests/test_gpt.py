@@ -13,7 +13,7 @@ from ddlbench.train.data import open_dataset
 from ddlbench.train.losses import language_loss
 from ddlbench.train.models.gpt import INIT_STD, build_gpt
 
-GPT_MODELS = ["gpt_tiny", "gpt_micro", "gpt_mini", "gpt_small", "gpt_medium", "gpt_large"]
+GPT_MODELS = ["gpt_tiny", "gpt_nano", "gpt_micro", "gpt_mini", "gpt_small", "gpt_medium", "gpt_large"]
 
 
 def build(model: str, dataset: str = "tokens_small", seed: int = 0) -> torch.nn.Sequential:

@@ -13,8 +13,9 @@ _CNN_NORMS = ("batch", "group")  # GroupNorm makes a split batch compute what th
 # the ImageNet stem (7×7 stride 2 + 3×3 max-pool) above; either can be forced.
 _STEMS = ("auto", "imagenet", "cifar")
 
-# CIFAR-style ResNets (He et al. 2016, section 4.2): depth 6n+2, three stages of 16/32/64 channels.
-for _depth, _parameters in ((8, "78k"), (20, "272k")):
+# CIFAR-style ResNets (He et al. 2016, section 4.2): depth 6n+2, three stages of 16/32/64 channels (projection
+# shortcuts where the shape changes, so a few thousand parameters above the paper's zero-padded ones).
+for _depth, _parameters in ((8, "78k"), (20, "272k"), (56, "856k")):
     MODELS.register(
         ModelSpec(
             name=f"resnet{_depth}",
@@ -121,8 +122,9 @@ MODELS.register(
 # causal self-attention, a 4×d MLP; blocks = embedding + layers + (final norm and LM head).
 for _name, _d_model, _heads, _layers, _parameters in (
     ("gpt_tiny", 64, 4, 2, "~0.1M + embeddings"),
-    # Pythia-31M's and Pythia-70M's shapes (Biderman et al. 2023: 6 layers of 256 or 512 features, 8 heads)
-    # in GPT-2's architecture
+    # Pythia-14M's, Pythia-31M's and Pythia-70M's shapes (Biderman et al. 2023: 6 layers of 128 features and
+    # 4 heads, of 256 or 512 features and 8 heads) in GPT-2's architecture
+    ("gpt_nano", 128, 4, 6, "~1.2M + embeddings"),
     ("gpt_micro", 256, 8, 6, "~4.7M + embeddings"),
     ("gpt_mini", 512, 8, 6, "~19M + embeddings"),
     ("gpt_small", 768, 12, 12, "124M"),

@@ -63,3 +63,7 @@ def build_resnet8(*, sample_shape: tuple[int, ...], num_outputs: int, norm: str 
 
 def build_resnet20(*, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch") -> nn.Sequential:
     return build_cifar_resnet(blocks_per_stage=3, in_channels=sample_shape[0], num_classes=num_outputs, norm=norm)
+
+
+def build_resnet56(*, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch") -> nn.Sequential:
+    return build_cifar_resnet(blocks_per_stage=9, in_channels=sample_shape[0], num_classes=num_outputs, norm=norm)
