@@ -13,7 +13,8 @@
 2. Snakemake runs benchmarks/analytic/sweep.yaml (issue 22's held-out sweep: resnet20 and vgg11 at batch
    16, ddp and zero2 on 1 and 2 nodes × 1 rank, gpipe with 4 micro-batches, filter and spatial on 2; and
    resnet8 at its profiled batch beside them; 3 repetitions) with `machine:` pointing at that file, so
-   the DAG predicts every point before the report and the report sets predicted beside measured;
+   the DAG predicts every point before the report and the report sets predicted beside measured, and
+   `alone: true`, so each point runs with the host to itself (never two one-rank points side by side);
 3. prints, per strategy, the mean time and memory accuracy (1 − |predicted − measured| / measured; time:
    the configuration's median step, the median over its repetitions; memory: the busiest rank's peak
    tensor memory), their worst configuration and n, separately for configurations *never seen* by the
@@ -203,6 +204,9 @@ def main() -> int:
             ]
         )
     sweep["machine"] = str(machine.resolve())
+    # each point with the host to itself, as the prediction assumes and as SLURM's whole nodes give: the
+    # seventh set ran its one-rank points two at a time, and each one's times held its neighbour's load
+    sweep["alone"] = True
     sweep_file = results / "sweep-run.yaml"  # the sweep as run, with its machine file
     sweep_file.write_text(yaml.safe_dump(sweep))
     # the points run once; the predictions and the report are made anew (the model may have changed)

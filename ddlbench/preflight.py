@@ -118,6 +118,9 @@ def prepare_workflow(
     resources = {point_id: snakemake_resources(allocation) for point_id, allocation in planned.items()}
     calibrating = snakemake_resources(calibration) if calibration else {}
     prepared = replace(prepared, resources=resources, calibration_resources=calibrating)
+    if not site_file and prepared.plan is not None and getattr(prepared.plan.config, "alone", False):
+        # one point at a time: each asks for the host's one `host` slot (registered by the preamble)
+        prepared = replace(prepared, resources={point.point_id: {"host": 1} for point in prepared.points})
     host = host_memory_bytes()
     if site_file or host is None or len(host_bytes) < len(prepared.points):
         return prepared
@@ -126,7 +129,10 @@ def prepare_workflow(
     # the out-of-memory killer, 2026-12-02). Each point asks for its predicted memory, MB (2**20 bytes,
     # rounded up), at most the host's.
     host_mb = host // 2**20
-    local = {point_id: {"mem_mb": min(host_mb, -(-used // 2**20))} for point_id, used in host_bytes.items()}
+    local = {
+        point_id: {**prepared.resources.get(point_id, {}), "mem_mb": min(host_mb, -(-used // 2**20))}
+        for point_id, used in host_bytes.items()
+    }
     return replace(prepared, resources=local, host_memory_mb=host_mb)
 
 

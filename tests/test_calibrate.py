@@ -61,13 +61,11 @@ def test_default_suite_expands_to_compute_collective_fsdp_and_layer_timing_point
         ("fsdp_units", "", 2, 1),
         ("layer_timings", "", 1, 2),
         ("layer_timings", "", 1, 2),
-        ("operators", "", 1, 1),
         ("operators", "", 1, 2),
     ]
-    assert [p.precisions for p in suite.points[-4:-2]] == [("fp32",), ("bf16",)]
-    # operators: a rank alone and two at once, every precision, the same drawn shapes
-    assert [p.precisions for p in suite.points[-2:]] == [("fp32", "bf16")] * 2
-    assert len({p.operator_seed for p in suite.points[-2:]}) == 1
+    assert [p.precisions for p in suite.points[-3:-1]] == [("fp32",), ("bf16",)]
+    # operators: one launch in which each shape is timed by a rank alone and by two at once, every precision
+    assert suite.points[-1].precisions == ("fp32", "bf16") and suite.points[-1].operator_at_once == (1, 2)
     point = suite.points[1]
     assert CalibrationPoint.from_dict(json.loads(point.to_json())) == point
     assert json.loads(point.to_json())["kind"] == "calibration"  # what the worker dispatches on
@@ -200,3 +198,45 @@ def test_a_point_that_cannot_run_is_recorded_and_the_rest_measured(tmp_path):
     assert machine["compute"]["matmul_flop_per_s"]["fp32"]["value"] > 0
     assert "not measured: collectives-mpi-n2x1" in ran.stdout
     assert Path(tmp_path / "results" / "refused" / "calibration" / "points").is_dir()
+
+
+@pytest.mark.slow
+def test_operators_are_timed_by_one_rank_and_by_two_in_turn_within_one_launch(tmp_path):
+    """One operators point of two ranks times every shape alone (rank 1 idle at a barrier) and two at once, in
+    turn: the machine file holds an entry for each count, over the same shapes, the one-rank entry from rank
+    0's repetitions alone and the two-rank entry from both ranks'."""
+    suite = {
+        "name": "turns",
+        "results_dir": str(tmp_path / "results"),
+        "ranks_per_node": 2,
+        "precisions": ["fp32"],
+        "matmul_sizes": [32],
+        "conv_shapes": [],
+        "memory_bytes": 4096,
+        "collectives": ["all_reduce"],
+        "message_bytes": [64, 128, 256],
+        "warmup": 0,
+        "iterations": 2,
+        "operators": {"samples": 4, "max_flop": 2.0e6, "max_elements": 65536},
+    }
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    (point,) = [p for p in load_suite(path).points if p.benchmark == "operators"]
+    assert point.ranks_per_node == 2 and point.operator_at_once == (1, 2)
+    out = tmp_path / "machine.yaml"
+    ran = run_cli("calibrate", "--configfile", str(path), "--out", str(out), env={"DDLBENCH_HOSTFILE": ""})
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    entries = read_machine(out)["operator_timings"]
+    assert [entry["ranks_per_node"] for entry in entries] == [1, 2]
+    alone, both = ({tuple(sorted((k, v) for k, v in s.items() if not k.endswith("_s") and k != "n")): s for s in
+                    entry["samples"]} for entry in entries)  # fmt: skip
+    assert alone.keys() == both.keys() and len(alone) > 20
+    # 2 iterations over 2 rounds: one repetition a round, from one rank alone or from both
+    assert {s["n"] for s in alone.values()} == {2} and {s["n"] for s in both.values()} == {4}
+    assert all(s["forward_s"] > 0 and s["backward_s"] > 0 for s in (*alone.values(), *both.values()))
+    assert entries[0]["autograd_call_s"] is not None and entries[1]["autograd_call_s"] is not None
+    record = read_calibration_record(
+        tmp_path / "results" / "turns" / "calibration" / "points" / point.point_id / "record.json"
+    )
+    turns = [{e.get("at_once") for e in rank.measurements if e["kind"] == "operator"} for rank in record.ranks]
+    assert turns == [{1, 2}, {2}]  # rank 1 timed nothing in the one-rank turns

@@ -105,10 +105,13 @@ def test_local_points_ask_for_their_predicted_memory_on_this_host(cpu_machine):
 
 
 @pytest.mark.slow
-def test_points_whose_memory_together_exceeds_the_bound_run_one_after_the_other(tmp_path, cpu_machine):
+def test_points_whose_memory_together_exceeds_the_bound_or_that_run_alone_run_one_after_the_other(
+    tmp_path, cpu_machine
+):
     """Two single-rank points on 2 cores run side by side, unless their predicted memory together exceeds
     the bound (here --resources mem_mb, in place of the host's: what two single-rank gpt_large points,
-    11 and 14 GB predicted, needed on a 23 GB host)."""
+    11 and 14 GB predicted, needed on a 23 GB host), or the sweep says `alone` (each point with the host to
+    itself, its memory still asked for)."""
     raw = {
         "name": "side", "results_dir": str(tmp_path / "results"), "machine": str(cpu_machine), "models": ["resnet8"],
         "datasets": ["cifar10"], "strategies": ["ddp"], "nodes": [1], "ranks_per_node": [1], "batch_size": [8, 16],
@@ -116,10 +119,13 @@ def test_points_whose_memory_together_exceeds_the_bound_run_one_after_the_other(
     }  # fmt: skip
     prepared = prepare_workflow("sweep", raw, site_file=None, cores=2, dry_run=True)
     largest = max(resources["mem_mb"] for resources in prepared.resources.values())
+    alone = prepare_workflow("sweep", raw | {"alone": True}, site_file=None, cores=2, dry_run=True)
+    assert all(alone.resources[p] == prepared.resources[p] | {"host": 1} for p in prepared.resources)
     spans = {}
-    for label, bound in (("room for both", 4 * largest), ("room for one", largest + largest // 2)):
+    for label, bound in (("room for both", 4 * largest), ("room for one", largest + largest // 2), ("alone", 0)):
         sweep = tmp_path / f"{label}.yaml"
-        sweep.write_text(yaml.safe_dump(raw | {"name": label.replace(" ", "_")}))
+        sweep.write_text(yaml.safe_dump(raw | {"name": label.replace(" ", "_"), "alone": label == "alone"}))
+        bound = bound or 4 * largest
         done = run_snakemake("--cores", "2", "--resources", f"mem_mb={bound}", "--configfile", str(sweep))
         assert done.returncode == 0, done.stderr[-3000:]
         folder = tmp_path / "results" / label.replace(" ", "_")
@@ -127,5 +133,6 @@ def test_points_whose_memory_together_exceeds_the_bound_run_one_after_the_other(
         spans[label] = sorted((r.provenance.start_time, r.provenance.end_time) for r in records)
     (_, first_end), (second_start, _) = spans["room for both"]
     assert second_start < first_end, spans  # side by side: the test can tell
-    (_, first_end), (second_start, _) = spans["room for one"]
-    assert second_start >= first_end, spans  # one after the other
+    for label in ("room for one", "alone"):
+        (_, first_end), (second_start, _) = spans[label]
+        assert second_start >= first_end, (label, spans)  # one after the other

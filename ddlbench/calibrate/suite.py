@@ -13,9 +13,10 @@ the spec's `kind`):
   (ddlbench.train.calibration.layer_timing_kernel), all at once, as the ranks of a training point share a node;
 - with `fsdp_units`, one `fsdp_units` point per node count, laid out as the collectives' points: FSDP2's
   own cost per unit it shards, on a toy (ddlbench.train.calibration.fsdp_unit_kernel);
-- one `operators` point per entry of the suite's `operators.ranks`: that many ranks on one node timing
-  generic operators (convolutions, norms, activations, pools, linear layers) over drawn shapes, all at
-  once (ddlbench.train.calibration.operator_kernel), for compute predictions of models whose layers nobody timed.
+- one `operators` point of the most ranks in the suite's `operators.ranks`, on one node, timing generic
+  operators (convolutions, norms, activations, pools, linear layers) over drawn shapes, each shape by every
+  entry's count of ranks at once in turn, the others waiting at a barrier
+  (ddlbench.train.calibration.operator_kernel), for compute predictions of models whose layers nobody timed.
 A suite without matmul sizes, convolutions and memory bytes has no compute point; one without
 collectives no collective points.
 """
@@ -149,21 +150,25 @@ def expand_suite(data: dict[str, Any]) -> tuple[CalibrationPoint, ...]:
     operators = data.get("operators")
     if operators is not None:
         settings = OPERATOR_DEFAULTS | operators
-        for ranks in settings.get("ranks") or sorted({1, data["ranks_per_node"]}):
-            points.append(
-                CalibrationPoint(
-                    benchmark="operators",
-                    backend="",
-                    nodes=1,
-                    ranks_per_node=ranks,
-                    precisions=tuple(data["precisions"]),
-                    operator_samples=settings["samples"],
-                    operator_seed=settings["seed"],
-                    operator_max_flop=float(settings["max_flop"]),
-                    operator_max_elements=settings["max_elements"],
-                    **common,
-                )
+        # one launch of the most ranks, each shape timed by every count of ranks in turn (the others idle at
+        # a barrier): the counts then see the same load on the host, where separate launches minutes apart
+        # saw different loads (two calibrations put the two-rank/one-rank ratio anywhere from 0.90 to 1.84)
+        at_once = tuple(sorted(settings.get("ranks") or {1, data["ranks_per_node"]}))
+        points.append(
+            CalibrationPoint(
+                benchmark="operators",
+                backend="",
+                nodes=1,
+                ranks_per_node=at_once[-1],
+                precisions=tuple(data["precisions"]),
+                operator_samples=settings["samples"],
+                operator_seed=settings["seed"],
+                operator_max_flop=float(settings["max_flop"]),
+                operator_max_elements=settings["max_elements"],
+                operator_at_once=at_once,
+                **common,
             )
+        )
     if not points:
         raise ConfigError(
             "",

@@ -73,6 +73,7 @@ class SweepConfig:
     slurm_pinned_one_at_a_time: bool = False
     each_node: tuple[str, ...] = ()  # single-node points run once on each of these nodes
     oversubscribe: bool = False
+    alone: bool = False  # locally, one point at a time: none shares the host with another (preflight)
     share_gpus: bool = False
     trace_steps: int = 0
     replay_steps: int = 0
@@ -185,6 +186,7 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
         slurm_pinned_one_at_a_time=bool(data["slurm"].get("pinned_one_at_a_time", False)),
         each_node=tuple(data["each_node"]),
         oversubscribe=data["oversubscribe"],
+        alone=data["alone"],
         share_gpus=data["share_gpus"],
         trace_steps=data["trace_steps"],
         replay_steps=data["replay_steps"],

@@ -6,9 +6,13 @@ nn.Linear with bias, a residual add of two tensors) on a random input that requi
 3-channel convolution's input does not: it stands for a model's first layer, whose backward computes
 no input gradient), all on the rank's device (CUDA where the rank has a GPU: ddlbench.launch.devices), with
 torch's TF32 switches as a training point of the precision sets them (fp32 strict; cuDNN's own default
-would run fp32 convolutions in TF32). Every rank of the point times the same shapes at once, after a barrier per shape,
-so the operators share the node's cores and memory bandwidth as a training point's ranks do. Per shape,
-in each of ROUNDS passes over all shapes, `warmup` untimed then iterations / ROUNDS timed repetitions of:
+would run fp32 convolutions in TF32). The ranks time the same shapes at once, after a barrier per shape,
+so the operators share the node's cores and memory bandwidth as a training point's ranks do; each shape is
+timed by every count k of the point's `operator_at_once` in turn (ranks 0..k−1 time it, the others wait at
+the next barrier, idle: a gloo barrier blocks without spinning), so one rank alone and all ranks at once
+are timed seconds apart, under the same load on the host. Entries carry `at_once` = k. Per shape and
+count, in each of ROUNDS passes over all shapes, `warmup` untimed then iterations / ROUNDS timed
+repetitions of:
 - forward: y = op(x) with autograd recording, as in training;
 and spatial parallelism's slab batch norm (ddlbench.train.strategies.halo.SlabBatchNorm, its statistics
 shared over a group of this rank alone: its arithmetic without a peer to wait for), and tensor parallelism's
@@ -204,6 +208,7 @@ def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[st
         max_elements=point.operator_max_elements,
     )
     out: list[dict[str, Any]] = []
+    counts = _turn_counts(point)
     own_group = own_mesh = None
     if dist.is_initialized():  # every rank creates every group, in the same order
         groups = [dist.new_group([rank]) for rank in range(dist.get_world_size())]
@@ -221,28 +226,50 @@ def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[st
             return torch.autocast(device_type=device.type, dtype=dtype)
 
         _precision_switch(precision)  # fp32 strict on CUDA, as a training point of that precision runs
-        chains = time_autograd_call(device, timer, warmup=point.warmup, iterations=point.iterations)
-        out.append({"kind": "autograd_call", "precision": precision, **chains})
+        for at_once in counts:
+            if _my_turn(at_once):
+                chains = time_autograd_call(device, timer, warmup=point.warmup, iterations=point.iterations)
+                out.append({"kind": "autograd_call", "precision": precision, "at_once": at_once, **chains})
         # every shape in ROUNDS passes over all of them, a share of the iterations each: a shape's times
         # then come from moments a minute apart, so a spell of load on a shared host weighs on all shapes
         # alike rather than on the few it fell on
         per_round = max(1, -(-point.iterations // ROUNDS))
         for _ in range(ROUNDS):
             for shape in shapes:
-                if dist.is_initialized():
-                    dist.barrier()  # the ranks time the same shape at once
-                try:
-                    entry = time_operator(
-                        shape,
-                        device,
-                        timer,
-                        warmup=point.warmup,
-                        iterations=per_round,
-                        autocast=autocast,
-                        own_group=own_group,
-                        own_mesh=own_mesh,
-                    )
-                except (RuntimeError, NotImplementedError) as exc:  # a dtype the device's kernels refuse
-                    entry = {"kind": "operator", "shape": shape.to_dict(), "error": str(exc).splitlines()[0][:300]}
-                out.append(entry | {"precision": precision})
+                for at_once in counts:
+                    if not _my_turn(at_once):
+                        continue
+                    try:
+                        entry = time_operator(
+                            shape,
+                            device,
+                            timer,
+                            warmup=point.warmup,
+                            iterations=per_round,
+                            autocast=autocast,
+                            own_group=own_group,
+                            own_mesh=own_mesh,
+                        )
+                    except (RuntimeError, NotImplementedError) as exc:  # a dtype the device's kernels refuse
+                        entry = {"kind": "operator", "shape": shape.to_dict(), "error": str(exc).splitlines()[0][:300]}
+                    out.append(entry | {"precision": precision, "at_once": at_once})
+    if dist.is_initialized():
+        dist.barrier()  # the last turn's idle ranks wait for it
     return out
+
+
+def _turn_counts(point: CalibrationPoint) -> tuple[int, ...]:
+    """The rank counts that time each shape in turn: the point's `operator_at_once` (each at most its
+    ranks), or all its ranks at once."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    counts = tuple(k for k in point.operator_at_once if k <= world) or (world,)
+    return counts
+
+
+def _my_turn(at_once: int) -> bool:
+    """After a barrier of all ranks (the ranks start each turn together): whether this rank times in a
+    turn of `at_once` ranks (ranks 0..at_once−1); the others go on to the next barrier and wait there."""
+    if not dist.is_initialized():
+        return True
+    dist.barrier()
+    return dist.get_rank() < at_once

@@ -18,7 +18,13 @@ KIND = "calibration"  # the spec's `kind`: what tells the worker this is not a t
 
 Benchmark = Literal["compute", "collectives", "layer_timings", "operators", "fsdp_units"]
 LAYER_TIMING_FIELDS = ("model", "dataset", "model_options", "batch_sizes")
-OPERATOR_FIELDS = ("operator_samples", "operator_seed", "operator_max_flop", "operator_max_elements")
+OPERATOR_FIELDS = (
+    "operator_samples",
+    "operator_seed",
+    "operator_max_flop",
+    "operator_max_elements",
+    "operator_at_once",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +57,9 @@ class CalibrationPoint:
     operator_seed: int = 0
     operator_max_flop: float = 0.0
     operator_max_elements: int = 0
+    # the rank counts that time each shape in turn (ranks 0..k−1 time, the others wait at a barrier), so the
+    # one-rank and the all-ranks times of a shape come from the same minute; () times with all ranks only
+    operator_at_once: tuple[int, ...] = ()
     oversubscribe: bool = False
     repetition: int = 0
     loader_workers: int = 0  # launchers count loader workers; microbenchmarks have none
