@@ -302,7 +302,11 @@ class Metrics:
     warmup_dropped_steps: int = 0  # leading measured steps judged still warming up, left out of figures
     clock_uncertainty_s: float | None = None  # max over ranks of the clock offset's error bound
     oversubscribed: bool = False  # some host ran more threads than the CPUs its ranks could use
-    cores_note: str = ""  # ranks × threads against CPUs, per host, as measured
+    cores_note: str = ""  # ranks × threads against CPUs, per host, as measured; other points beside it
+    # seconds of the launch during which other ddlbench points ran on this host (local launches: disjoint
+    # cores, but shared memory bandwidth and caches; ddlbench.launch.cores.host_ledger); None: not known
+    # (SLURM, mpirun, records from before it)
+    shared_host_s: float | None = None
     # Points that read through a loader (None otherwise), per kept measured step: the longest input wait
     # of any rank (s), and that wait ÷ the job's step time (dimensionless, the share of the step stalled
     # on input)

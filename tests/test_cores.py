@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
-from ddlbench.launch.cores import LOCK_DIR_VAR, CoreGrant, OversubscriptionRefused, claimed_cores, rank_cpus
+from ddlbench.launch.cores import (
+    LEDGER,
+    LOCK_DIR_VAR,
+    CoreGrant,
+    OversubscriptionRefused,
+    claimed_cores,
+    host_ledger,
+    rank_cpus,
+)
 from ddlbench.launch.runner import run_point
 from ddlbench.records import read_record
 from tests.conftest import job_counts, make_point, run_snakemake
@@ -55,6 +64,30 @@ def test_concurrent_points_claim_disjoint_cores(tmp_path):
     with claimed_cores(grant, tmp_path) as again:
         assert again == (0, 1)  # released when the blocks ended
     assert rank_cpus((4, 5, 6, 7), 1, 2) == (6, 7)
+
+
+def test_a_launch_names_the_points_that_ran_beside_it_on_the_host_and_for_how_long(tmp_path):
+    """The host ledger: overlapping launches see each other, for the seconds they overlapped (merged when
+    several overlap at once); one after them sees nobody; a launch killed before its end line (its process
+    gone) is not counted as running on."""
+    with host_ledger("a", tmp_path) as first:
+        time.sleep(0.3)
+        with host_ledger("b", tmp_path) as second, host_ledger("c", tmp_path) as third:
+            time.sleep(0.3)
+        time.sleep(0.2)
+    (a,), (b,), (c,) = first, second, third
+    assert [point for point, _ in a.overlaps] in (["b", "c"], ["c", "b"])
+    assert a.shared_s == pytest.approx(b.window_s, abs=0.05) and 0.25 < a.shared_s < a.window_s - 0.4
+    assert {point for point, _ in b.overlaps} == {"a", "c"} and b.shared_s == pytest.approx(b.window_s, abs=1e-6)
+    assert {point for point, _ in c.overlaps} == {"a", "b"}
+    assert "beside 2 other point(s)" in a.note() and "shared memory bandwidth" in a.note()
+    dead = 2**22 + 12345  # above the kernel's default pid_max: no such process
+    with open(tmp_path / LEDGER, "a") as ledger:
+        ledger.write(f"start {time.time() - 5:.3f} {dead}-1 killed\n")
+    with host_ledger("d", tmp_path) as later:
+        time.sleep(0.05)
+    (d,) = later
+    assert d.overlaps == () and d.shared_s == 0 and d.note() == "alone on this host"
 
 
 def test_snakemake_refuses_a_sweep_needing_more_than_its_cores(write_sweep):

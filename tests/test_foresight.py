@@ -14,6 +14,7 @@ from conftest import run_snakemake
 from ddlbench.analysis.analytic.foresight import NOT_RUN, foresee
 from ddlbench.config import sweep_config_from_mapping
 from ddlbench.errors import ConfigError
+from ddlbench.launch.cores import LOCK_DIR_VAR
 from ddlbench.preflight import foresee_misfits, prepare_workflow
 from ddlbench.provenance import host_memory_bytes
 from ddlbench.records import read_record, record_path
@@ -121,18 +122,25 @@ def test_points_whose_memory_together_exceeds_the_bound_or_that_run_alone_run_on
     largest = max(resources["mem_mb"] for resources in prepared.resources.values())
     alone = prepare_workflow("sweep", raw | {"alone": True}, site_file=None, cores=2, dry_run=True)
     assert all(alone.resources[p] == prepared.resources[p] | {"host": 1} for p in prepared.resources)
-    spans = {}
+    spans, shared = {}, {}
     for label, bound in (("room for both", 4 * largest), ("room for one", largest + largest // 2), ("alone", 0)):
         sweep = tmp_path / f"{label}.yaml"
         sweep.write_text(yaml.safe_dump(raw | {"name": label.replace(" ", "_"), "alone": label == "alone"}))
         bound = bound or 4 * largest
-        done = run_snakemake("--cores", "2", "--resources", f"mem_mb={bound}", "--configfile", str(sweep))
+        # a ledger of this test's own (the CPU locks' folder): points other tests run meanwhile are not beside these
+        locks = {LOCK_DIR_VAR: str(tmp_path / f"locks-{label.replace(' ', '_')}")}
+        done = run_snakemake("--cores", "2", "--resources", f"mem_mb={bound}", "--configfile", str(sweep), env=locks)
         assert done.returncode == 0, done.stderr[-3000:]
         folder = tmp_path / "results" / label.replace(" ", "_")
         records = [read_record(record_path(folder, point.point_id)) for point in prepared.points]
         spans[label] = sorted((r.provenance.start_time, r.provenance.end_time) for r in records)
+        shared[label] = [r.metrics.shared_host_s for r in records]
+        if label == "room for both":  # each record names the other, beside it on the host
+            for record, other in zip(records, records[::-1], strict=True):
+                assert record.metrics.shared_host_s > 0 and other.point_id in record.metrics.cores_note
     (_, first_end), (second_start, _) = spans["room for both"]
     assert second_start < first_end, spans  # side by side: the test can tell
     for label in ("room for one", "alone"):
         (_, first_end), (second_start, _) = spans[label]
         assert second_start >= first_end, (label, spans)  # one after the other
+        assert shared[label] == [0.0, 0.0], (label, shared)  # and their records say so

@@ -22,7 +22,8 @@ One row per planned point. Its columns, by group:
   straggler_slowest_steps, straggler_steps; trace_file (the point's Chrome/Perfetto trace, relative to
   the sweep's folder, when traced);
 - window, memory and losses: samples_per_s_overall (samples of the kept window ÷ its wall time, Hoefler
-  & Belli's rule 3), window_s, warmup_dropped_steps, clock_uncertainty_s, oversubscribed, cores_note;
+  & Belli's rule 3), window_s, warmup_dropped_steps, clock_uncertainty_s, oversubscribed, cores_note,
+  shared_host_s (seconds of a local launch with other points running on its host);
   memory (peak_rss_bytes, tensor_peak_bytes, tensor_resident_bytes, input_pool_bytes,
   cuda_peak_allocated_bytes, cuda_peak_reserved_bytes) and losses (loss_first, loss_last), as
   records.Metrics has them;
@@ -198,6 +199,7 @@ def record_row(record: PointRecord) -> dict[str, Any]:
             "clock_uncertainty_s": metrics.clock_uncertainty_s,
             "oversubscribed": metrics.oversubscribed,
             "cores_note": metrics.cores_note,
+            "shared_host_s": metrics.shared_host_s,
             "peak_rss_bytes": metrics.peak_rss_bytes,
             "cuda_peak_allocated_bytes": metrics.cuda_peak_allocated_bytes,
             "cuda_peak_reserved_bytes": metrics.cuda_peak_reserved_bytes,

@@ -77,6 +77,7 @@ POINT_SUMMARY_COLUMNS = [
 ]
 # the largest over repetitions (memory, parameters, stages, dropped warm-up steps)
 MAX_COLUMNS = (
+    "shared_host_s",  # the longest any repetition ran beside other points on its host
     "peak_rss_bytes",
     "tensor_peak_bytes",
     "tensor_resident_bytes",

@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import os
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,10 +72,7 @@ def claimed_cores(grant: CoreGrant, lock_dir: Path | None = None) -> Iterator[tu
     if grant.oversubscribed:
         yield None
         return
-    lock_dir = lock_dir or Path(
-        os.environ.get(LOCK_DIR_VAR) or Path(tempfile.gettempdir()) / f"ddlbench-cpus-{os.getuid()}"
-    )
-    lock_dir.mkdir(parents=True, exist_ok=True)
+    lock_dir = _lock_dir(lock_dir)
     held: list[tuple[int, int]] = []  # (cpu, fd)
     try:
         for cpu in grant.allowed:
@@ -143,3 +141,125 @@ def _refusal(point: Point, granted: str, others: str = "") -> str:
         f"{point.world_size * point.cores_per_rank} cores, but {granted}; give more cores, or set "
         "`oversubscribe: true` in the sweep to run it with its figures flagged"
     )
+
+
+# Points side by side on disjoint cores still share the host's memory bandwidth and caches. Every local
+# launch notes its start and end in one ledger beside the lock files (a line each, appended), so a point can
+# say, when it ends, which other points ran on this host while it did, and for how long.
+LEDGER = "points.log"
+LEDGER_KEEP_S = 7 * 86400.0  # lines older than a week are dropped when the ledger is rewritten
+
+
+@dataclass(frozen=True)
+class Neighbours:
+    """Other ddlbench points that ran on this host during a launch: `window_s`, the launch's own span (s);
+    `shared_s`, the seconds of it with at least one other point running (overlaps merged, not added);
+    `overlaps`, each other point's id and the seconds its run overlapped this one's, longest first."""
+
+    window_s: float
+    shared_s: float
+    overlaps: tuple[tuple[str, float], ...]
+
+    def note(self) -> str:
+        if not self.overlaps:
+            return "alone on this host"
+        ids = ", ".join(point_id for point_id, _ in self.overlaps[:3]) + (", …" if len(self.overlaps) > 3 else "")
+        return (
+            f"beside {len(self.overlaps)} other point(s) on this host for {self.shared_s:.1f} s of its "
+            f"{self.window_s:.1f} s ({ids}): shared memory bandwidth and caches"
+        )
+
+
+@contextlib.contextmanager
+def host_ledger(point_id: str, lock_dir: Path | None = None) -> Iterator[list[Neighbours]]:
+    """Note this launch in the host's ledger for as long as the block runs; after it, the list it yielded
+    holds the Neighbours of the launch (the points whose runs overlapped it, from the ledger's lines and,
+    for a point still running or ended without its line, until now)."""
+    path = _lock_dir(lock_dir) / LEDGER
+    token = f"{os.getpid()}-{time.time_ns()}"
+    start = time.time()
+    _append(path, f"start {start:.3f} {token} {point_id}")
+    found: list[Neighbours] = []
+    try:
+        yield found
+    finally:
+        end = time.time()
+        _append(path, f"end {end:.3f} {token} {point_id}")
+        found.append(_neighbours(path, token, start, end))
+
+
+def _lock_dir(lock_dir: Path | None) -> Path:
+    folder = lock_dir or Path(
+        os.environ.get(LOCK_DIR_VAR) or Path(tempfile.gettempdir()) / f"ddlbench-cpus-{os.getuid()}"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _append(path: Path, line: str) -> None:
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())  # one short write with O_APPEND: lines of points never interleave
+    finally:
+        os.close(fd)
+
+
+def _neighbours(path: Path, token: str, start: float, end: float) -> Neighbours:
+    spans: dict[str, list] = {}  # token → [point_id, start, end or None]
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        parts = line.split(" ", 3)
+        if len(parts) != 4 or parts[0] not in ("start", "end"):
+            continue
+        kind, when, other, point_id = parts
+        try:
+            moment = float(when)
+        except ValueError:
+            continue
+        span = spans.setdefault(other, [point_id, None, None])
+        span[1 if kind == "start" else 2] = moment
+    overlaps: list[tuple[str, float, float, float]] = []
+    for other, (point_id, begun, ended) in spans.items():
+        if other == token or begun is None or (ended is None and not _alive(other)):
+            continue  # this launch, a line cut short, or a launch killed before its end line (when unknown)
+        ended = end if ended is None else ended  # still running: until now
+        low, high = max(start, begun), min(end, ended)
+        if high > low:
+            overlaps.append((point_id, high - low, low, high))
+    union, reach = 0.0, start
+    for _, _, low, high in sorted(overlaps, key=lambda item: item[2]):
+        low = max(low, reach)
+        if high > low:
+            union, reach = union + high - low, high
+    with contextlib.suppress(ValueError, IndexError):
+        if lines and float(lines[0].split(" ")[1]) < end - LEDGER_KEEP_S:
+            _prune(path, end - LEDGER_KEEP_S)
+    return Neighbours(
+        window_s=end - start,
+        shared_s=min(end - start, union),
+        overlaps=tuple((point_id, seconds) for point_id, seconds, _, _ in sorted(overlaps, key=lambda o: -o[1])),
+    )
+
+
+def _alive(token: str) -> bool:
+    """Whether the process that wrote a ledger token (pid-nanoseconds) still runs on this host."""
+    try:
+        os.kill(int(token.split("-")[0]), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process of that pid: it runs
+        return True
+    return True
+
+
+def _prune(path: Path, before: float) -> None:
+    """Drop the lines of launches that ended before `before` (best effort: a line appended meanwhile may
+    be lost, costing only a neighbour's note)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        kept = [line for line in path.read_text().splitlines() if float(line.split(" ")[1]) >= before]
+        fresh = path.with_suffix(f".{os.getpid()}.tmp")
+        fresh.write_text("".join(line + "\n" for line in kept))
+        fresh.replace(path)

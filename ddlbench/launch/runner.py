@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from ddlbench.analysis.inside.timeline import last_step, trace_path, write_trace
 from ddlbench.errors import DdlbenchError
-from ddlbench.launch.cores import CoreGrant
+from ddlbench.launch.cores import CoreGrant, Neighbours, host_ledger
 from ddlbench.launch.launchers import LocalLauncher, select_launcher
 from ddlbench.launch.mpi import MpirunLauncher
 from ddlbench.launch.processes import LaunchOutcome, describe_returncode
@@ -76,7 +77,8 @@ def run_point(
     rank_dir.mkdir(parents=True)
     slurm = current_allocation() if chosen.name == "srun" else None
     log.info("point %s: %d ranks via %s", point.point_id, point.world_size, chosen.name)
-    with stop_on_signals():
+    ledger = host_ledger(point.point_id) if chosen.name == "local" else contextlib.nullcontext([])
+    with stop_on_signals(), ledger as neighbours:
         outcome = chosen.launch(point, rank_dir=rank_dir, dump_params=dump_params, timeout_s=timeout_s)
     record = record_point(
         point,
@@ -88,6 +90,7 @@ def run_point(
         timeout_s=timeout_s,
         start_time=start_time,
         end_time=utc_now(),
+        neighbours=neighbours[0] if neighbours else None,
     )
     log.info("point %s: %s after %.1f s of launch%s", point.point_id, record.status, outcome.wall_s, _detail(record))
     return record
@@ -104,14 +107,20 @@ def record_point(
     timeout_s: float,
     start_time: str,
     end_time: str,
+    neighbours: Neighbours | None = None,
 ) -> PointRecord:
-    """Judge what the ranks wrote into the point's rank folder, write the point's record, drop the folder."""
+    """Judge what the ranks wrote into the point's rank folder, write the point's record, drop the folder.
+    `neighbours`: the other points that ran on this host meanwhile (a local launch's host ledger)."""
     rank_dir = rank_dir_for(out)
     results, failures = _read_rank_files(rank_dir, point.world_size)
     verdict = judge(point, outcome, results, failures, timeout_s=timeout_s)
     if verdict.metrics is not None and grant is not None and grant.oversubscribed:
         note = f"launcher: {grant.needed} cores needed, {grant.granted} granted; " + verdict.metrics.cores_note
         verdict = replace(verdict, metrics=replace(verdict.metrics, oversubscribed=True, cores_note=note))
+    if verdict.metrics is not None and neighbours is not None:
+        note = f"{verdict.metrics.cores_note}; {neighbours.note()}"
+        shared = round(neighbours.shared_s, 3)
+        verdict = replace(verdict, metrics=replace(verdict.metrics, shared_host_s=shared, cores_note=note))
     if slurm is not None and outcome.step_id:
         nodes = ",".join(sorted({rank.slurm_node for rank in results if rank.slurm_node})) or None
         slurm = replace(slurm, step_id=outcome.step_id, step_nodes=nodes)

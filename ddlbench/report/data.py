@@ -211,7 +211,9 @@ def configurations_table(frame: pd.DataFrame) -> dict[str, Any]:
 
 
 def _notes(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    columns = ["other_measurement_version", "measurement_version", "measurement_versions", "oversubscribed"]
+    columns = [
+        "other_measurement_version", "measurement_version", "measurement_versions", "oversubscribed", "shared_host_s",
+    ]  # fmt: skip
     return frame[[c for c in (*columns, "any_oversubscribed") if c in frame.columns]].to_dict("records")
 
 

@@ -49,12 +49,16 @@ def interval_text(median: Any, low: Any, high: Any, n: Any, *, unit: str) -> str
 
 
 def point_notes(row: dict[str, Any]) -> tuple[str, ...]:
-    """Flags of a measurement as such: another measurement version, cores shared beyond their count."""
+    """Flags of a measurement as such: another measurement version, cores shared beyond their count, a
+    launch that ran beside other points on its host (seconds; the longest of a configuration's launches)."""
     notes = []
     if _true(row.get("other_measurement_version")):
         notes.append(f"measurement v{number(row.get('measurement_version') or row.get('measurement_versions'))}")
     if _true(row.get("oversubscribed")) or _true(row.get("any_oversubscribed")):
         notes.append("oversubscribed")
+    shared = row.get("shared_host_s")
+    if not missing(shared) and float(shared) > 0:  # disjoint cores, but a neighbour's memory traffic
+        notes.append(f"beside other points {number(float(shared))} s")
     return tuple(notes)
 
 
