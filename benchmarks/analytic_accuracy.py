@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
 import os
 import subprocess
@@ -119,6 +120,67 @@ def print_table(rows, repeatability: dict[str, float] | None = None) -> None:
         )
 
 
+def second_calibration(
+    suite: Path, before: Path, after: Path, sweep_file: Path, table: pd.DataFrame, *, rerun: bool
+) -> dict:
+    """The calibration run again after the sweep, and the never-seen configurations predicted from it: how
+    much the headline owes to the minutes its calibration ran in (on a shared host, minutes apart, the same
+    operators were timed up to 2× apart). Not the headline: that calibration had seen the sweep's host
+    conditions end. Prints the score from each calibration and the ratio of their operator times."""
+    from ddlbench.analysis.analytic.accuracy import NEVER_SEEN, by_strategy, join, overall, per_configuration
+    from ddlbench.analysis.analytic.layout import Setting
+    from ddlbench.analysis.analytic.machine_model import MachineModel
+    from ddlbench.analysis.analytic.predict import predict_all, sweep_tables
+    from ddlbench.analysis.analytic.render import predictions_csv
+    from ddlbench.config import load_sweep_config
+    from ddlbench.sweep import expand_sweep
+
+    if rerun or not after.exists():
+        run([sys.executable, "-m", "ddlbench", "calibrate", "--configfile", str(suite), "--out", str(after)])
+    config = load_sweep_config(sweep_file)
+    settings = [Setting.of_point(point) for point in expand_sweep(config).points]
+    predicted = predict_all(settings, MachineModel.from_file(after), tables=sweep_tables(config.sweep_dir))
+    configurations = per_configuration(join(table, pd.read_csv(io.StringIO(predictions_csv(predicted)))))
+    chosen = configurations[configurations["seen"] == NEVER_SEEN]
+    time_after, _ = overall(by_strategy(chosen)) if len(chosen) else (None, None)
+    models = {m: t for m, (t, _) in per_model(chosen).items()} if len(chosen) else {}
+    ratios = operator_ratios(before, after)
+    print(
+        f"\nthe same configurations predicted from a second calibration, run after the sweep ({after.name}; not the "
+        f"headline): time {pct(time_after)} averaged over strategies; per model "
+        + ", ".join(f"{m} {pct(t)}" for m, t in models.items())
+    )
+    print(
+        "its operator times ÷ the first calibration's, median over shapes (forward + backward), per count of ranks at "
+        "once: " + "; ".join(f"{ranks} rank(s) ×{ratio:.2f}" for ranks, ratio in ratios.items())
+    )
+    return {"machine": str(after), "time_accuracy": time_after, "by_model": models, "operator_ratio": ratios}
+
+
+def operator_ratios(before: Path, after: Path) -> dict[int, float]:
+    """Per count of ranks at once: the median over shapes both timed of (forward + backward) after ÷ before."""
+    import statistics
+
+    def entries(path: Path) -> dict[int, dict[tuple, float]]:
+        data = yaml.safe_load(path.read_text()) or {}
+        out: dict[int, dict[tuple, float]] = {}
+        for entry in data.get("operator_timings") or []:
+            if entry.get("precision") != "fp32":
+                continue
+            shapes = out.setdefault(int(entry.get("ranks_per_node", 1)), {})
+            for sample in entry.get("samples") or []:
+                key = tuple(sorted((k, v) for k, v in sample.items() if not k.endswith("_s") and k != "n"))
+                shapes[key] = float(sample["forward_s"]) + float(sample["backward_s"])
+        return out
+
+    first, second = entries(before), entries(after)
+    return {
+        ranks: statistics.median(second[ranks][key] / first[ranks][key] for key in keys)
+        for ranks in sorted(set(first) & set(second))
+        if (keys := set(first[ranks]) & set(second[ranks]))
+    }
+
+
 def print_recommendation(result) -> dict:
     """The recommendation's share (hits ÷ cells, against issue 22's target) over all cells and the never-seen
     ones, and a line per cell; returns the same for accuracy.json."""
@@ -168,6 +230,12 @@ def main() -> int:
         "sets (seen, or scored before the model's last change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
+    parser.add_argument(
+        "--no-second-calibration",
+        action="store_true",
+        help="skip the calibration after the sweep (the headline's calibration repeated, to say how much the "
+        "score owes to which minutes the calibration ran in)",
+    )
     args = parser.parse_args()
 
     prefix = "quick_" if args.quick else ""
@@ -345,6 +413,10 @@ def main() -> int:
         "memory_accuracy": memory_all,
         "by_strategy": [r.__dict__ for r in rows],
     }
+    if args.machine is None and not args.no_second_calibration and len(configurations):
+        summary["second_calibration"] = second_calibration(
+            calibration, machine, results / "machine-after.yaml", sweep_file, table, rerun=not args.report_only
+        )
     (results / "accuracy.json").write_text(json.dumps(summary, indent=1))
     print(f"\nreport: {results / 'report.html'}; figures: {results / 'accuracy.json'}")
     return 0

@@ -190,6 +190,12 @@ def test_analytic_accuracy_calibrates_runs_and_scores_its_quick_sweep(tmp_path):
     hits = figure(output, r"recommendation: the measured best or within its interval in ([01]) of 1 cells \(.*")
     summary = json.loads((tmp_path / "bench_analytic_quick" / "accuracy.json").read_text())
     assert {row["strategy"] for row in summary["by_strategy"]} == {"ddp", "gpipe"}
+    # the calibration repeated after the sweep: its score, and its operator times against the first's
+    figure(output, rf"the same configurations predicted from a second calibration, .*: time {PERCENT} averaged .*")
+    ratios = figure(output, rf"its operator times ÷ the first calibration's, .*: 2 rank\(s\) ×({NUMBER})")
+    ratio = float(ratios.group(1))
+    assert summary["second_calibration"]["operator_ratio"] == {"2": pytest.approx(ratio, abs=0.006)}
+    assert (tmp_path / "bench_analytic_quick" / "machine-after.yaml").exists()
     (cell,) = summary["recommendation"]["per_cell"]
     assert cell["hit"] == (cell["recommended"] == cell["measured_best"]) == (hits.group(1) == "1")
 
