@@ -119,8 +119,13 @@ def prepare_workflow(
     calibrating = snakemake_resources(calibration) if calibration else {}
     prepared = replace(prepared, resources=resources, calibration_resources=calibrating)
     if not site_file and prepared.plan is not None and getattr(prepared.plan.config, "alone", False):
-        # one point at a time: each asks for the host's one `host` slot (registered by the preamble)
-        prepared = replace(prepared, resources={point.point_id: {"host": 1} for point in prepared.points})
+        # one point at a time: each asks for the host's one `host` slot (registered by the preamble), and so
+        # does the sweep's own calibration, whose timings a point beside it would disturb as much
+        prepared = replace(
+            prepared,
+            resources={point.point_id: {"host": 1} for point in prepared.points},
+            calibration_resources={"host": 1},
+        )
     host = host_memory_bytes()
     if site_file or host is None or len(host_bytes) < len(prepared.points):
         return prepared

@@ -122,6 +122,7 @@ def test_points_whose_memory_together_exceeds_the_bound_or_that_run_alone_run_on
     largest = max(resources["mem_mb"] for resources in prepared.resources.values())
     alone = prepare_workflow("sweep", raw | {"alone": True}, site_file=None, cores=2, dry_run=True)
     assert all(alone.resources[p] == prepared.resources[p] | {"host": 1} for p in prepared.resources)
+    assert alone.calibration_resources == {"host": 1} and prepared.calibration_resources == {}
     spans, shared = {}, {}
     for label, bound in (("room for both", 4 * largest), ("room for one", largest + largest // 2), ("alone", 0)):
         sweep = tmp_path / f"{label}.yaml"

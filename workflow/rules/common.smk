@@ -35,7 +35,7 @@ CONFIG_JSON = json.dumps(PLAN.config.to_dict(), sort_keys=True)
 CALIBRATE_SUITE = PLAN.config.calibrate
 MACHINE_FILE = str(PLAN.config.machine_path or "")
 CALIBRATE_CORES = calibration_cores(CALIBRATE_SUITE) if CALIBRATE_SUITE else 1
-CALIBRATE_RESOURCES = PREPARED.calibration_resources  # empty when the sweep runs on this host
+CALIBRATE_RESOURCES = PREPARED.calibration_resources  # on this host: the `host` slot where the sweep runs alone
 # what the report rule makes (ddlbench.finish): the table, its CSV, the scaling models, the report and its
 # Markdown summary, and the predictions where the sweep knows its machine
 FINISHED = [

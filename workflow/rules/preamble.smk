@@ -45,7 +45,8 @@ except DdlbenchError as error:
 RESOURCES = PREPARED.resources
 if PREPARED.host_memory_mb and "mem_mb" not in workflow.global_resources:
     workflow.register_resource("mem_mb", PREPARED.host_memory_mb)
-if any("host" in resources for resources in RESOURCES.values()) and "host" not in workflow.global_resources:
+_HOST_SLOT = any("host" in r for r in (*RESOURCES.values(), PREPARED.calibration_resources))
+if _HOST_SLOT and "host" not in workflow.global_resources:
     workflow.register_resource("host", 1)  # the sweep's `alone`: one point at a time on this host
 POINTS = {point.point_id: point for point in PREPARED.points}
 
