@@ -80,7 +80,7 @@ def measured(tmp_path_factory):
                 "collectives": ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"],
                 "message_bytes": [4096, 65536, 1048576],
                 "warmup": 2,
-                "iterations": 5,
+                "iterations": 12,  # layer timings median of 12 steps a batch: a few slow steps move them less
                 "layer_timings": [{"model": "resnet8", "dataset": "cifar10", "batch_sizes": [4, 8, 16]}],
                 "fsdp_units": True,  # FSDP2's own cost per unit, on a toy: most of fsdp's step beyond ddp's here
             }
