@@ -147,18 +147,28 @@ def second_calibration(
     ratios = operator_ratios(before, after)
     print(
         f"\nthe same configurations predicted from a second calibration, run after the sweep ({after.name}; not the "
-        f"headline): time {pct(time_after)} averaged over strategies; per model "
+        f"headline): time {pct(time_after)} averaged over strategies (n = {len(chosen)} configurations); per model "
         + ", ".join(f"{m} {pct(t)}" for m, t in models.items())
     )
     print(
-        "its operator times ÷ the first calibration's, median over shapes (forward + backward), per count of ranks at "
-        "once: " + "; ".join(f"{ranks} rank(s) ×{ratio:.2f}" for ranks, ratio in ratios.items())
+        "its operator times ÷ the first calibration's, median over the shapes both timed (forward + backward; n = "
+        + ", ".join(str(n) for _, n in ratios.values())
+        + " shapes), per count of ranks at once: "
+        + "; ".join(f"{ranks} rank(s) ×{ratio:.2f}" for ranks, (ratio, _) in ratios.items())
     )
-    return {"machine": str(after), "time_accuracy": time_after, "by_model": models, "operator_ratio": ratios}
+    return {
+        "machine": str(after),
+        "time_accuracy": time_after,
+        "configurations": len(chosen),
+        "by_model": models,
+        "operator_ratio": {ranks: ratio for ranks, (ratio, _) in ratios.items()},
+        "operator_shapes": {ranks: n for ranks, (_, n) in ratios.items()},
+    }
 
 
-def operator_ratios(before: Path, after: Path) -> dict[int, float]:
-    """Per count of ranks at once: the median over shapes both timed of (forward + backward) after ÷ before."""
+def operator_ratios(before: Path, after: Path) -> dict[int, tuple[float, int]]:
+    """Per count of ranks at once: the median over the shapes both timed of (forward + backward) after ÷
+    before (dimensionless), and how many shapes that is."""
     import statistics
 
     def entries(path: Path) -> dict[int, dict[tuple, float]]:
@@ -175,7 +185,7 @@ def operator_ratios(before: Path, after: Path) -> dict[int, float]:
 
     first, second = entries(before), entries(after)
     return {
-        ranks: statistics.median(second[ranks][key] / first[ranks][key] for key in keys)
+        ranks: (statistics.median(second[ranks][key] / first[ranks][key] for key in keys), len(keys))
         for ranks in sorted(set(first) & set(second))
         if (keys := set(first[ranks]) & set(second[ranks]))
     }

@@ -262,8 +262,7 @@ def _turn_counts(point: CalibrationPoint) -> tuple[int, ...]:
     """The rank counts that time each shape in turn: the point's `operator_at_once` (each at most its
     ranks), or all its ranks at once."""
     world = dist.get_world_size() if dist.is_initialized() else 1
-    counts = tuple(k for k in point.operator_at_once if k <= world) or (world,)
-    return counts
+    return tuple(k for k in point.operator_at_once if k <= world) or (world,)
 
 
 def _my_turn(at_once: int) -> bool:
