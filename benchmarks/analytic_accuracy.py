@@ -166,6 +166,60 @@ def second_calibration(
     }
 
 
+def host_adjusted_score(machine: Path, sweep_file: Path, table: pd.DataFrame) -> dict | None:
+    """The never-seen configurations predicted again from the machine file rescaled by each one's host probe
+    against the calibration's (ddlbench.analysis.analytic.drift): the model's error with the host's drift taken
+    out. A diagnosis beside the headline, never it: the probes ran with the points."""
+    import statistics
+
+    from ddlbench.analysis.analytic.accuracy import NEVER_SEEN, by_strategy, join, overall, per_configuration
+    from ddlbench.analysis.analytic.drift import host_adjusted
+    from ddlbench.analysis.analytic.layout import Setting
+    from ddlbench.analysis.analytic.predict import sweep_tables
+    from ddlbench.config import load_sweep_config
+    from ddlbench.sweep import expand_sweep
+
+    config = load_sweep_config(sweep_file)
+    settings = {point.point_id: Setting.of_point(point) for point in expand_sweep(config).points}
+    data = yaml.safe_load(machine.read_text()) or {}
+    predicted, adjusted = host_adjusted(table, data, settings, tables=sweep_tables(config.sweep_dir))
+    if not adjusted:
+        print("\nno host probes in the machine file or the records (calibrated or measured before the probe)")
+        return None
+    configurations = per_configuration(join(table, predicted))
+    chosen = configurations[configurations["seen"] == NEVER_SEEN]
+    time_adjusted, _ = overall(by_strategy(chosen)) if len(chosen) else (None, None)
+    models = {m: t for m, (t, _) in per_model(chosen).items()} if len(chosen) else {}
+
+    def spread(name: str) -> str:
+        values = [getattr(a.operators, name) for a in adjusted if a.operators and getattr(a.operators, name)]
+        if not values:
+            return "–"
+        return f"median ×{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
+
+    latency = [a.collectives.latency for a in adjusted if a.collectives and a.collectives.latency]
+    print(
+        f"\nwith the host's drift taken out (each configuration predicted from the machine file rescaled by its own "
+        f"host probe against the calibration's; a diagnosis, not the headline): time {pct(time_adjusted)} averaged "
+        f"over strategies (n = {len(chosen)} configurations); per model "
+        + ", ".join(f"{m} {pct(t)}" for m, t in models.items())
+    )
+    print(
+        f"host speed during the points ÷ during the calibration, over {len(adjusted)} configurations: compute "
+        f"{spread('compute')}, memory {spread('memory')}, all-reduce latency "
+        + (f"median ×{statistics.median(latency):.2f} (n = {len(latency)})" if latency else "–")
+    )
+    return {
+        "time_accuracy": time_adjusted,
+        "configurations": len(chosen),
+        "by_model": models,
+        "speeds": [
+            {"config_key": a.config_key, "probe": a.probe, "operators": a.operators and a.operators.__dict__}
+            for a in adjusted
+        ],
+    }
+
+
 def operator_ratios(before: Path, after: Path) -> dict[int, tuple[float, int]]:
     """Per count of ranks at once: the median over the shapes both timed of (forward + backward) after ÷
     before (dimensionless), and how many shapes that is."""
@@ -423,6 +477,8 @@ def main() -> int:
         "memory_accuracy": memory_all,
         "by_strategy": [r.__dict__ for r in rows],
     }
+    if len(configurations):
+        summary["host_adjusted"] = host_adjusted_score(machine, sweep_file, table)
     if args.machine is None and not args.no_second_calibration and len(configurations):
         summary["second_calibration"] = second_calibration(
             calibration, machine, results / "machine-after.yaml", sweep_file, table, rerun=not args.report_only

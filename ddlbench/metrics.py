@@ -6,6 +6,7 @@ import math
 
 from ddlbench.analysis.energy import energy_figures
 from ddlbench.analysis.inside.figures import anatomy_figures
+from ddlbench.analysis.machine.host_speed import point_probe
 from ddlbench.point import Point
 from ddlbench.records import Metrics, RankResult, Stats
 from ddlbench.statistics import percentile
@@ -58,6 +59,7 @@ def summarize_ranks(point: Point, ranks: list[RankResult]) -> Metrics:
         clock_uncertainty_s=max(rank.clock_uncertainty_s for rank in ranks),
         oversubscribed=oversubscribed,
         cores_note=cores_note,
+        host_probe=point_probe(ranks),
         **input_wait_figures(ranks, step_times, dropped, point.steps),
         **anatomy_figures(ranks, dropped, step_times),
         **energy_figures(point, ranks),

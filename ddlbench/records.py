@@ -233,6 +233,9 @@ class RankResult:
     # the rank's GPU over its point, read through NVML (ddlbench.train.health.GpuHealth.to_dict: readings,
     # findings), or {"why_not": "not measurable here: …"}; None in records from before it
     health: dict[str, Any] | None = None
+    # the host's speed at the point's start and end (ddlbench.train.host_probe, where each figure is defined):
+    # {compute_s, copy_s, all_reduce_s, threads, when, turn, time}; () in records from before it
+    host_probe: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankResult:
@@ -242,6 +245,7 @@ class RankResult:
         data["energy"] = tuple(EnergyReading(**reading) for reading in data.get("energy", ()))
         tuples = ("step_times_s", "losses", "step_starts_s", "step_ends_s", "warmup_times_s", "cpus")
         more = ("input_wait_s", "loader_cpus", "update_starts_s", "update_ends_s", "timeline", "anatomy_steps")
+        more += ("host_probe",)
         for name in (*tuples, *more):
             if name in data:
                 data[name] = tuple(data[name])
@@ -307,6 +311,10 @@ class Metrics:
     # cores, but shared memory bandwidth and caches; ddlbench.launch.cores.host_ledger); None: not known
     # (SLURM, mpirun, records from before it)
     shared_host_s: float | None = None
+    # the host's speed while the point ran (ddlbench.analysis.machine.host_speed.point_probe): the medians over
+    # ranks and the start and end probes of compute_s, copy_s and all_reduce_s, with `at_once` (the most ranks
+    # that shared a host) and `n` (probes pooled); None in records from before the probe
+    host_probe: dict[str, Any] | None = None
     # Points that read through a loader (None otherwise), per kept measured step: the longest input wait
     # of any rank (s), and that wait ÷ the job's step time (dimensionless, the share of the step stalled
     # on input)

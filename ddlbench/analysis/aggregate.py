@@ -23,7 +23,10 @@ One row per planned point. Its columns, by group:
   the sweep's folder, when traced);
 - window, memory and losses: samples_per_s_overall (samples of the kept window ÷ its wall time, Hoefler
   & Belli's rule 3), window_s, warmup_dropped_steps, clock_uncertainty_s, oversubscribed, cores_note,
-  shared_host_s (seconds of a local launch with other points running on its host);
+  shared_host_s (seconds of a local launch with other points running on its host); the host's speed probe
+  (ddlbench.analysis.machine.host_speed, records.Metrics.host_probe): host_compute_s, host_copy_s and
+  host_all_reduce_s (seconds, medians over ranks and the start and end probes), host_at_once (ranks probing
+  at once on a host), host_threads;
   memory (peak_rss_bytes, tensor_peak_bytes, tensor_resident_bytes, input_pool_bytes,
   cuda_peak_allocated_bytes, cuda_peak_reserved_bytes) and losses (loss_first, loss_last), as
   records.Metrics has them;
@@ -177,6 +180,15 @@ def _used_rows(table: pd.DataFrame, *, include_other_versions: bool) -> pd.Serie
     return used
 
 
+HOST_PROBE_COLUMNS = ("host_compute_s", "host_copy_s", "host_all_reduce_s", "host_at_once", "host_threads")
+
+
+def host_probe_columns(probe: dict[str, Any] | None) -> dict[str, Any]:
+    """The host speed probe's figures as columns (None where the record has no probe)."""
+    probe = probe or {}
+    return {column: probe.get(column.removeprefix("host_")) for column in HOST_PROBE_COLUMNS}
+
+
 def record_row(record: PointRecord) -> dict[str, Any]:
     row = point_row(record.point) | {
         "status": record.status,
@@ -200,6 +212,7 @@ def record_row(record: PointRecord) -> dict[str, Any]:
             "oversubscribed": metrics.oversubscribed,
             "cores_note": metrics.cores_note,
             "shared_host_s": metrics.shared_host_s,
+            **host_probe_columns(metrics.host_probe),
             "peak_rss_bytes": metrics.peak_rss_bytes,
             "cuda_peak_allocated_bytes": metrics.cuda_peak_allocated_bytes,
             "cuda_peak_reserved_bytes": metrics.cuda_peak_reserved_bytes,

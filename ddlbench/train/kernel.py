@@ -23,6 +23,7 @@ from ddlbench.train.data.loader import LOADER_MEMORY_NOTE, open_point_loader, re
 from ddlbench.train.energy import open_energy_window, rank_provenance
 from ddlbench.train.execution import Execution, configure_execution
 from ddlbench.train.faults import delay_s, planned_fault, strike
+from ddlbench.train.host_probe import probe_all_at_once
 from ddlbench.train.losses import loss_for
 from ddlbench.train.memory import MemoryProbe, storage_bytes
 from ddlbench.train.models.init import init_plan
@@ -185,6 +186,8 @@ def train_point(
     # precision, layout, compile (ddlbench.train.execution); what the device cannot do is refused here
     execution = configure_execution(point.precision, point.channels_last, point.compile, ctx.device)
     on_cuda = ctx.device.type == "cuda"
+    # the host's speed before anything of the point is built (its memory not yet counted) and after its steps
+    probes = [probe_all_at_once(ctx.device, "start")]
     recorder = start_recorder(ctx.device)
     probe_step = point.warmup_steps - 1 if point.warmup_steps >= 2 else None
     memory = MemoryProbe(
@@ -272,6 +275,7 @@ def train_point(
     cuda_peaks = memory.cuda_run_peaks() if on_cuda else (None, None)  # the whole run's, inputs included
     offset = clock.offset_s
     traced = traced_steps(point)
+    probes.append(probe_all_at_once(ctx.device, "end"))
     result = RankResult(
         rank=ctx.rank,
         hostname=socket.gethostname(),
@@ -316,6 +320,7 @@ def train_point(
         ),
         energy=energy_readings,
         energy_note=energy.note,
+        host_probe=tuple(probes),
         **rank_provenance(ctx.device),  # the software and the card, read after the window
     )
     state = trainer.full_state_dict() if keep_state else None

@@ -76,7 +76,19 @@ def bus_factor(op: str, ranks: int) -> float:
 
 
 def nnls(a, b, *, iterations: int = 1000):
-    """min ‖a·x − b‖ subject to x ≥ 0 (Lawson & Hanson 1974, the active-set method), numpy arrays."""
+    """min ‖a·x − b‖ subject to x ≥ 0 (Lawson & Hanson 1974, the active-set method), numpy arrays. Solved on
+    a's columns and b scaled to unit norm, so the method's tolerances are relative and the solution scales as
+    the problem does (b × r gives x × r; a column × r gives its coefficient ÷ r): times measured on a host twice
+    as slow fit coefficients exactly twice as large (ddlbench.analysis.machine.host_speed relies on it)."""
+    import numpy as np
+
+    columns = np.linalg.norm(a, axis=0)
+    columns[columns <= 0] = 1.0
+    size = float(np.linalg.norm(b)) or 1.0
+    return _nnls(a / columns, b / size, iterations=iterations) * size / columns
+
+
+def _nnls(a, b, *, iterations: int):
     import numpy as np
 
     n = a.shape[1]

@@ -32,6 +32,8 @@ and unit in its key's name, measured ones with their statistics and sample size.
          samples: [{kind, batch, in_channels, height, width, out_channels, kernel, stride,
                     forward_s, backward_s, n}]}
     failed_points: [{point_id, status, reason}]   # status "refused": a precision the device cannot run
+    host_probes:                     # optional; ddlbench.analysis.machine.host_speed (the host's speed per point)
+      - {point_id, benchmark, at_once, ranks, threads, compute_s, copy_s, all_reduce_s, n}
     cuda_memory:                     # optional, CUDA machines: what the caching allocator counts beyond tensors
       {fixed_bytes, per_call_byte, block_bytes, method, fitted_on: [{label, measured_bytes, base_bytes, ...}]}
       # ddlbench.analysis.analytic.memory (CudaMemoryTerms, fit_cuda_terms); written by benchmarks/gpu_analytic.py
@@ -72,6 +74,7 @@ import yaml
 
 from ddlbench.analysis.machine.fit import bus_factor, fit_alpha_beta, fit_busy
 from ddlbench.analysis.machine.fsdp_units import fsdp_unit_figures
+from ddlbench.analysis.machine.host_speed import calibration_probes
 from ddlbench.analysis.machine.layer_timings import check_layer_timings, layer_timing_figures
 from ddlbench.analysis.machine.operator_timings import operator_timings
 from ddlbench.atomic import write_text_atomic
@@ -119,6 +122,12 @@ def measured_machine(records: list[CalibrationRecord], *, name: str | None, suit
             {"point_id": record.point_id, "status": record.status, "reason": record.reason}
             for record in records
             if record.status != "ok"
+        ],
+        # each point's host speed probes, per turn (ddlbench.analysis.machine.host_speed)
+        "host_probes": [
+            probe
+            for record in ok
+            for probe in calibration_probes(record.point_id, record.point.benchmark, record.ranks)
         ],
     }
     for record in ok:

@@ -11,6 +11,7 @@ from ddlbench.provenance import host_memory_bytes
 from ddlbench.train.calibration.kernels import run_collectives_mpi, run_collectives_torch, run_compute
 from ddlbench.train.calibration.point import CalibrationPoint
 from ddlbench.train.calibration.records import CalibrationRankResult
+from ddlbench.train.host_probe import probe_in_turn
 from ddlbench.train.strategies import RankContext
 
 
@@ -18,6 +19,7 @@ def measure(point: CalibrationPoint, ctx: RankContext) -> CalibrationRankResult:
     torch.set_num_threads(point.threads)
     on_cuda = ctx.device.type == "cuda"
     library = ctx.backend
+    probes = probe_in_turn(ctx.device, "start")  # the host's speed, as every training point probes it
     if point.benchmark == "compute":
         measurements = run_compute(point, ctx.device)
     elif point.benchmark == "layer_timings":
@@ -36,6 +38,7 @@ def measure(point: CalibrationPoint, ctx: RankContext) -> CalibrationRankResult:
         measurements, library = run_collectives_mpi(point)
     else:
         measurements = run_collectives_torch(point, ctx.device)
+    probes += probe_in_turn(ctx.device, "end")
     return CalibrationRankResult(
         rank=ctx.rank,
         hostname=socket.gethostname(),
@@ -49,4 +52,5 @@ def measure(point: CalibrationPoint, ctx: RankContext) -> CalibrationRankResult:
         measurements=tuple(measurements),
         slurm_node=os.environ.get("SLURMD_NODENAME", ""),
         memory_bytes=torch.cuda.get_device_properties(ctx.device).total_memory if on_cuda else host_memory_bytes(),
+        host_probe=tuple(probes),
     )

@@ -30,10 +30,19 @@ class CalibrationRankResult:
     cpu_binding: str = ""
     slurm_node: str = ""
     memory_bytes: int | None = None  # the device's memory (GPU) or the host's RAM, for the machine file
+    # the host's speed at the point's start and end, rank 0 alone and all ranks in turn (ddlbench.train.host_probe)
+    host_probe: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CalibrationRankResult:
-        return cls(**{**data, "cpus": tuple(data["cpus"]), "measurements": tuple(data["measurements"])})
+        return cls(
+            **{
+                **data,
+                "cpus": tuple(data["cpus"]),
+                "measurements": tuple(data["measurements"]),
+                "host_probe": tuple(data.get("host_probe", ())),
+            }
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
