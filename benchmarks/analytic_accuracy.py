@@ -68,7 +68,8 @@ SETS = {
     "scoring-5": "scoring5_sweep.yaml",  # the fifth, frozen (2026-12-02) before anything was run on it (seen)
     "scoring-6": "scoring6_sweep.yaml",  # the sixth, frozen (2026-12-02) before anything was run on it (seen)
     "scoring-7": "scoring7_sweep.yaml",  # the seventh, frozen (2026-12-02) before anything was run on it (seen)
-    "scoring-8": "scoring8_sweep.yaml",  # the eighth, frozen (2026-12-02) before anything was run on it
+    "scoring-8": "scoring8_sweep.yaml",  # the eighth, frozen (2026-12-02) before anything was run on it (seen)
+    "scoring-9": "scoring9_sweep.yaml",  # the ninth, frozen (2026-12-02) before anything was run on it
 }
 
 
@@ -167,7 +168,7 @@ def second_calibration(
 
 
 def host_adjusted_score(machine: Path, sweep_file: Path, table: pd.DataFrame) -> dict | None:
-    """The never-seen configurations predicted again from the machine file rescaled by each one's host probe
+    """The never-seen configurations predicted again from the machine file rescaled by the sweep's host probes
     against the calibration's (ddlbench.analysis.analytic.drift): the model's error with the host's drift taken
     out. A diagnosis beside the headline, never it: the probes ran with the points."""
     import statistics
@@ -199,13 +200,14 @@ def host_adjusted_score(machine: Path, sweep_file: Path, table: pd.DataFrame) ->
 
     latency = [a.collectives.latency for a in adjusted if a.collectives and a.collectives.latency]
     print(
-        f"\nwith the host's drift taken out (each configuration predicted from the machine file rescaled by its own "
-        f"host probe against the calibration's; a diagnosis, not the headline): time {pct(time_adjusted)} averaged "
-        f"over strategies (n = {len(chosen)} configurations); per model "
+        f"\nwith the host's drift taken out (the configurations predicted from the machine file rescaled by the "
+        f"sweep's host probes against the calibration's; a diagnosis, not the headline): time {pct(time_adjusted)} "
+        f"averaged over strategies (n = {len(chosen)} configurations); per model "
         + ", ".join(f"{m} {pct(t)}" for m, t in models.items())
     )
     print(
-        f"host speed during the points ÷ during the calibration, over {len(adjusted)} configurations: compute "
+        f"host speed during the sweep ÷ during the calibration (the operator fits' ratios, per count of ranks at "
+        f"once, over {len(adjusted)} configurations): compute "
         f"{spread('compute')}, memory {spread('memory')}, all-reduce latency "
         + (f"median ×{statistics.median(latency):.2f} (n = {len(latency)})" if latency else "–")
     )
@@ -289,8 +291,8 @@ def main() -> int:
         "--set",
         choices=tuple(SETS),
         default="development",
-        help="development, pipeline-development, tensor-development: developed on; scoring-8: the frozen scoring set "
-        "(scoring8_sweep.yaml), what the model's accuracy is reported on; scoring to scoring-7: earlier scoring "
+        help="development, pipeline-development, tensor-development: developed on; scoring-9: the frozen scoring set "
+        "(scoring9_sweep.yaml), what the model's accuracy is reported on; scoring to scoring-8: earlier scoring "
         "sets (seen, or scored before the model's last change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
