@@ -103,20 +103,23 @@ def test_a_conv_fit_finds_where_wide_weights_cost_more_and_predicts_wide_shapes_
     assert sum(s.in_channels >= 512 for s in drawn) >= 20 and len(wide) >= 5  # the wide draws reach past the step
     samples = _timed(drawn, _stepped_conv_law, noise=0.05, seed=1)
 
-    def errors(fit, index):
+    def errors(fit, index, shapes):
         out = []
-        for shape in wide:
+        for shape in shapes:
             call = call_of_sample(shape.to_dict())
             truth = _stepped_conv_law(call, shape.batch)[index]
             out.append(abs(fit.seconds(call, shape.batch) - truth) / truth)
-        return float(np.median(out))
+        return np.array(out)
 
     for direction, index in (("forward", 0), ("backward", 1)):
         fit = fit_kind("conv2d", direction, samples)
         assert fit.knot == 2**22, direction
-        assert errors(fit, index) < 0.08, direction
+        assert np.median(errors(fit, index, wide)) < 0.08, direction
+        assert np.quantile(errors(fit, index, unseen), 0.9) < 0.1, direction  # and every other shape with them
+    # no knot: one line cannot hold both sides of the step; the fit misses the wide shapes or the others (the
+    # time-weighted fit leans to the wide ones, which take longest), a tenth of the shapes by half or more
     monkeypatch.setattr(operators, "KNOTTED", ())
-    assert errors(fit_kind("conv2d", "backward", samples), 1) > 0.15  # no knot: the wide shapes are missed
+    assert np.quantile(errors(fit_kind("conv2d", "backward", samples), 1, unseen), 0.9) > 0.5
 
 
 def _depthwise_law(call: OpCall, batch: int) -> tuple[float, float]:

@@ -196,6 +196,15 @@ def test_analytic_accuracy_calibrates_runs_and_scores_its_quick_sweep(tmp_path):
     ratio = float(ratios.group(1))
     assert summary["second_calibration"]["operator_ratio"] == {"2": pytest.approx(ratio, abs=0.006)}
     assert (tmp_path / "bench_analytic_quick" / "machine-after.yaml").exists()
+    # the same configurations from the machine file rescaled by the sweep's host probes against the calibration's
+    figure(
+        output,
+        rf"with the host's drift taken out .*: time {PERCENT} averaged over strategies \(n = 2 configurations\).*",
+    )
+    speed = figure(output, rf"host speed during the sweep ÷ during the calibration .*: compute median ×({NUMBER}) .*")
+    assert summary["host_adjusted"]["configurations"] == 2
+    operators = [s["operators"]["compute"] for s in summary["host_adjusted"]["speeds"]]
+    assert float(speed.group(1)) == pytest.approx(sorted(operators)[len(operators) // 2], abs=0.006)
     (cell,) = summary["recommendation"]["per_cell"]
     assert cell["hit"] == (cell["recommended"] == cell["measured_best"]) == (hits.group(1) == "1")
 

@@ -1,13 +1,18 @@
 """The same predictions made again with the host's drift taken out: each configuration predicted from the
-machine file as its own host probe says the host was while it ran (ddlbench.analysis.machine.host_speed).
+machine file as the host probes of the sweep say the host was while its points ran
+(ddlbench.analysis.machine.host_speed).
 
-A configuration's probe is the median over its ok repetitions of each probe figure of the table
-(host_compute_s, host_copy_s, host_all_reduce_s: ddlbench.analysis.aggregate), at its ranks sharing a host
-(host_at_once) and threads. The machine file is rescaled by that probe against the calibration's and the
-configuration predicted from it; every repetition gets that one prediction, as the plain predictions give
-every repetition its configuration's. What the score of these says is how far the model is off with the
-host's speed as measured around each point; the gap to the plain score is what the calibration's minutes
-cost. The ratios come from the points' own runs: a diagnosis, not a prediction made before running.
+The sweep's probe is, per count of ranks probing at once on a host (host_at_once), job size and threads, the
+median over every ok point of the table of each probe figure (host_compute_s, host_copy_s, host_all_reduce_s:
+ddlbench.analysis.aggregate). Pooled over the sweep rather than per configuration: one launch's probe moves by
+±10 % from process to process on the 2-core development host (three repetitions of one configuration read
+2.07, 2.50 and 2.51 ms) where its steps agree to 4 %, so a configuration's own probe would add that noise to
+its prediction; what is taken out is the calibration's offset from the sweep as a whole (a calibration run in
+a slow spell), not each point's. The machine file is rescaled by that probe against the calibration's, and
+each configuration predicted from it; every repetition gets that one prediction, as the plain predictions
+give every repetition its configuration's. What the score of these says is how far the model is off with
+the host's speed during the sweep; the gap to the plain score is what the calibration's minutes cost. The
+ratios come from the sweep's own runs: a diagnosis, not a prediction made before running.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ class Adjusted:
     step_time_s: float
 
 
-def configuration_probe(rows: pd.DataFrame) -> dict[str, Any] | None:
-    """The median over `rows` (one configuration's ok repetitions) of each probe figure; None when none probed."""
+def pooled_probe(rows: pd.DataFrame) -> dict[str, Any] | None:
+    """The median over `rows` (ok points of one count of ranks at once, job size and threads) of each probe
+    figure; None when none probed."""
     if "host_compute_s" not in rows.columns or rows["host_compute_s"].dropna().empty:
         return None
     probe: dict[str, Any] = {}
@@ -62,18 +68,25 @@ def host_adjusted(
     tables: TableSource = introspected_table,
 ) -> tuple[pd.DataFrame, list[Adjusted]]:
     """Predictions (one row per ok point of `table` that has a setting in `settings` and a probe, the columns
-    of Prediction) from the machine file rescaled per configuration, and what each configuration was set
-    against. A machine file without host_probes (calibrated before the probe) adjusts nothing: empty."""
+    of Prediction) from the machine file rescaled by the sweep's probe (module docstring), and what each
+    configuration was set against. A machine file without host_probes (calibrated before the probe) adjusts
+    nothing: empty."""
     if not machine.get("host_probes"):
         return pd.DataFrame(), []
-    ok = table[(table["status"] == "ok") & table["point_id"].isin(list(settings))]
+    ok = table[table["status"] == "ok"]
+    groups = [c for c in ("host_at_once", "world_size", "host_threads") if c in ok.columns]
+    probes = {key: pooled_probe(group) for key, group in ok.groupby(groups, dropna=False)} if groups else {}
     rows, adjusted = [], []
-    for key, group in ok.groupby("config_key", sort=False):
-        probe = configuration_probe(group)
+    machines: dict[tuple, tuple[MachineModel, dict[str, HostSpeed]]] = {}
+    for key, group in ok[ok["point_id"].isin(list(settings))].groupby("config_key", sort=False):
+        shared = tuple(group.iloc[0][c] for c in groups)
+        probe = probes.get(shared)
         if probe is None:
             continue
-        data, speeds = rescaled(machine, probe)
-        model = MachineModel.from_dict(data, where="machine file rescaled by the host probe")
+        if shared not in machines:
+            data, speeds = rescaled(machine, probe)
+            machines[shared] = (MachineModel.from_dict(data, where="machine file rescaled by the host probe"), speeds)
+        model, kept = machines[shared]
         prediction = predict(settings[group["point_id"].iloc[0]], model, tables=tables)
         for point_id in group["point_id"]:
             rows.append(prediction.to_dict() | {"point_id": point_id})
@@ -81,8 +94,8 @@ def host_adjusted(
             Adjusted(
                 config_key=str(key),
                 probe=probe,
-                operators=next((s for name, s in speeds.items() if name.startswith("operators")), None),
-                collectives=next((s for name, s in speeds.items() if name.startswith("collectives")), None),
+                operators=next((s for name, s in kept.items() if name.startswith("operators")), None),
+                collectives=next((s for name, s in kept.items() if name.startswith("collectives")), None),
                 step_time_s=prediction.step_time_s,
             )
         )

@@ -9,7 +9,9 @@ fitted over the calibration's shapes (Lawson & Hanson's NNLS, `solve`): first on
 then reweighted a few times by 1/√(t·t̂) (least squares on the log ratio, to first order: a shape twice
 too slow weighs as one twice too fast; on relative residuals alone the fits came out 12–66 % low in
 geometric mean over their own shapes, conv backward 1.49×), and last scaled by the geometric mean of
-t / t̂ over those shapes (the smearing correction: what is left of that bias, 10–24 %, goes):
+t / t̂ over those shapes (the smearing correction: what is left of that bias, 10–24 %, goes); throughout,
+each shape weighs as its time relative to the median shape's (`time_weights`: a step's relative error is
+its layers' errors weighted by their time, and the many small draws had set the per-FLOP terms):
 
     conv2d, linear, depthwise_conv2d:
                      t = c0 + c0'·[N > 1] + c1·F + c2·F/C_in + c3·F/C_out + c4·F/P_out + c5·F/N
@@ -231,21 +233,39 @@ def call_of_sample(sample: Mapping[str, Any]) -> OpCall:
 
 
 REWEIGHTINGS = 4  # iterations of 1/√(t·t̂) weights after the first fit (converged by then on these timings)
+# each shape weighs in the fit as its time to this power (relative to the median shape's): 1, as its seconds
+TIME_WEIGHT = 1.0
+
+
+def time_weights(y):
+    """Each shape's weight in the fit: (t / median t)^TIME_WEIGHT. A model's step is the sum of its layers'
+    times, so its relative error is the time-weighted mean of its layers' relative errors; a fit weighing every
+    shape alike is set by the many small ones the draws hold (three in four conv2d draws take under 5 M
+    multiply-adds), where a call's fixed costs dominate, and its per-FLOP terms then missed the large shapes
+    (a 32 → 32 3×3 convolution on 34² maps at batch 34: 13.7 ps a multiply-add forward measured, 26.2 fitted;
+    resnet56's backward at batch 22 predicted 252 ms against 136 measured, on the eighth scoring set's second
+    run). Weighed by their time, the large shapes set the per-FLOP terms and the small ones the call's."""
+    import numpy as np
+
+    return (y / float(np.median(y))) ** TIME_WEIGHT
 
 
 def solve(x, y):
-    """Non-negative coefficients c of t ≈ x·c (see the module docstring): relative residuals first, then
-    REWEIGHTINGS passes weighting each shape by 1/√(t·t̂), then c scaled so that the geometric mean of
+    """Non-negative coefficients c of t ≈ x·c (see the module docstring) minimising Σ u·log²(t / t̂) with u
+    the shapes' time_weights: relative residuals first, then REWEIGHTINGS passes weighting each shape by
+    √u / √(t·t̂) (the log ratio, to first order), then c scaled so that the u-weighted geometric mean of
     t / (x·c) over the shapes is 1."""
     import numpy as np
 
-    coefficients = nnls(x / y[:, None], np.ones(len(y)))  # relative residuals: every shape alike
+    u = time_weights(y)
+    root = np.sqrt(u)
+    coefficients = nnls(x / y[:, None] * root[:, None], root)  # relative residuals, each shape by its weight
     for _ in range(REWEIGHTINGS):
         fitted = np.maximum(x @ coefficients, 1e-3 * y)
-        weight = 1.0 / np.sqrt(y * fitted)
+        weight = root / np.sqrt(y * fitted)
         coefficients = nnls(x * weight[:, None], y * weight)
     fitted = np.maximum(x @ coefficients, 1e-12)
-    return coefficients * float(np.exp(np.mean(np.log(y / fitted))))
+    return coefficients * float(np.exp(np.sum(u * np.log(y / fitted)) / np.sum(u)))
 
 
 def fit_kind(
@@ -270,11 +290,12 @@ def fit_kind(
         return x / scale, scale
 
     knot, (x, scale) = 0.0, design(0.0)
-    if kind in KNOTTED:  # the knot (or none) whose fit leaves the least squared log error over the shapes
+    if kind in KNOTTED:  # the knot (or none) whose fit leaves the least weighted squared log error over the shapes
         weights = np.array([weight_elements(c) for c in calls])
+        u = time_weights(y)
 
         def misfit(x) -> float:
-            return float(np.sum(np.log(y / np.maximum(x @ solve(x, y), 1e-12)) ** 2))
+            return float(np.sum(u * np.log(y / np.maximum(x @ solve(x, y), 1e-12)) ** 2))
 
         best = misfit(x)
         for candidate in KNOTS:
