@@ -154,6 +154,28 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO, tim
     )
 
 
+def tiny_operator_suite(tmp_path: Path, name: str, collectives: tuple[str, ...] = ("all_reduce",)) -> Path:
+    """A calibration suite of seconds on two ranks: one small matmul, a few collective sizes and 4 operator
+    shapes a kind (timed in turn by one rank and by both), written to tmp_path/suite.yaml."""
+    suite = {
+        "name": name,
+        "results_dir": str(tmp_path / "results"),
+        "ranks_per_node": 2,
+        "precisions": ["fp32"],
+        "matmul_sizes": [32],
+        "conv_shapes": [],
+        "memory_bytes": 4096,
+        "collectives": list(collectives),
+        "message_bytes": [64, 128, 256],
+        "warmup": 0,
+        "iterations": 2,
+        "operators": {"samples": 4, "max_flop": 2.0e6, "max_elements": 65536},
+    }
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
 def run_snakemake(*args: str, env: dict[str, str] | None = None, timeout: float = 900):
     """Run the real Snakemake on the repository's Snakefile, with the venv's bin first on PATH."""
     environ = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}

@@ -16,7 +16,7 @@ from ddlbench.calibrate.suite import DEFAULT_SUITE, load_suite
 from ddlbench.errors import ConfigError, DdlbenchError
 from ddlbench.train.calibration.point import CalibrationPoint
 from ddlbench.train.calibration.records import read_calibration_record
-from tests.conftest import run_cli, run_snakemake
+from tests.conftest import run_cli, run_snakemake, tiny_operator_suite
 
 
 def test_fit_recovers_latency_and_bandwidth():
@@ -205,22 +205,7 @@ def test_operators_are_timed_by_one_rank_and_by_two_in_turn_within_one_launch(tm
     """One operators point of two ranks times every shape alone (rank 1 idle at a barrier) and two at once, in
     turn: the machine file holds an entry for each count, over the same shapes, the one-rank entry from rank
     0's repetitions alone and the two-rank entry from both ranks'."""
-    suite = {
-        "name": "turns",
-        "results_dir": str(tmp_path / "results"),
-        "ranks_per_node": 2,
-        "precisions": ["fp32"],
-        "matmul_sizes": [32],
-        "conv_shapes": [],
-        "memory_bytes": 4096,
-        "collectives": ["all_reduce"],
-        "message_bytes": [64, 128, 256],
-        "warmup": 0,
-        "iterations": 2,
-        "operators": {"samples": 4, "max_flop": 2.0e6, "max_elements": 65536},
-    }
-    path = tmp_path / "suite.yaml"
-    path.write_text(yaml.safe_dump(suite))
+    path = tiny_operator_suite(tmp_path, "turns")
     (point,) = [p for p in load_suite(path).points if p.benchmark == "operators"]
     assert point.ranks_per_node == 2 and point.operator_at_once == (1, 2)
     out = tmp_path / "machine.yaml"

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 
 from ddlbench.analysis.aggregate import record_row
 from ddlbench.analysis.analytic.layout import Setting
@@ -19,7 +18,7 @@ from ddlbench.analysis.machine.host_speed import host_speed, rescaled
 from ddlbench.analysis.machine.machine_file import read_machine
 from ddlbench.launch.runner import run_point
 from ddlbench.records import read_record
-from tests.conftest import make_point, run_cli
+from tests.conftest import make_point, run_cli, tiny_operator_suite
 
 
 def _probe(compute_s, copy_s, all_reduce_s=None, *, point_id="p", benchmark="operators", at_once=2, ranks=2):
@@ -134,22 +133,7 @@ def test_a_point_probes_its_host_on_every_rank_and_a_calibration_in_turn_and_pre
         assert kept[name] == pytest.approx(statistics.median(p[name] for p in probes), rel=1e-12)
     assert record_row(record)["host_compute_s"] == kept["compute_s"]
 
-    suite = {
-        "name": "probe",
-        "results_dir": str(tmp_path / "results"),
-        "ranks_per_node": 2,
-        "precisions": ["fp32"],
-        "matmul_sizes": [32],
-        "conv_shapes": [],
-        "memory_bytes": 4096,
-        "collectives": ["all_reduce", "broadcast"],
-        "message_bytes": [64, 128, 256],
-        "warmup": 0,
-        "iterations": 2,
-        "operators": {"samples": 4, "max_flop": 2.0e6, "max_elements": 65536},
-    }
-    path = tmp_path / "suite.yaml"
-    path.write_text(yaml.safe_dump(suite))
+    path = tiny_operator_suite(tmp_path, "probe", ("all_reduce", "broadcast"))  # ddp broadcasts at its start
     out = tmp_path / "machine.yaml"
     ran = run_cli("calibrate", "--configfile", str(path), "--out", str(out), env={"DDLBENCH_HOSTFILE": ""})
     assert ran.returncode == 0, ran.stderr[-3000:]
