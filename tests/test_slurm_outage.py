@@ -117,9 +117,13 @@ def test_three_roads_survive_a_controller_outage(write_sweep, tmp_path):
             # (from sacct: slurmdbd answers) and submits its next job then
             running = {"RUNNING", "COMPLETING", "COMPLETED"}
             wait_for(lambda: snakemake_job_in(running, newest), "Snakemake's first job running", runs)
+            # its points sleep 0.3 s in each of their 30 steps (9 s in all): started after Snakemake's first
+            # job runs, none of its first three can end before that job has, whatever each one's start-up took
+            # (in a CI run a 1-node point of `submit` ended first, its 4th point went in before the outage, and
+            # the road never met the outage)
             runs["waves"] = start(
                 [ddlbench, "submit", "--configfile", str(sweeps["waves"]), *site, "--qos", qos],
-                env,
+                env | {"DDLBENCH_INJECT_FAULT": "slow:0.3"},
                 tmp_path / "waves.log",
             )
             runs["pack"] = start(
