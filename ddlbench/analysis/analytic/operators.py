@@ -329,7 +329,9 @@ def fit_operator_model(entry: Mapping[str, Any]) -> OperatorModel:
     engine = entry.get("autograd_call_s") or {}
     offset = float(engine.get("value") or 0.0)
     one, five = (float((engine.get(key) or {}).get("value") or 0.0) for key in ("chain1_s", "chain5_s"))
-    node = max((five - one) / 4, 1e-6)
+    # one autograd node's cost, the floor of a backward's own time: from the chains, at least a twentieth of the
+    # one-node chain's call (0.5-1.5 µs here; a share of a measured time, so it moves with the host's speed)
+    node = max((five - one) / 4, one / 20, 1e-12)
     fits = {}
     for kind in KINDS:
         for direction in ("forward", "backward"):

@@ -143,10 +143,13 @@ def _median_of(probes: list[Mapping[str, Any]], name: str) -> float | None:
 
 
 def _times(figure: Any, factor: float) -> Any:
-    """A measured figure (a mapping with `value`…) or a number, its seconds multiplied by `factor`."""
+    """A measured figure (a mapping with `value`…, and the figures nested in it: the autograd engine's chains)
+    or a number, its seconds multiplied by `factor`."""
     if isinstance(figure, Mapping):
         return {
-            key: (value * factor if key in TIME_KEYS and isinstance(value, (int, float)) else value)
+            key: _times(value, factor)
+            if isinstance(value, Mapping)
+            else (value * factor if key in TIME_KEYS and isinstance(value, (int, float)) else value)
             for key, value in figure.items()
         }
     if isinstance(figure, (int, float)) and not isinstance(figure, bool):
