@@ -155,8 +155,8 @@ def test_a_point_probes_its_host_on_every_rank_and_a_calibration_in_turn_and_pre
     for name in ("step_time_s", "compute_s", "comm_s"):
         # to rounding: every time the model reads scales, the autograd engine's chains and a backward's floor too
         assert getattr(doubled, name) == pytest.approx(2 * getattr(plain, name), rel=1e-9), name
-    # compute alone twice as slow: its share of the compute (operator fits, FLOP rates) doubles, the rest (memory
-    # first touched, at the copy's rate) stays; memory alone twice as slow, the other way: together, three times
+    # compute alone twice as slow: its share of the compute (operator fits, FLOP rates) doubles and the rest (the
+    # update and memory first touched, at the copy's rate) stays; memory alone twice as slow, the other way round
     slower = predict(
         setting, MachineModel.from_dict(rescaled(machine, slow | {"copy_s": 1e-3, "all_reduce_s": 1e-4})[0])
     )
@@ -164,7 +164,7 @@ def test_a_point_probes_its_host_on_every_rank_and_a_calibration_in_turn_and_pre
         setting, MachineModel.from_dict(rescaled(machine, slow | {"compute_s": 1e-3, "all_reduce_s": 1e-4})[0])
     )
     assert plain.compute_s < slower.compute_s < 2 * plain.compute_s
-    assert slower.compute_s + bound.compute_s == pytest.approx(3 * plain.compute_s, rel=1e-9)
+    assert plain.compute_s < bound.compute_s < 2 * plain.compute_s
 
 
 BUSY = "import os, time\nos.sched_setaffinity(0, {0})\nend = time.time() + 60\nwhile time.time() < end: pass\n"
