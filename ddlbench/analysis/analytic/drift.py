@@ -33,13 +33,12 @@ PROBE_COLUMNS = {"compute_s": "host_compute_s", "copy_s": "host_copy_s", "all_re
 
 @dataclass(frozen=True, kw_only=True)
 class Adjusted:
-    """One configuration's probe, the speed its operator fits were set against, and its adjusted prediction."""
+    """One configuration's probe and the speeds its operator fits and collectives were set against."""
 
     config_key: str
     probe: dict[str, Any]
     operators: HostSpeed | None  # the speed the operator timings were rescaled by (None: the file has none)
     collectives: HostSpeed | None  # the first collective entry's
-    step_time_s: float
 
 
 def pooled_probe(rows: pd.DataFrame) -> dict[str, Any] | None:
@@ -96,7 +95,6 @@ def host_adjusted(
                 probe=probe,
                 operators=next((s for name, s in kept.items() if name.startswith("operators")), None),
                 collectives=next((s for name, s in kept.items() if name.startswith("collectives")), None),
-                step_time_s=prediction.step_time_s,
             )
         )
     return pd.DataFrame(rows), adjusted
