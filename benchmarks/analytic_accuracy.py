@@ -69,7 +69,8 @@ SETS = {
     "scoring-6": "scoring6_sweep.yaml",  # the sixth, frozen (2026-12-02) before anything was run on it (seen)
     "scoring-7": "scoring7_sweep.yaml",  # the seventh, frozen (2026-12-02) before anything was run on it (seen)
     "scoring-8": "scoring8_sweep.yaml",  # the eighth, frozen (2026-12-02) before anything was run on it (seen)
-    "scoring-9": "scoring9_sweep.yaml",  # the ninth, frozen (2026-12-02) before anything was run on it
+    "scoring-9": "scoring9_sweep.yaml",  # the ninth, frozen (2026-12-02) before anything was run on it (seen)
+    "scoring-10": "scoring10_sweep.yaml",  # the tenth, frozen (2026-12-02) before anything was run on it
 }
 
 
@@ -291,8 +292,8 @@ def main() -> int:
         "--set",
         choices=tuple(SETS),
         default="development",
-        help="development, pipeline-development, tensor-development: developed on; scoring-9: the frozen scoring set "
-        "(scoring9_sweep.yaml), what the model's accuracy is reported on; scoring to scoring-8: earlier scoring "
+        help="development, pipeline-development, tensor-development: developed on; scoring-10: the frozen scoring set "
+        "(scoring10_sweep.yaml), what the model's accuracy is reported on; scoring to scoring-9: earlier scoring "
         "sets (seen, or scored before the model's last change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
