@@ -63,6 +63,7 @@ SETS = {
     "scoring-2": "scoring2_sweep.yaml",  # the second: run once, then changed for (seen)
     "scoring-3": "scoring3_sweep.yaml",  # the third: run twice, then the tensor and zero2 terms came (seen)
     "tensor-development": "tensor_sweep.yaml",  # tensor parallelism's DTensor costs, on scoring-2's seen gpt_tiny
+    "large-development": "large_sweep.yaml",  # tensors past the last-level cache, on seen configurations
     "scoring-4": "scoring4_sweep.yaml",  # the fourth, frozen (2026-12-01) before anything was run on it
     "memory-of-scoring-4": "scoring4_memory_sweep.yaml",  # its memory: its run warmed up too little to probe
     "scoring-5": "scoring5_sweep.yaml",  # the fifth, frozen (2026-12-02) before anything was run on it (seen)
@@ -292,9 +293,9 @@ def main() -> int:
         "--set",
         choices=tuple(SETS),
         default="development",
-        help="development, pipeline-development, tensor-development: developed on; scoring-10: the frozen scoring set "
-        "(scoring10_sweep.yaml), what the model's accuracy is reported on; scoring to scoring-9: earlier scoring "
-        "sets (seen, or scored before the model's last change)",
+        help="development, pipeline-development, tensor-development, large-development: developed on; scoring-10: "
+        "the frozen scoring set (scoring10_sweep.yaml), what the model's accuracy is reported on; scoring to "
+        "scoring-9: earlier scoring sets (seen, or scored before the model's last change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     parser.add_argument(

@@ -15,7 +15,13 @@ from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.operators import OpCall, basis, call_of_sample, fit_kind, fit_operator_model, layer_call
 from ddlbench.analysis.analytic.table_cache import find_table
 from ddlbench.analysis.machine.fit import fit_busy, nnls
-from ddlbench.train.calibration.operator_shapes import WIDE_CONV_SHARE, sample_shapes
+from ddlbench.train.calibration.operator_shapes import (
+    LARGE_KINDS,
+    LARGE_SHARE,
+    WIDE_CONV_SHARE,
+    largest_elements,
+    sample_shapes,
+)
 
 
 def test_nnls_solves_and_keeps_coefficients_non_negative():
@@ -122,6 +128,44 @@ def test_a_conv_fit_finds_where_wide_weights_cost_more_and_predicts_wide_shapes_
     assert np.quantile(errors(fit_kind("conv2d", "backward", samples), 1, unseen), 0.9) > 0.5
 
 
+def _paged_law(call: OpCall, batch: int) -> tuple[float, float]:
+    """A ReLU's cost: a call and its traffic, and each element of the tensor it allocates (forward its output,
+    backward its input's gradient) 2 ns more past 2^23 elements (32 MiB in fp32: pages mapped anew, faulting
+    on first touch), several times a cached pass over it."""
+    e_in, e_out = call.in_channels * call.in_pixels * batch, call.out_channels * call.out_pixels * batch
+    forward = 8e-6 + 0.2e-9 * e_in + 0.2e-9 * e_out + (2e-9 * e_out if e_out > 2**23 else 0.0)
+    backward = 12e-6 + 0.4e-9 * e_in + 0.2e-9 * e_out + (2e-9 * e_in if e_in > 2**23 else 0.0)
+    return forward, backward
+
+
+@pytest.mark.parametrize("kind", ["relu", "batch_norm2d", "depthwise_conv2d"])
+def test_the_fit_finds_where_an_allocation_pays_its_pages_and_predicts_large_maps_it_never_timed(kind, monkeypatch):
+    """The calibration draws shapes on large maps past max_elements (operator_shapes.LARGE_KINDS); the fit
+    takes the size past which each element the pass allocates costs more (operators.PAGE_KNOTS) and
+    predicts large shapes of another draw, which the same regressors without it miss by far."""
+    from ddlbench.analysis.analytic import operators
+
+    drawn = [s for s in sample_shapes(seed=0, per_kind=40, max_flop=1.5e9, max_elements=2**23) if s.kind == kind]
+    unseen = [s for s in sample_shapes(seed=7, per_kind=40, max_flop=1.5e9, max_elements=2**23) if s.kind == kind]
+    large = [s for s in unseen if largest_elements(s) > 2**23]
+    assert len(large) >= 8 and len(drawn) - len(large) >= 30 and max(map(largest_elements, large)) <= 2**25
+    samples = _timed(drawn, _paged_law, noise=0.05, seed=1)
+
+    def errors(fit, index, shapes):
+        calls = [(call_of_sample(shape.to_dict()), shape.batch) for shape in shapes]
+        return np.array([abs(fit.seconds(c, b) - _paged_law(c, b)[index]) / _paged_law(c, b)[index] for c, b in calls])
+
+    for direction, index in (("forward", 0), ("backward", 1)):
+        fit = fit_kind(kind, direction, samples)
+        assert fit.page_knot in (2**22, 2**23), direction  # the same fit where no draw allocates between them
+        assert np.median(errors(fit, index, large)) < 0.1, direction
+        assert np.quantile(errors(fit, index, unseen), 0.9) < 0.15, direction
+    # without it: a cost per element set by the large shapes (time weights) or the small ones, never both
+    monkeypatch.setattr(operators, "PAGE_KNOTTED", ())
+    plain = [fit_kind(kind, d, samples) for d in ("forward", "backward")]
+    assert max(np.quantile(errors(fit, i, unseen), 0.9) for i, fit in enumerate(plain)) > 0.4
+
+
 def _depthwise_law(call: OpCall, batch: int) -> tuple[float, float]:
     """A depthwise convolution's cost: bound by its traffic more than its FLOPs (one channel per filter)."""
     flop = 2.0 * call.out_channels * call.kernel_elements * call.out_pixels * batch
@@ -132,7 +176,8 @@ def _depthwise_law(call: OpCall, batch: int) -> tuple[float, float]:
 def test_depthwise_shapes_are_drawn_fitted_apart_and_predict_shapes_never_timed():
     drawn = sample_shapes(seed=0, per_kind=40, max_flop=3e8, max_elements=2**22)
     depthwise = [s for s in drawn if s.kind == "depthwise_conv2d"]
-    assert len(depthwise) == 40 and all(s.out_channels == s.in_channels and s.kernel in (3, 5) for s in depthwise)
+    assert sum(largest_elements(s) <= 2**22 for s in depthwise) == 40  # and the large maps' (LARGE_KINDS)
+    assert all(s.out_channels == s.in_channels and s.kernel in (3, 5) for s in depthwise)
     # the other kinds' draws are what they were before depthwise_conv2d came (it is drawn last)
     assert [s.kind for s in drawn[: 6 * 40 + 3 * 40]].count("depthwise_conv2d") == 0
     for shape in depthwise:
@@ -204,9 +249,11 @@ def test_tensor_parallel_linears_are_drawn_last_fitted_apart_and_predict_shapes_
     drawn = sample_shapes(seed=0, per_kind=40, max_flop=1.5e9, max_elements=2**23)
     # the kinds before them are drawn as they were before they came (they are drawn last)
     # (then only the wide convolutions, drawn after every kind)
-    wide = round(WIDE_CONV_SHARE * 40)
-    assert [s.kind for s in drawn[-80 - wide : -wide]] == ["tp_colwise_linear"] * 40 + ["tp_rowwise_linear"] * 40
-    assert all(s.kind == "conv2d" and s.in_channels >= 512 for s in drawn[-wide:])
+    wide, large = round(WIDE_CONV_SHARE * 40), len(LARGE_KINDS) * round(LARGE_SHARE * 40)
+    before = drawn[-80 - wide - large : -wide - large]
+    assert [s.kind for s in before] == ["tp_colwise_linear"] * 40 + ["tp_rowwise_linear"] * 40
+    assert all(s.kind == "conv2d" and s.in_channels >= 512 for s in drawn[-wide - large : -large])
+    assert all(largest_elements(s) > 2**23 for s in drawn[-large:])
     mine = [s for s in drawn if s.kind == kind]
     assert all(s.forward_flop == 2 * s.in_channels * s.out_channels * s.batch * s.height for s in mine)
     unseen = [s for s in sample_shapes(seed=7, per_kind=40, max_flop=1.5e9, max_elements=2**23) if s.kind == kind]

@@ -19,6 +19,7 @@ its layers' errors weighted by their time, and the many small draws had set the 
     elementwise:     t = c0 + c1·E_in + c2·E_out + c3·N·C + c4·C
     layer_norm, gelu, embedding:  the same + c5·W (an embedding's table: its backward writes a gradient as large)
     attention:       t = c0 + c0'·[N > 1] + c1·F + c2·F/T + c3·E_in + c4·E_out,  F = 4·N·T²·C
+    every kind, last:    + [A > K_A]·c_A·A   (A: the elements the pass allocates, K_A: the kind's page knot)
 
 with F the FLOPs of the pass (backward: the input gradient's where autograd computes one, plus the
 weights'), C channels (features), P output pixels per sample, N the batch (a linear layer: the rows),
@@ -26,7 +27,11 @@ E elements of the input and output, W weight elements. Each F/x term is an effic
 shrinks (a vector lane, a blocked tile or a batch loop left part empty); the E and W terms are the
 traffic of reading and writing them; c0 the call; K a weight size past which each weight and FLOP cost
 more (a convolution's weights outgrowing a cache), one of KNOTS or none, whichever fits the calibration's
-shapes best (its wide draws reach past it). A layer is then the sum of its calls. Kinds:
+shapes best (its wide draws reach past it). A is what the pass allocates (forward its output, backward its
+input's gradient), K_A a size past which each of its elements costs more: a fresh allocation of 32 MiB or
+more is mapped anew and every page faults on first touch (glibc's mmap threshold; PAGE_KNOTS), one of
+PAGE_KNOTS or none, chosen the same way for the kinds whose calibration draws large maps (none for the others:
+a zero regressor). A layer is then the sum of its calls. Kinds:
 conv2d, batch_norm2d, relu, max_pool2d (every 2-D pool), linear, add (a residual sum: binary
 elementwise, also what a copy of a tensor costs within a factor of 1.5), slab_batch_norm2d (spatial
 parallelism's batch norm, its statistics in plain tensor operations: several times a fused one), and
@@ -51,7 +56,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddlbench.analysis.machine.fit import nnls
-from ddlbench.train.calibration.operator_shapes import OPERATOR_KINDS, TENSOR_PARALLEL_KINDS, TOKEN_KINDS
+from ddlbench.train.calibration.operator_shapes import (
+    LARGE_KINDS,
+    OPERATOR_KINDS,
+    TENSOR_PARALLEL_KINDS,
+    TOKEN_KINDS,
+)
 
 CONV_TYPES = ("Conv2d",)
 KIND_OF_TYPE = {
@@ -103,6 +113,14 @@ class OpCall:
 KNOTS = (2.0**20, 2.0**21, 2.0**22, 2.0**23, 2.0**24)
 KNOT_SAMPLES = 8
 KNOTTED = ("conv2d",)  # the kinds whose calibration draws wide shapes (operator_shapes.WIDE_CONV_SHARE)
+# elements of the tensor a pass allocates (forward: its output; backward: its input's gradient) past which each
+# of them costs more: the pages of a fresh allocation of 32 MiB or more (glibc's largest mmap threshold, where
+# PyTorch's CPU allocator gets its memory) are mapped anew at every allocation and fault on first touch, 2-3 ns
+# an fp32 element here, several times a cached pass over it (a ReLU6's forward 0.3-0.4 ns an element up to 4.8 M
+# elements, 2.6-3.2 past 9.6 M); one of PAGE_KNOTS or none, per kind, as the weights' knot; for the kinds whose
+# calibration draws large maps (operator_shapes.LARGE_KINDS)
+PAGE_KNOTS = (2.0**21, 2.0**22, 2.0**23, 2.0**24)
+PAGE_KNOTTED = LARGE_KINDS
 
 
 def weight_elements(call: OpCall) -> int:
@@ -111,9 +129,24 @@ def weight_elements(call: OpCall) -> int:
     return fan_in * call.out_channels * call.kernel_elements
 
 
-def basis(call: OpCall, batch: float, direction: str, knot: float = 0.0) -> list[float]:
-    """The regressors of the module docstring for one call at `batch` samples (a weighted kind's last two:
-    its weights and FLOPs where its weights exceed `knot` elements, 0 without a knot)."""
+def allocated_elements(call: OpCall, batch: float, direction: str) -> float:
+    """The elements of the tensor a pass allocates: forward its output, backward its input's gradient (none
+    where it computes none)."""
+    n = batch * call.rows
+    if direction == "forward":
+        return n * call.out_channels * call.out_pixels
+    return n * call.in_channels * call.in_pixels if call.input_grad else 0.0
+
+
+def basis(call: OpCall, batch: float, direction: str, knot: float = 0.0, page_knot: float = 0.0) -> list[float]:
+    """The regressors of the module docstring for one call at `batch` samples (a weighted kind's two before
+    the last: its weights and FLOPs where its weights exceed `knot` elements, 0 without a knot; every kind's
+    last: the elements it allocates where they exceed `page_knot`, 0 without one)."""
+    allocated = allocated_elements(call, batch, direction)
+    return [*_basis(call, batch, direction, knot), allocated if 0 < page_knot < allocated else 0.0]
+
+
+def _basis(call: OpCall, batch: float, direction: str, knot: float) -> list[float]:
     n = batch * call.rows
     e_in = n * call.in_channels * call.in_pixels
     e_out = n * call.out_channels * call.out_pixels
@@ -156,10 +189,11 @@ class OpFit:
     samples: int
     loo_error_median: float  # |predicted − measured| / measured for shapes left out one at a time
     loo_error_mean: float
-    knot: float = 0.0  # weight elements past which the last two regressors count (0: none; KNOTS)
+    knot: float = 0.0  # weight elements past which the two regressors before the last count (0: none; KNOTS)
+    page_knot: float = 0.0  # allocated elements past which the last regressor counts (0: none; PAGE_KNOTS)
 
     def seconds(self, call: OpCall, batch: float) -> float:
-        x = basis(call, batch, self.direction, self.knot)
+        x = basis(call, batch, self.direction, self.knot, self.page_knot)
         return sum(c * v / s for c, v, s in zip(self.coefficients, x, self.scale, strict=True))
 
 
@@ -283,28 +317,40 @@ def fit_kind(
 
     calls, batches = [call_of_sample(s) for s in rows], [float(s["batch"]) for s in rows]
 
-    def design(knot: float):
-        x = np.array([basis(c, b, direction, knot) for c, b in zip(calls, batches, strict=True)], dtype=float)
+    def design(knot: float, page_knot: float):
+        x = np.array(
+            [basis(c, b, direction, knot, page_knot) for c, b in zip(calls, batches, strict=True)], dtype=float
+        )
         scale = x.max(axis=0)
         scale[scale <= 0] = 1.0
         return x / scale, scale
 
-    knot, (x, scale) = 0.0, design(0.0)
-    if kind in KNOTTED:  # the knot (or none) whose fit leaves the least weighted squared log error over the shapes
-        weights = np.array([weight_elements(c) for c in calls])
-        u = time_weights(y)
+    u = time_weights(y)
 
-        def misfit(x) -> float:
-            return float(np.sum(u * np.log(y / np.maximum(x @ solve(x, y), 1e-12)) ** 2))
+    def misfit(x) -> float:
+        return float(np.sum(u * np.log(y / np.maximum(x @ solve(x, y), 1e-12)) ** 2))
 
-        best = misfit(x)
-        for candidate in KNOTS:
-            above = int(np.sum(weights > candidate))
+    def best_of(sizes, candidates, trial_design, current):
+        """The knot among `candidates` (or none: 0) whose fit leaves the least weighted squared log error
+        over the shapes, with at least KNOT_SAMPLES shapes of `sizes` on either side; and its design."""
+        best, chosen, chosen_design = misfit(current[0]), 0.0, current
+        for candidate in candidates:
+            above = int(np.sum(sizes > candidate))
             if above < KNOT_SAMPLES or len(y) - above < KNOT_SAMPLES:
                 continue
-            trial = design(candidate)
+            trial = trial_design(candidate)
             if (error := misfit(trial[0])) < best:
-                best, knot, (x, scale) = error, candidate, trial
+                best, chosen, chosen_design = error, candidate, trial
+        return chosen, chosen_design
+
+    knot = page_knot = 0.0
+    x, scale = design(0.0, 0.0)
+    if kind in KNOTTED:  # the weights' knot first, then (with it) the allocation's
+        weights = np.array([weight_elements(c) for c in calls])
+        knot, (x, scale) = best_of(weights, KNOTS, lambda k: design(k, 0.0), (x, scale))
+    if kind in PAGE_KNOTTED:
+        allocated = np.array([allocated_elements(c, b, direction) for c, b in zip(calls, batches, strict=True)])
+        page_knot, (x, scale) = best_of(allocated, PAGE_KNOTS, lambda k: design(knot, k), (x, scale))
     errors = []
     for left_out in range(len(y)):
         keep = np.arange(len(y)) != left_out
@@ -320,6 +366,7 @@ def fit_kind(
         loo_error_median=float(np.median(errors)),
         loo_error_mean=float(np.mean(errors)),
         knot=knot,
+        page_knot=page_knot,
     )
 
 

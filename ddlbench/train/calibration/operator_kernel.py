@@ -38,11 +38,18 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ddlbench.train.calibration.kernels import DTYPES, Timer, _precision_switch
-from ddlbench.train.calibration.operator_shapes import TENSOR_PARALLEL_KINDS, TOKEN_KINDS, OperatorShape, sample_shapes
+from ddlbench.train.calibration.operator_shapes import (
+    TENSOR_PARALLEL_KINDS,
+    TOKEN_KINDS,
+    OperatorShape,
+    largest_elements,
+    sample_shapes,
+)
 from ddlbench.train.calibration.point import CalibrationPoint
 
 SEED = 0
 ROUNDS = 2  # passes over every shape (run_operators)
+LARGE_ITERATIONS_SHARE = 0.4
 
 
 def build_operator(
@@ -236,6 +243,9 @@ def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[st
         per_round = max(1, -(-point.iterations // ROUNDS))
         for _ in range(ROUNDS):
             for shape in shapes:
+                # a shape past max_elements (operator_shapes.LARGE_KINDS) takes 0.05-0.5 s a call: one untimed
+                # call and LARGE_ITERATIONS_SHARE of the timed ones (its calls vary by a few % at that length)
+                large = largest_elements(shape) > point.operator_max_elements
                 for at_once in counts:
                     if not _my_turn(at_once):
                         continue
@@ -244,8 +254,8 @@ def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[st
                             shape,
                             device,
                             timer,
-                            warmup=point.warmup,
-                            iterations=per_round,
+                            warmup=min(1, point.warmup) if large else point.warmup,
+                            iterations=max(1, round(per_round * LARGE_ITERATIONS_SHARE)) if large else per_round,
                             autocast=autocast,
                             own_group=own_group,
                             own_mesh=own_mesh,

@@ -124,7 +124,10 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     or 5×5; the token kinds: features 16–1024 over 8–512 tokens; the tensor-parallel Linears: 16–1024
     features in, 16–4096 out, over 8–512 tokens); a conv2d or
     linear above `max_flop` forward FLOPs, or any tensor above `max_elements`, is drawn again. Then
-    WIDE_CONV_SHARE × `per_kind` wide conv2d shapes (_draw_wide_conv), up to WIDE_CONV_FLOP × `max_flop`."""
+    WIDE_CONV_SHARE × `per_kind` wide conv2d shapes (_draw_wide_conv), up to WIDE_CONV_FLOP × `max_flop`; then
+    LARGE_SHARE × `per_kind` shapes of each of LARGE_KINDS on large maps (_draw_large), their largest tensor
+    above `max_elements` and at most LARGE_ELEMENTS × `max_elements` (a conv2d up to WIDE_CONV_FLOP ×
+    `max_flop`)."""
     rng = random.Random(seed)
     shapes: list[OperatorShape] = []
     for kind in OPERATOR_KINDS:
@@ -145,7 +148,56 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
         if _within(shape, WIDE_CONV_FLOP * max_flop, max_elements):
             shapes.append(shape)
             drawn += 1
+    # then the early layers of a model on large images (an ImageNet-sized input: 56-224 a side), whose tensors
+    # outgrow the last-level cache: a pass over them runs at the memory's bandwidth, not the cache's, which no
+    # shape within `max_elements` reaches (mobilenet_v2 on 224² at batch 26: 10-31 M elements a tensor, its
+    # step 1.8× its prediction, docs/analytic.md). Drawn last, so the draws before them are what they were.
+    for kind in LARGE_KINDS:
+        drawn = 0
+        while drawn < max(1, round(LARGE_SHARE * per_kind)):
+            shape = _draw_large(rng, kind)
+            if largest_elements(shape) > max_elements and _within(
+                shape, WIDE_CONV_FLOP * max_flop, LARGE_ELEMENTS * max_elements
+            ):
+                shapes.append(shape)
+                drawn += 1
     return shapes
+
+
+LARGE_KINDS = ("conv2d", "batch_norm2d", "relu", "max_pool2d", "add", "depthwise_conv2d")
+LARGE_SHARE = 0.25
+LARGE_ELEMENTS = 4  # their largest tensor: at most this many times max_elements
+
+
+def largest_elements(shape: OperatorShape) -> int:
+    """The elements of a shape's largest activation, input or output (an embedding's table aside)."""
+    elements = shape.batch * shape.in_channels * shape.height * shape.width
+    out_channels = shape.in_channels if shape.kind in TOKEN_KINDS else max(shape.out_channels, shape.in_channels)
+    return max(elements, shape.batch * out_channels * shape.out_height * shape.out_width)
+
+
+def _draw_large(rng: random.Random, kind: str) -> OperatorShape:
+    """A layer on a large map: channels 8-192 (conv2d's output the input's, a sixth, half, twice or six
+    times, as MobileNet's expansions and projections; 1×1 one time in two, else 3×3), side 56-224, batch 1-32
+    (depthwise_conv2d: 3×3, channels 16-576, stride 1: every draw's output as large as its input, so that the
+    fit's page knot has enough shapes past it in both passes)."""
+    side = max(2, round(_log_uniform(rng, 56, 224)))
+    batch = max(1, round(_log_uniform(rng, 1, 32)))
+    channels = _channels(rng, 8, 192)
+    if kind == "conv2d":
+        out = max(8, min(1152, int(channels * rng.choice((1 / 6, 0.5, 1, 2, 6)))))
+        kernel = 1 if rng.random() < 0.5 else 3
+        return OperatorShape(
+            kind=kind, batch=batch, in_channels=channels, height=side, width=side, out_channels=out, kernel=kernel
+        )
+    if kind == "depthwise_conv2d":
+        channels = _channels(rng, 16, 576)
+        return OperatorShape(
+            kind=kind, batch=batch, in_channels=channels, height=side, width=side, out_channels=channels, kernel=3
+        )
+    if kind == "max_pool2d":
+        side -= side % 2
+    return OperatorShape(kind=kind, batch=batch, in_channels=channels, height=side, width=side)
 
 
 def _within(shape: OperatorShape, max_flop: float, max_elements: int) -> bool:
