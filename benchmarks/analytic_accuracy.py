@@ -63,7 +63,6 @@ SETS = {
     "scoring-2": "scoring2_sweep.yaml",  # the second: run once, then changed for (seen)
     "scoring-3": "scoring3_sweep.yaml",  # the third: run twice, then the tensor and zero2 terms came (seen)
     "tensor-development": "tensor_sweep.yaml",  # tensor parallelism's DTensor costs, on scoring-2's seen gpt_tiny
-    "large-development": "large_sweep.yaml",  # tensors past the last-level cache, on seen configurations
     "scoring-4": "scoring4_sweep.yaml",  # the fourth, frozen (2026-12-01) before anything was run on it
     "memory-of-scoring-4": "scoring4_memory_sweep.yaml",  # its memory: its run warmed up too little to probe
     "scoring-5": "scoring5_sweep.yaml",  # the fifth, frozen (2026-12-02) before anything was run on it (seen)
@@ -72,6 +71,7 @@ SETS = {
     "scoring-8": "scoring8_sweep.yaml",  # the eighth, frozen (2026-12-02) before anything was run on it (seen)
     "scoring-9": "scoring9_sweep.yaml",  # the ninth, frozen (2026-12-02) before anything was run on it (seen)
     "scoring-10": "scoring10_sweep.yaml",  # the tenth, frozen (2026-12-02) before anything was run on it
+    "large-development": "large_sweep.yaml",  # tensors past the last-level cache, on seen configurations
 }
 
 
