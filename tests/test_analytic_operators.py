@@ -17,8 +17,8 @@ from ddlbench.analysis.analytic.table_cache import find_table
 from ddlbench.analysis.machine.fit import fit_busy, nnls
 from ddlbench.train.calibration.operator_shapes import (
     LARGE_KINDS,
-    LARGE_SHARE,
     WIDE_CONV_SHARE,
+    large_count,
     largest_elements,
     sample_shapes,
 )
@@ -249,7 +249,7 @@ def test_tensor_parallel_linears_are_drawn_last_fitted_apart_and_predict_shapes_
     drawn = sample_shapes(seed=0, per_kind=40, max_flop=1.5e9, max_elements=2**23)
     # the kinds before them are drawn as they were before they came (they are drawn last)
     # (then only the wide convolutions, drawn after every kind)
-    wide, large = round(WIDE_CONV_SHARE * 40), len(LARGE_KINDS) * round(LARGE_SHARE * 40)
+    wide, large = round(WIDE_CONV_SHARE * 40), len(LARGE_KINDS) * large_count(40)
     before = drawn[-80 - wide - large : -wide - large]
     assert [s.kind for s in before] == ["tp_colwise_linear"] * 40 + ["tp_rowwise_linear"] * 40
     assert all(s.kind == "conv2d" and s.in_channels >= 512 for s in drawn[-wide - large : -large])

@@ -125,7 +125,7 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     features in, 16–4096 out, over 8–512 tokens); a conv2d or
     linear above `max_flop` forward FLOPs, or any tensor above `max_elements`, is drawn again. Then
     WIDE_CONV_SHARE × `per_kind` wide conv2d shapes (_draw_wide_conv), up to WIDE_CONV_FLOP × `max_flop`; then
-    LARGE_SHARE × `per_kind` shapes of each of LARGE_KINDS on large maps (_draw_large), their largest tensor
+    large_count(`per_kind`) shapes of each of LARGE_KINDS on large maps (_draw_large), their largest tensor
     above `max_elements` and at most LARGE_ELEMENTS × `max_elements` (a conv2d up to WIDE_CONV_FLOP ×
     `max_flop`)."""
     rng = random.Random(seed)
@@ -154,7 +154,7 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     # step 1.8× its prediction, docs/analytic.md). Drawn last, so the draws before them are what they were.
     for kind in LARGE_KINDS:
         drawn = 0
-        while drawn < max(1, round(LARGE_SHARE * per_kind)):
+        while drawn < large_count(per_kind):
             shape = _draw_large(rng, kind)
             if largest_elements(shape) > max_elements and _within(
                 shape, WIDE_CONV_FLOP * max_flop, LARGE_ELEMENTS * max_elements
@@ -167,6 +167,16 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
 LARGE_KINDS = ("conv2d", "batch_norm2d", "relu", "max_pool2d", "add", "depthwise_conv2d")
 LARGE_SHARE = 0.25
 LARGE_ELEMENTS = 4  # their largest tensor: at most this many times max_elements
+LARGE_LEAST = 8  # the fit's page knot needs this many shapes past it (ddlbench.analysis.analytic.operators)
+
+
+def large_count(per_kind: int) -> int:
+    """How many large-map shapes of each of LARGE_KINDS: LARGE_SHARE × `per_kind`, at least LARGE_LEAST; none
+    under 2 × LARGE_LEAST per kind (a quick calibration's few shapes: fewer would cost seconds each and never be
+    enough for the fit's knot)."""
+    if per_kind < 2 * LARGE_LEAST:
+        return 0
+    return max(LARGE_LEAST, round(LARGE_SHARE * per_kind))
 
 
 def largest_elements(shape: OperatorShape) -> int:
