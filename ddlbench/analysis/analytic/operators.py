@@ -58,6 +58,7 @@ from typing import Any
 from ddlbench.analysis.machine.fit import nnls
 from ddlbench.train.calibration.operator_shapes import (
     LARGE_KINDS,
+    LARGE_LEAST,
     OPERATOR_KINDS,
     TENSOR_PARALLEL_KINDS,
     TOKEN_KINDS,
@@ -111,7 +112,7 @@ class OpCall:
 # here 1.6-1.9× per weight between 768 and 1024 channels at 3×3); fit_kind keeps the one, or none, that fits
 # the calibration's shapes best, with at least KNOT_SAMPLES shapes on either side
 KNOTS = (2.0**20, 2.0**21, 2.0**22, 2.0**23, 2.0**24)
-KNOT_SAMPLES = 8  # operator_shapes.LARGE_LEAST draws as many large maps
+KNOT_SAMPLES = LARGE_LEAST  # the calibration draws at least as many large maps (operator_shapes.large_count)
 KNOTTED = ("conv2d",)  # the kinds whose calibration draws wide shapes (operator_shapes.WIDE_CONV_SHARE)
 # elements of the tensor a pass allocates (forward: its output; backward: its input's gradient) past which each
 # of them costs more: the pages of a fresh allocation of 32 MiB or more (glibc's largest mmap threshold, where

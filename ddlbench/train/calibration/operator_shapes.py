@@ -149,9 +149,10 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
             shapes.append(shape)
             drawn += 1
     # then the early layers of a model on large images (an ImageNet-sized input: 56-224 a side), whose tensors
-    # outgrow the last-level cache: a pass over them runs at the memory's bandwidth, not the cache's, which no
-    # shape within `max_elements` reaches (mobilenet_v2 on 224² at batch 26: 10-31 M elements a tensor, its
-    # step 1.8× its prediction, docs/analytic.md). Drawn last, so the draws before them are what they were.
+    # pass 32 MiB: each fresh allocation that large is mapped anew and faults on every page at first touch,
+    # several times a pass over a cached one, which no shape within `max_elements` reaches (mobilenet_v2 on 224²
+    # at batch 26: 10-31 M elements a tensor, its step 1.8× its prediction, docs/analytic.md).
+    # Drawn last, so the draws before them are what they were.
     for kind in LARGE_KINDS:
         drawn = 0
         while drawn < large_count(per_kind):
@@ -180,7 +181,8 @@ def large_count(per_kind: int) -> int:
 
 
 def largest_elements(shape: OperatorShape) -> int:
-    """The elements of a shape's largest activation, input or output (an embedding's table aside)."""
+    """The elements of a shape's largest activation, input or output (a token kind's out_channels are an
+    embedding's rows or attention's heads, not features: its output is as large as its input)."""
     elements = shape.batch * shape.in_channels * shape.height * shape.width
     out_channels = shape.in_channels if shape.kind in TOKEN_KINDS else max(shape.out_channels, shape.in_channels)
     return max(elements, shape.batch * out_channels * shape.out_height * shape.out_width)
@@ -213,13 +215,10 @@ def _draw_large(rng: random.Random, kind: str) -> OperatorShape:
 def _within(shape: OperatorShape, max_flop: float, max_elements: int) -> bool:
     """Whether a drawn shape is kept: at most `max_flop` forward FLOPs, no tensor above `max_elements`, and an
     output of at least one row and column."""
-    elements = shape.batch * shape.in_channels * shape.height * shape.width
-    out_elements = shape.batch * max(shape.out_channels, shape.in_channels) * shape.out_height * shape.out_width
-    if shape.kind in TOKEN_KINDS:  # out_channels: an embedding's rows (its weight) or heads, not features
-        out_elements = max(elements, shape.out_channels * shape.in_channels if shape.kind == "embedding" else 0)
+    table = shape.out_channels * shape.in_channels if shape.kind == "embedding" else 0  # its rows × features
     return (
         shape.forward_flop <= max_flop
-        and max(elements, out_elements) <= max_elements
+        and max(largest_elements(shape), table) <= max_elements
         and shape.out_height >= 1
         and shape.out_width >= 1
     )
