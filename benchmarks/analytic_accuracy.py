@@ -70,8 +70,9 @@ SETS = {
     "scoring-7": "scoring7_sweep.yaml",  # the seventh, frozen (2026-12-02) before anything was run on it (seen)
     "scoring-8": "scoring8_sweep.yaml",  # the eighth, frozen (2026-12-02) before anything was run on it (seen)
     "scoring-9": "scoring9_sweep.yaml",  # the ninth, frozen (2026-12-02) before anything was run on it (seen)
-    "scoring-10": "scoring10_sweep.yaml",  # the tenth, frozen (2026-12-02) before anything was run on it
+    "scoring-10": "scoring10_sweep.yaml",  # the tenth, frozen (2026-12-02) before anything was run on it (seen)
     "large-development": "large_sweep.yaml",  # tensors past the last-level cache, on seen configurations
+    "scoring-11": "scoring11_sweep.yaml",  # the eleventh, frozen (2026-12-03) before anything was run on it
 }
 
 
