@@ -12,7 +12,16 @@ import pytest
 
 from ddlbench.analysis.analytic.layer_splits import window_rows
 from ddlbench.analysis.analytic.machine_model import MachineModel
-from ddlbench.analysis.analytic.operators import OpCall, basis, call_of_sample, fit_kind, fit_operator_model, layer_call
+from ddlbench.analysis.analytic.operators import (
+    WEIGHTED_TERMS,
+    OpCall,
+    basis,
+    call_of_sample,
+    fit_kind,
+    fit_operator_model,
+    layer_call,
+    native_path,
+)
 from ddlbench.analysis.analytic.table_cache import find_table
 from ddlbench.analysis.machine.fit import fit_busy, nnls
 from ddlbench.train.calibration.operator_shapes import (
@@ -128,6 +137,74 @@ def test_a_conv_fit_finds_where_wide_weights_cost_more_and_predicts_wide_shapes_
     assert np.quantile(errors(fit_kind("conv2d", "backward", samples), 1, unseen), 0.9) > 0.5
 
 
+def _two_kernel_law(call: OpCall, batch: int) -> tuple[float, float]:
+    """_conv_law where oneDNN runs the call; where torch's own kernel does (native_path, one thread), a GEMM
+    that pays a tenth of oneDNN's fixed cost and runs its FLOPs at 0.6× the time: the two codes a CPU
+    convolution takes."""
+    forward, backward = _conv_law(call, batch)
+    if not native_path(call, batch, 1):
+        return forward, backward
+    flop = 2.0 * call.in_channels * call.out_channels * call.kernel_elements * call.out_pixels * batch
+    traffic = (call.in_channels * call.in_pixels + call.out_channels * call.out_pixels) * batch
+    return (3e-6 + 0.6 * flop / 80e9 + traffic * 1e-9, 6e-6 + 0.6 * 2 * flop / 60e9 + 2 * traffic * 1e-9)
+
+
+def test_a_conv_fit_gives_torchs_own_kernel_its_own_terms(monkeypatch):
+    """A 1×1 convolution at fewer than 16 samples on one thread runs torch's own kernel, not oneDNN's
+    (operators.native_path): the fit gives those shapes terms of their own and predicts both kinds of shape
+    of another draw, which one set of terms for both cannot."""
+    from ddlbench.analysis.analytic import operators
+
+    drawn = [s for s in sample_shapes(seed=0, per_kind=40, max_flop=3e8, max_elements=2**22) if s.kind == "conv2d"]
+    unseen = [s for s in sample_shapes(seed=7, per_kind=40, max_flop=3e8, max_elements=2**22) if s.kind == "conv2d"]
+    native = [native_path(call_of_sample(s.to_dict()), s.batch, 1) for s in unseen]
+    assert sum(native) >= 10 and len(native) - sum(native) >= 60
+    samples = _timed(drawn, _two_kernel_law, noise=0.05, seed=1)
+
+    def errors(direction: str, index: int) -> np.ndarray:
+        fit = fit_kind("conv2d", direction, samples)
+        calls = [(call_of_sample(shape.to_dict()), shape.batch) for shape in unseen]
+        truth = np.array([_two_kernel_law(c, b)[index] for c, b in calls])
+        return np.abs(np.array([fit.seconds(c, b) for c, b in calls]) - truth) / truth
+
+    for direction, index in (("forward", 0), ("backward", 1)):
+        assert np.quantile(errors(direction, index), 0.9) < 0.1, direction
+    monkeypatch.setattr(operators, "native_path", lambda call, batch, threads: False)
+    assert np.quantile(errors("forward", 0), 0.9) > 0.3
+
+
+@pytest.mark.parametrize(
+    ("batch", "channels", "side", "kernel", "stride", "threads"),
+    [
+        (15, 64, 14, 1, 1, 1),
+        (16, 64, 14, 1, 1, 1),
+        (4, 64, 14, 1, 1, 2),
+        (4, 64, 14, 1, 2, 1),
+        (1, 16, 8, 3, 1, 1),
+        (1, 64, 32, 3, 1, 1),
+        (2, 16, 8, 3, 1, 1),
+    ],
+)
+def test_native_path_is_the_kernel_torch_runs(batch, channels, side, kernel, stride, threads):
+    """operators.native_path names the kernel torch really runs for a CPU fp32 conv2d, as its profiler sees it."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    conv = torch.nn.Conv2d(channels, channels, kernel, stride=stride, padding=kernel // 2, bias=False)
+    x = torch.randn(batch, channels, side, side)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as profiled:
+            conv(x)
+    finally:
+        torch.set_num_threads(before)
+    names = {event.key for event in profiled.key_averages()}
+    assert "aten::mkldnn_convolution" in names or any("slow_conv2d" in name for name in names), names
+    call = layer_call("Conv2d", (channels, side, side), conv(x).shape[1:], tuple(conv.weight.shape))
+    assert native_path(call, batch, threads) == ("aten::mkldnn_convolution" not in names)
+
+
 def _paged_law(call: OpCall, batch: int) -> tuple[float, float]:
     """A ReLU's cost: a call and its traffic, and each element of the tensor it allocates (forward its output,
     backward its input's gradient) 2 ns more past 2^23 elements (32 MiB in fp32: pages mapped anew, faulting
@@ -199,8 +276,12 @@ def test_a_models_depthwise_layers_are_depthwise_calls_with_the_tables_flops():
     for layer in convs:
         call = layer_call(layer.type, layer.input_shape, layer.output_shape, layer.weight_shape)
         assert call.kind == ("depthwise_conv2d" if layer in depthwise else "conv2d"), layer.name
-        # the fit's FLOP regressor (index 2, one sample) is the table's forward count (FlopCounterMode's)
-        assert basis(call, 1, "forward")[2] == layer.forward_flops, layer.name
+        # the fit's FLOP regressor (index 2 of oneDNN's terms, or of torch's own kernel's where it runs the
+        # call: a 1×1 at one sample on one thread) is the table's forward count (FlopCounterMode's)
+        regressors = basis(call, 1, "forward")
+        kernel = WEIGHTED_TERMS if native_path(call, 1, 1) else 0
+        assert regressors[kernel + 2] == layer.forward_flops, layer.name
+        assert regressors[WEIGHTED_TERMS - kernel + 2] == 0, layer.name
     # a grouped convolution that is not depthwise (4 groups of 8 channels) has no kind: the roofline costs it
     assert layer_call("Conv2d", (32, 8, 8), (32, 8, 8), (32, 8, 3, 3)) is None
 

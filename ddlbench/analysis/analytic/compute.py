@@ -236,10 +236,12 @@ def elementwise_s(
     machine: MachineModel, elements: float, *, precision: str, threads: int, sharing: int | None
 ) -> float:
     """Seconds of one pass over `elements` values that reads and writes them (a copy, a cat, a zero fill,
-    an add): the operator fits' residual add where the machine has them, else bytes ÷ memory bandwidth."""
+    an add) in memory already held: the operator fits' residual add where the machine has them, without its
+    page term (the calibration's add allocates its output; a caller whose pass writes into memory mapped anew
+    adds its first touch itself, at the machine's `first_touch_s_per_byte`), else bytes ÷ memory bandwidth."""
     operators = machine.operator_model_for(precision, threads, sharing=sharing)
     if operators is not None and elements > 0:
-        times = operators.seconds(elementwise_call(int(elements)), 1.0)
+        times = operators.seconds(elementwise_call(int(elements)), 1.0, allocates=False)
         if times is not None:
             return times[0]
     bandwidth = machine.memory_bandwidth_bytes_per_s or math.inf

@@ -139,15 +139,39 @@ def allocated_elements(call: OpCall, batch: float, direction: str) -> float:
     return n * call.in_channels * call.in_pixels if call.input_grad else 0.0
 
 
-def basis(call: OpCall, batch: float, direction: str, knot: float = 0.0, page_knot: float = 0.0) -> list[float]:
+WEIGHTED_TERMS = 12  # a weighted kind's regressors per kernel (_basis: oneDNN's, then torch's own)
+
+
+def native_path(call: OpCall, batch: float, threads: int) -> bool:
+    """Whether torch runs a CPU fp32 conv2d with its own im2col + GEMM kernel (slow_conv2d) rather than
+    oneDNN's: PyTorch's ConvParams::use_mkldnn (aten/src/ATen/native/Convolution.cpp) keeps its own for a
+    1×1, stride-1 convolution of fewer than 16 samples on one thread ("THNN is faster when single-threaded"),
+    and for one sample of at most 20,480 input elements with a kernel of at most 3 a side. Checked under
+    torch's profiler with torch 2.13 (a 1×1 at 15 samples and one thread: slow_conv2d; at 16, or on two
+    threads, or at stride 2: oneDNN). The two take different times for the same FLOPs: the tenth set's
+    calibration timed its 35 such shapes at 0.64-0.69× a fit of all shapes (median), so the fit gives their
+    FLOPs terms of their own."""
+    if call.kind != "conv2d":
+        return False
+    n = batch * call.rows
+    one_by_one = call.kernel_elements == 1 and call.in_pixels == call.out_pixels
+    if one_by_one and n < 16 and threads == 1:
+        return True
+    return n <= 1 and call.kernel_elements <= 9 and call.in_channels * call.in_pixels <= 20480
+
+
+def basis(
+    call: OpCall, batch: float, direction: str, knot: float = 0.0, page_knot: float = 0.0, threads: int = 1
+) -> list[float]:
     """The regressors of the module docstring for one call at `batch` samples (a weighted kind's two before
     the last: its weights and FLOPs where its weights exceed `knot` elements, 0 without a knot; every kind's
-    last: the elements it allocates where they exceed `page_knot`, 0 without one)."""
+    last: the elements it allocates where they exceed `page_knot`, 0 without one). `threads`: the fit's
+    threads per rank, which choose a convolution's kernel (native_path)."""
     allocated = allocated_elements(call, batch, direction)
-    return [*_basis(call, batch, direction, knot), allocated if 0 < page_knot < allocated else 0.0]
+    return [*_basis(call, batch, direction, knot, threads), allocated if 0 < page_knot < allocated else 0.0]
 
 
-def _basis(call: OpCall, batch: float, direction: str, knot: float) -> list[float]:
+def _basis(call: OpCall, batch: float, direction: str, knot: float, threads: int) -> list[float]:
     n = batch * call.rows
     e_in = n * call.in_channels * call.in_pixels
     e_out = n * call.out_channels * call.out_pixels
@@ -157,7 +181,7 @@ def _basis(call: OpCall, batch: float, direction: str, knot: float) -> list[floa
         if direction == "backward":
             flop *= 2.0 if call.input_grad else 1.0
         above = 1.0 if 0 < knot < weights else 0.0
-        return [
+        own = [
             1.0,
             1.0 if n > 1 else 0.0,  # oneDNN takes another path for more than one sample (≈ 60 µs more here)
             flop,
@@ -171,6 +195,11 @@ def _basis(call: OpCall, batch: float, direction: str, knot: float) -> list[floa
             above * weights,
             above * flop,
         ]
+        # torch's own kernel (native_path; conv2d only) is another code: the same terms, fitted apart (the
+        # second WEIGHTED_TERMS regressors; 0 for every other call)
+        if native_path(call, batch, threads):
+            return [0.0] * WEIGHTED_TERMS + own
+        return own + [0.0] * WEIGHTED_TERMS
     if call.kind == "attention":  # tokens T = in_pixels, features C: F = 4·N·T²·C, two T×T products
         flop = 4.0 * n * call.in_pixels**2 * call.in_channels
         return [1.0, 1.0 if n > 1 else 0.0, flop, flop / call.in_pixels, e_in, e_out]
@@ -192,9 +221,12 @@ class OpFit:
     loo_error_mean: float
     knot: float = 0.0  # weight elements past which the two regressors before the last count (0: none; KNOTS)
     page_knot: float = 0.0  # allocated elements past which the last regressor counts (0: none; PAGE_KNOTS)
+    threads: int = 1  # per rank, as the calibration timed it (a convolution's kernel depends on it)
 
-    def seconds(self, call: OpCall, batch: float) -> float:
-        x = basis(call, batch, self.direction, self.knot, self.page_knot)
+    def seconds(self, call: OpCall, batch: float, *, allocates: bool = True) -> float:
+        """`allocates=False`: the pass writes into memory already held (a copy into a bucket, an add into
+        .grad), so the page term, the faults of a fresh allocation's first touch, is left out."""
+        x = basis(call, batch, self.direction, self.knot, self.page_knot if allocates else 0.0, self.threads)
         return sum(c * v / s for c, v, s in zip(self.coefficients, x, self.scale, strict=True))
 
 
@@ -208,11 +240,11 @@ class OperatorModel:
     fits: Mapping[tuple[str, str], OpFit]
     point_id: str = ""
 
-    def seconds(self, call: OpCall, batch: float) -> tuple[float, float] | None:
+    def seconds(self, call: OpCall, batch: float, *, allocates: bool = True) -> tuple[float, float] | None:
         forward, backward = self.fits.get((call.kind, "forward")), self.fits.get((call.kind, "backward"))
         if forward is None or backward is None:
             return None
-        return forward.seconds(call, batch), backward.seconds(call, batch)
+        return forward.seconds(call, batch, allocates=allocates), backward.seconds(call, batch, allocates=allocates)
 
     def describe(self) -> str:
         worst = max(self.fits.values(), key=lambda fit: fit.loo_error_median)
@@ -304,7 +336,13 @@ def solve(x, y):
 
 
 def fit_kind(
-    kind: str, direction: str, samples: Sequence[Mapping[str, Any]], *, offset_s: float = 0.0, floor_s: float = 1e-6
+    kind: str,
+    direction: str,
+    samples: Sequence[Mapping[str, Any]],
+    *,
+    offset_s: float = 0.0,
+    floor_s: float = 1e-6,
+    threads: int = 1,
 ) -> OpFit | None:
     """The NNLS fit of one kind and direction over the samples of that kind (None with fewer than 4).
     `offset_s` is taken off every time first (the autograd engine's cost per backward() call), leaving
@@ -320,7 +358,8 @@ def fit_kind(
 
     def design(knot: float, page_knot: float):
         x = np.array(
-            [basis(c, b, direction, knot, page_knot) for c, b in zip(calls, batches, strict=True)], dtype=float
+            [basis(c, b, direction, knot, page_knot, threads) for c, b in zip(calls, batches, strict=True)],
+            dtype=float,
         )
         scale = x.max(axis=0)
         scale[scale <= 0] = 1.0
@@ -368,6 +407,7 @@ def fit_kind(
         loo_error_mean=float(np.mean(errors)),
         knot=knot,
         page_knot=page_knot,
+        threads=threads,
     )
 
 
@@ -381,15 +421,18 @@ def fit_operator_model(entry: Mapping[str, Any]) -> OperatorModel:
     # one-node chain's call (0.5-1.5 µs here; a share of a measured time, so it moves with the host's speed)
     node = max((five - one) / 4, one / 20, 1e-12)
     fits = {}
+    threads = int(entry.get("threads", 1))
     for kind in KINDS:
         for direction in ("forward", "backward"):
             backward = direction == "backward"
-            fit = fit_kind(kind, direction, samples, offset_s=offset if backward else 0.0, floor_s=node)
+            fit = fit_kind(
+                kind, direction, samples, offset_s=offset if backward else 0.0, floor_s=node, threads=threads
+            )
             if fit is not None:
                 fits[(kind, direction)] = fit
     return OperatorModel(
         precision=str(entry.get("precision", "fp32")),
-        threads=int(entry.get("threads", 1)),
+        threads=threads,
         ranks_per_node=int(entry.get("ranks_per_node", 1)),
         fits=fits,
         point_id=str(entry.get("point_id", "")),

@@ -34,6 +34,7 @@ all-reduce its gradients in DDP buckets during the last micro-batch's backward, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 from ddlbench.analysis.analytic.compute import BlockTimes, elementwise_s
 from ddlbench.analysis.analytic.data_parallel import FIRST_BUCKET_BYTES, StrategyRun, activation_terms
@@ -167,13 +168,26 @@ def model_pipeline(
             op_of[action] = program.compute(r, duration, label=f"{action.kind}{action.micro} s{action.stage}")
             program.ops[op_of[action]].deps = tuple(d for d in deps if d is not None)
             last_of[r] = op_of[action]
+    # a transfer completes once the sender has computed it and the receiver has posted its recv, which the
+    # schedule does when the receiver's action before it has run (gloo's and NCCL's send wait for the peer's
+    # recv); the sender waits for its sends before step() returns (torch's schedules wait on them at the end)
+    before: dict[Action, int] = {}
+    for order in orders.values():
+        for previous, action in pairwise(order):
+            before[action] = op_of[previous]
+    sends_of: dict[int, list[int]] = {r: [] for r in range(ranks)}
     for action, recv in recv_of.items():
         source = (
             Action("F", action.stage - 1, action.micro)
             if action.kind == "F"
             else Action("B", action.stage + 1, action.micro)
         )
-        program.ops[recv].deps = (op_of[source],)
+        program.ops[recv].deps = (op_of[source], *((before[action],) if action in before else ()))
+        sender = rank_of[source.stage]
+        if sender != rank_of[action.stage]:
+            sends_of[sender].append(
+                program.comm(sender, 0.0, deps=(recv,), label=f"sent {source.kind}{source.micro} s{source.stage}")
+            )
     for action, op in op_of.items():
         if action.kind == "B" and action.stage == stages - 1:
             program.ops[op].deps = (*program.ops[op].deps, op_of[Action("F", action.stage, action.micro)])
@@ -183,7 +197,7 @@ def model_pipeline(
     }
     replicas = s.replicas
     for r in range(ranks):
-        deps = [last_of[r]]
+        deps = [last_of[r], *sends_of[r]]
         if replicas > 1:
             group = ctx.outer_group(replicas, ranks)
             group = [g + r for g in group]
