@@ -191,7 +191,15 @@ def test_point_over_its_memory_limit_is_oom_and_reruns_with_more_memory(slurm_en
     # alone the point runs 15 s of its 30 s limit (two steps of 2.7 s backward); beside another xdist worker's
     # test it ran past 30 s twice in CI, so the rerun is also given 4× the time: this test is about memory
     rerun = run_cli(
-        "rerun", "--configfile", str(sweep_file), "--status", "oom", "--mem-factor", "30", "--time-factor", "4",
+        "rerun",
+        "--configfile",
+        str(sweep_file),
+        "--status",
+        "oom",
+        "--mem-factor",
+        "30",
+        "--time-factor",
+        "4",
         env=slurm_env,
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]

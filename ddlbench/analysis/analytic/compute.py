@@ -232,6 +232,21 @@ def operator_layer_s(operators: OperatorModel, layer: LayerRow, batch: float) ->
     return times[0] * layer.calls, times[1] * layer.calls
 
 
+# glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX): an allocation at least this large is
+# always mapped anew and handed back to the kernel when freed, so its pages fault on every first touch; smaller
+# ones come from the heap, which keeps what a step frees for the next (the threshold rises to the largest block
+# freed so far, up to this size)
+MAPPED_ANEW_BYTES = 32 * 2**20
+
+
+def mapped_anew_bytes(layers: Sequence[LayerRow]) -> float:
+    """The fp32 bytes of the layers' parameters whose gradients (and the buffers a strategy sizes to one
+    parameter) are allocations mapped anew every time (MAPPED_ANEW_BYTES): a layer's weight at or above it.
+    VGG-11's 25088 → 4096 and 4096 → 4096 layers (411 and 67 MB); no layer of a ResNet or GPT-2 small
+    (9.4 MB at most)."""
+    return float(sum(layer.params * FP32 for layer in layers if layer.params * FP32 >= MAPPED_ANEW_BYTES))
+
+
 def elementwise_s(
     machine: MachineModel, elements: float, *, precision: str, threads: int, sharing: int | None
 ) -> float:

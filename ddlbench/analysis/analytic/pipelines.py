@@ -15,20 +15,21 @@ torch.distributed.pipelining schedule issues them (`rank_orders`):
 A stage's activation (its last block's output, micro-batch × elements × the autocast dtype's bytes) is
 received by the next stage before that one's forward, and its gradient, of the same size, before the
 previous stage's backward: a transfer on the receiver's communication lane, costed as send_recv
-between the two ranks. Each micro-batch's backward after a stage's first adds its weight gradients into
-.grad (a read-add-write pass over the stage's parameters: for VGG-11's second stage, 9 M values, as
-long as a micro-batch's backward on this CPU), and the schedule scales them once at the end. On a CPU
-each micro-batch's backward also fills its weight gradients into freshly allocated memory (the first
-sets .grad, the later ones are added in and freed; the gradients were set to None at the step's end):
-glibc hands memory that large back to the kernel when it is freed (above its mmap threshold, or heap
-trimmed past twice that), so every micro-batch maps and zeroes the stage's gradient bytes again, at the
-machine file's `first_touch_s_per_byte`. Measured on the development sweep (vgg11, 1F1B, 2 stages × 4
-micro-batches of 4): with glibc's defaults a step took 302 and 312 ms, with the heap kept
-(MALLOC_MMAP_THRESHOLD_=32 MiB, MALLOC_TRIM_THRESHOLD_=4 GiB) 234 and 236 ms, the difference all in the
-second stage's backward (8.8 M parameters, 35 MB: 4 × 35 MB at 0.36 ns/B is 50 ms); DDP's gradients,
-kept in its buckets, showed none (230–263 ms either way). The last
-stage's forward includes the loss. In dp_pp the replicas of a stage
-all-reduce its gradients in DDP buckets during the last micro-batch's backward, then every rank updates.
+between the two ranks. Each micro-batch's backward after a stage's first adds its weight gradients into .grad
+(a read-add-write pass over the stage's parameters: for VGG-11's second stage, 9 M values, as long as a micro-
+batch's backward on this CPU), and the schedule scales them once at the end. The weight gradients' allocations
+are left to the operator fits, which time every backward with .grad set to None, as a stage's micro-batches
+allocate theirs (a later one allocates its gradients anew before adding them in). An earlier term added every
+stage's gradient bytes × `first_touch_s_per_byte` to every backward on top of the fits (glibc hands a freed
+block of 32 MiB or more back to the kernel, so it faults again at the next micro-batch): the tenth and
+eleventh scoring sets' gpipe points were then all over, 1.27-1.41×, and VGG-11's second stage on ImageNet (132
+M parameters, one sample a micro-batch) was predicted 406 + 269 ms a backward against 437-516 measured. The
+faults are real (alone on one core, its 25088 → 4096 layer's backward took 192-238 ms with glibc's defaults
+and 50-59 ms with nothing handed back, MALLOC_MMAP_MAX_=0), but the linear fit, whose draws stop at 4096 ×
+4096, already puts that layer's backward at 118-154 ms; drawing Linears of 32-512 MiB into the calibration
+made the seen sets' predictions worse (docs/analytic.md). The last stage's forward includes the loss. In dp_pp
+the replicas of a stage all-reduce its gradients in DDP buckets during the last micro-batch's backward, then
+every rank updates.
 """
 
 from __future__ import annotations
@@ -134,8 +135,6 @@ def model_pipeline(
         elementwise_s(ctx.machine, n, precision=s.precision, threads=s.threads, sharing=ctx.sharing) if n else 0.0
         for n in stage_params
     ]
-    # each micro-batch's weight gradients land in memory mapped anew (see the module's docstring)
-    first_touch = [n * FP32 * (ctx.machine.first_touch_s_per_byte or 0.0) for n in stage_params]
     if schedule == "interleaved":
         orders = {r: interleaved_order(r, ranks, stages_per_rank, micro) for r in range(ranks)}
     elif schedule == "model_parallel":
@@ -162,7 +161,7 @@ def model_pipeline(
             if action.kind == "F":
                 duration = stage_f[action.stage]
             else:
-                duration = stage_b[action.stage] + first_touch[action.stage]
+                duration = stage_b[action.stage]
                 if action.micro > 0:
                     duration += accumulate[action.stage]
             op_of[action] = program.compute(r, duration, label=f"{action.kind}{action.micro} s{action.stage}")
@@ -223,15 +222,6 @@ def model_pipeline(
     if replicas > 1:
         what += f"; each stage's gradients all-reduced over {replicas} replicas"
     ctx.notes.append("stages (blocks): " + ", ".join(f"[{lo},{hi})" for lo, hi in bounds))
-    # what each rank's backwards, as its schedule orders them, spend on first touch
-    touched = max(sum(first_touch[a.stage] for a in order if a.kind == "B") for order in orders.values())
-    if timeline.step_s > 0 and touched > 0.05 * timeline.step_s:  # worth a line: what a user can change
-        ctx.notes.append(
-            f"first touch: a rank maps and zeroes its stages' weight gradients anew each micro-batch, "
-            f"{1e3 * touched:.1f} ms of the {1e3 * timeline.step_s:.1f} ms step under glibc's defaults "
-            "(keeping the heap, MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4294967296, "
-            "took vgg11's 1F1B from 302-312 to 234-236 ms here: docs/analytic.md)"
-        )
     return StrategyRun(timeline=timeline, memory=memory, comm=what)
 
 
