@@ -108,8 +108,9 @@ def _first_touch(elements: int, timer: Timer, point: CalibrationPoint) -> dict[s
     """Filling a freshly allocated buffer against filling one already touched, alternately: the host's cost
     of memory it has to map and zero first. glibc returns a freed buffer above its mmap threshold (at most
     32 MiB) to the kernel, and trims the heap above twice that threshold, so a step that frees and
-    allocates large tensors pays page faults each time: a pipeline stage's per-micro-batch weight gradients
-    (ddlbench.analysis.analytic.pipelines). On CUDA the caching allocator keeps its blocks: not measured."""
+    allocates large tensors pays page faults each time: zero2's buffers of a parameter that large
+    (ddlbench.analysis.analytic.data_parallel.zero2_buffers_s, compute.mapped_anew_bytes). On CUDA the caching
+    allocator keeps its blocks: not measured."""
     kept = torch.empty(elements)
     kept.fill_(1.0)
     fresh_s, kept_s = [], []
