@@ -87,6 +87,23 @@ def run(command: list[str]) -> None:
     print(f"  ({time.perf_counter() - started:.0f} s)", flush=True)
 
 
+def refuse_incomplete(machine: Path) -> None:
+    """Stop where the calibration lost a point (a timeout, a crash): without its operator fits or collectives the
+    model would fall back to rates and roofline, and the score would be of that, not of the model. A point the
+    device refused (a precision it cannot run) is a fact of the machine, not a loss."""
+    failed = [
+        point
+        for point in (yaml.safe_load(machine.read_text()) or {}).get("failed_points") or []
+        if point.get("status") != "refused"
+    ]
+    if failed:
+        lost = "; ".join(f"{p.get('point_id')}: {p.get('status')} ({p.get('reason')})" for p in failed)
+        raise SystemExit(
+            f"{machine}: the calibration lost {len(failed)} point(s), so nothing is scored: {lost}. A timeout: raise "
+            "the suite's timeout_s (benchmarks/analytic/*calibration.yaml) and calibrate again."
+        )
+
+
 def pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f} %"
 
@@ -342,6 +359,7 @@ def main() -> int:
                 str(machine),
             ]
         )
+    refuse_incomplete(machine)
     sweep["machine"] = str(machine.resolve())
     # each point with the host to itself, as the prediction assumes and as SLURM's whole nodes give: the
     # seventh set ran its one-rank points two at a time, and each one's times held its neighbour's load

@@ -16,14 +16,31 @@ from ddlbench.sweep import expand_sweep
 HERE = REPO / "benchmarks" / "analytic"
 
 
-def _sets() -> dict[str, str]:
+def _benchmark():
     spec = importlib.util.spec_from_file_location("analytic_accuracy", REPO / "benchmarks" / "analytic_accuracy.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return dict(module.SETS)
+    return module
 
 
-SETS = _sets()
+BENCHMARK = _benchmark()
+SETS = dict(BENCHMARK.SETS)
+
+
+def test_a_calibration_that_lost_a_point_is_not_scored(tmp_path):
+    """A machine file whose operators point ran past its limit has no operator fits: the benchmark stops naming
+    the point and what to change, where it would have scored the rates' fallback. A precision the device
+    refused is no loss."""
+    import yaml
+
+    machine = tmp_path / "machine.yaml"
+    refused = {"point_id": "compute-bf16", "status": "refused", "reason": "no bf16 on this device"}
+    machine.write_text(yaml.safe_dump({"name": "m", "failed_points": [refused]}))
+    BENCHMARK.refuse_incomplete(machine)
+    lost = {"point_id": "operators-n1x2-t1-b28cd344", "status": "timeout", "reason": "ran past its limit of 600 s"}
+    machine.write_text(yaml.safe_dump({"name": "m", "failed_points": [refused, lost]}))
+    with pytest.raises(SystemExit, match=r"operators-n1x2-t1-b28cd344: timeout .*timeout_s"):
+        BENCHMARK.refuse_incomplete(machine)
 
 
 @pytest.mark.parametrize("name", sorted(SETS))
