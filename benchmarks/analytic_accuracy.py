@@ -92,11 +92,9 @@ def refuse_incomplete(machine: Path) -> None:
     """Stop where the calibration lost a point (a timeout, a crash): without its operator fits or collectives the
     model would fall back to rates and roofline, and the score would be of that, not of the model. A point the
     device refused (a precision it cannot run) is a fact of the machine, not a loss."""
-    failed = [
-        point
-        for point in (yaml.safe_load(machine.read_text()) or {}).get("failed_points") or []
-        if point.get("status") != "refused"
-    ]
+    from ddlbench.analysis.machine.machine_file import read_machine
+
+    failed = [point for point in read_machine(machine).get("failed_points") or [] if point.get("status") != "refused"]
     if failed:
         lost = "; ".join(f"{p.get('point_id')}: {p.get('status')} ({p.get('reason')})" for p in failed)
         raise SystemExit(

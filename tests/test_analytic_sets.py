@@ -33,12 +33,15 @@ def test_a_calibration_that_lost_a_point_is_not_scored(tmp_path):
     refused is no loss."""
     import yaml
 
+    from ddlbench.analysis.machine.machine_file import REFERENCE_MACHINES
+
+    reference = yaml.safe_load(next(iter(sorted(REFERENCE_MACHINES.glob("*.yaml")))).read_text())
     machine = tmp_path / "machine.yaml"
     refused = {"point_id": "compute-bf16", "status": "refused", "reason": "no bf16 on this device"}
-    machine.write_text(yaml.safe_dump({"name": "m", "failed_points": [refused]}))
+    machine.write_text(yaml.safe_dump(reference | {"failed_points": [refused]}))
     BENCHMARK.refuse_incomplete(machine)
     lost = {"point_id": "operators-n1x2-t1-b28cd344", "status": "timeout", "reason": "ran past its limit of 600 s"}
-    machine.write_text(yaml.safe_dump({"name": "m", "failed_points": [refused, lost]}))
+    machine.write_text(yaml.safe_dump(reference | {"failed_points": [refused, lost]}))
     with pytest.raises(SystemExit, match=r"operators-n1x2-t1-b28cd344: timeout .*timeout_s"):
         BENCHMARK.refuse_incomplete(machine)
 
