@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ddlbench.analysis.analytic.layers import parse_net, parse_net_header, render_net
-from ddlbench.analysis.analytic.table_cache import SHIPPED_DIR, read_table, table_key
+from ddlbench.analysis.analytic.table_cache import find_table
 from ddlbench.catalog import DATASETS, MODELS, resolve_builder
 from ddlbench.catalog.model_table import ModelTable
 from ddlbench.cli import main
@@ -57,16 +57,10 @@ def _marked(model: str, dataset: str):
 
 @functools.cache
 def table_of(model: str, dataset: str, options: tuple[tuple[str, str], ...] = ()) -> ModelTable:
-    """At the model's default options, the table the package ships: tests/test_login_no_torch.py checks that
-    each shipped table is what build_model_table makes now (under every torch the suite runs), so these
-    tests check the builder's tables without building each one a second time; other options are built."""
-    if not options:
-        spec = MODELS.get(model)
-        defaults = tuple(sorted(spec.default_options().items()))
-        shipped = read_table(SHIPPED_DIR / f"{table_key(model, dataset, defaults)}.json", model, dataset, defaults)
-        assert shipped is not None, f"no shipped table of {model} on {dataset}"
-        return shipped
-    return build_model_table(model, dataset, dict(options))
+    """At the model's default options, the table the package ships (find_table): tests/test_login_no_torch.py
+    checks that each shipped table is what build_model_table makes now, so these tests check the builder's
+    tables without building each one a second time; other options are built."""
+    return find_table(model, dataset) if not options else build_model_table(model, dataset, dict(options))
 
 
 def build(model: str, dataset: str, device: str, **options: str) -> nn.Module:
