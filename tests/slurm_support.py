@@ -134,6 +134,10 @@ def one_row_per_point(sweep_file: Path, env: dict[str, str], expected_points: in
 
 
 def sweep(write_sweep, name: str, **overrides) -> Path:
+    """A small sweep of resnet8 points. Its 120 s limit is a guard against a hang, not a figure: a profile runs
+    the points at once (4 points of 1-4 ranks: up to 9 rank processes, each about 6 CPU-s of torch start-up)
+    on a 2-core host beside the other tests, and a 2-rank point passed 30 s that way (CI of 0e580e5). A test
+    that waits for a point to time out names a shorter limit."""
     config = dict(
         name=name,
         models=["resnet8"],
@@ -144,7 +148,7 @@ def sweep(write_sweep, name: str, **overrides) -> Path:
         batch_size=[8],
         warmup_steps=1,
         steps=3,
-        timeout_s=30,
+        timeout_s=120,
     )
     return write_sweep(f"{name}.yaml", **(config | overrides))
 
