@@ -13,6 +13,7 @@ if not PREPARED.packed:
         params:
             spec=point_spec,
         threads: point_threads
+        priority: point_priority
         resources:
             **POINT_RESOURCES,
         conda:

@@ -8,6 +8,7 @@ import sys
 from snakemake.common import get_function_params, overwrite_function_params
 
 from ddlbench.errors import DdlbenchError
+from ddlbench.launch.order import run_priorities
 from ddlbench.preflight import prepare_workflow, refusal
 
 # The profile `slurm` passes its site file as config key slurm_site; the rest of config is the sweep
@@ -50,6 +51,17 @@ if _HOST_SLOT and "host" not in workflow.global_resources:
     workflow.register_resource("host", 1)  # the sweep's `alone`: one point at a time on this host
 POINTS = {point.point_id: point for point in PREPARED.points}
 
+# the order the points start in (ddlbench.launch.order): every configuration's repetition 0 before any
+# repetition 1, each block shuffled, so a host's drift falls on every configuration alike
+_SWEEP = getattr(PREPARED.plan, "config", None)
+PRIORITIES = run_priorities(
+    PREPARED.points, name=_SWEEP.name if _SWEEP else WORKFLOW_KIND, seed=_SWEEP.seed if _SWEEP else 0
+)
+
+
+def point_priority(wildcards):
+    return PRIORITIES.get(wildcards.point, 0)
+
 
 def point_spec(wildcards):
     return POINTS[wildcards.point].to_json()
@@ -73,5 +85,5 @@ POINT_RESOURCES = {key: resource_of_point(key) for key in next(iter(RESOURCES.va
 # Snakemake takes the signature of each of these functions (inspect.signature) anew at every call, a few
 # times per job, which costs a 10,000-point plan about a second (benchmarks/plan_speed.py). It is taken
 # once here instead and handed to Snakemake, as Snakemake's own ioutils hand on a wrapped function's.
-for _function in (point_spec, point_threads, *POINT_RESOURCES.values()):
+for _function in (point_spec, point_threads, point_priority, *POINT_RESOURCES.values()):
     overwrite_function_params(_function, get_function_params(_function))
