@@ -176,6 +176,17 @@ def tiny_operator_suite(tmp_path: Path, name: str, collectives: tuple[str, ...] 
     return path
 
 
+def leave_spawned_rank() -> None:
+    """End a rank started by torch.multiprocessing.spawn once its results are written, as ddlbench's own worker
+    ends (ddlbench.launch.worker._exit): past the interpreter's teardown, where a finished rank that used the
+    profiler and gloo can still abort ("terminate called without an active exception", SIGABRT: a thread
+    destroyed while joinable). CI saw it once on 2026-12-03, in test_meta_init's 4-rank fsdp case, after
+    every rank had written its results."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def run_snakemake(*args: str, env: dict[str, str] | None = None, timeout: float = 900):
     """Run the real Snakemake on the repository's Snakefile, with the venv's bin first on PATH."""
     environ = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {})}

@@ -21,7 +21,7 @@ from ddlbench.train.models.gpt import INIT_STD
 from ddlbench.train.models.init import draw_module, init_plan, local_piece, materialise, module_seed
 from ddlbench.train.strategies import RankContext, build_trainer
 from ddlbench.train.strategies.tensor import COLWISE, ROWWISE
-from tests.conftest import make_point
+from tests.conftest import leave_spawned_rank, make_point
 from tests.equivalence import layout_point
 
 log = logging.getLogger(__name__)
@@ -215,6 +215,7 @@ def _rank_main(rank: int, world: int, folder: str, fields: dict, measure: bool) 
             json.dump(out, file)
     finally:
         dist.destroy_process_group()
+    leave_spawned_rank()  # only once the results are written: an error above still fails the rank
 
 
 def run_ranks(tmp_path, world: int, *, measure: bool, **fields) -> list[dict]:
