@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from ddlbench.config import load_sweep_config
-from ddlbench.launch.order import ordered, run_priorities
+from ddlbench.launch.order import run_priorities
 from ddlbench.records import read_record, record_path
 from ddlbench.sweep import expand_sweep
 from tests.conftest import make_point, run_snakemake
@@ -21,6 +21,12 @@ def _points(repetitions: int = 3):
         for batch in (2, 4, 8)
         for r in range(repetitions)
     ]
+
+
+def ordered(points, *, name: str, seed: int):
+    """`points` in their run order: by run_priorities, highest first."""
+    priority = run_priorities(points, name=name, seed=seed)
+    return sorted(points, key=lambda p: -priority[p.point_id])
 
 
 def test_every_configurations_repetition_runs_before_any_next_one_each_block_in_its_own_shuffle():

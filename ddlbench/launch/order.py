@@ -15,15 +15,15 @@ rests on launches). The shuffle is seeded by the sweep's name and seed, so a swe
 its missing points, keeps its order.
 
 `run_priorities` gives each point a priority, higher first: Snakemake starts the ready jobs of higher
-priority first (workflow/rules/points.smk), and `ordered` sorts points by it for the roads that submit
-themselves.
+priority first (workflow/rules/points.smk). `ddlbench submit` and `--pack` keep their own order (one array
+per allocation shape; the widest points packed first).
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from ddlbench.point import Point
 
@@ -41,10 +41,3 @@ def run_priorities(points: Sequence[Point], *, name: str, seed: int = 0) -> dict
         random.Random(int.from_bytes(digest[:8], "big")).shuffle(block)
         order.extend(block)
     return {point.point_id: len(order) - index for index, point in enumerate(order)}
-
-
-def ordered(points: Iterable[Point], *, name: str, seed: int = 0) -> list[Point]:
-    """`points` in their run order (run_priorities)."""
-    points = list(points)
-    priority = run_priorities(points, name=name, seed=seed)
-    return sorted(points, key=lambda p: -priority[p.point_id])
