@@ -34,13 +34,16 @@ STEPS = 30  # measured steps per launch, as the issue's A/A pair used
 # resolve 30 % (measured here: A/A ×1.29 [0.73, 2.28]). A 150-step window (about 5 s) averages over the
 # spells; the unit of the verdict is still the launch.
 SLOWDOWN_STEPS = 150
-# The slowdown's verdict needs a steady host: the base side's 3 launches within ×1.2 of each other. This
+# The slowdown's verdict needs a steady host: each side's 3 launches within ×1.2 of each other. This
 # 2-core VM's neighbours make even 150-step launches spread ×1.26 at times with nothing else running here;
-# Welch's t at 3 + 3 launches then cannot resolve 30 % (nor should it). The pair is measured once more;
-# if the host is still that noisy, the test asserts only what no noise excuses (the slow run is not called
-# better, and its ratio is below 1) and skips the demand for a verdict, saying why. The check reads the
-# base side only, never the verdict, so the retry cannot pick a favourable outcome.
+# Welch's t at 3 + 3 launches then cannot resolve 30 % (nor should it). The pair is measured again, up to
+# QUIET_ATTEMPTS times in all; if the host is still that noisy, the test asserts only what no noise excuses
+# (the slow run is not called better, and its ratio is below 1) and skips the demand for a verdict, saying
+# why. The check reads the spread within each side, never the difference between the sides nor the verdict,
+# so the retry cannot pick a favourable ratio. Both sides: a CI run (2026-12-04) had the base side steady
+# (×1.15) and the slow side not (×1.48 by median step), and got "same within noise" at ×0.81 [0.55, 1.20].
 QUIET_SPREAD = 1.2
+QUIET_ATTEMPTS = 3
 AA_FLOOR = 0.001  # an A/A pair's p below this would be certainty from noise: it fails 1 run in 1,000
 
 
@@ -126,21 +129,21 @@ def test_an_aa_pair_is_never_called_different_and_a_thirty_percent_slowdown_is(t
     # a base and B' at the default repetitions, B' with every measured step 30 % longer (a sleep inside
     # the step), interleaved, over windows long enough to average the host's spells (SLOWDOWN_STEPS)
     slow_s = 0.3 * median_step_s(tmp_path, "a")
-    for attempt in range(2):  # a busy spell gets one more try (QUIET_SPREAD)
+    for attempt in range(QUIET_ATTEMPTS):  # a busy spell gets another try (QUIET_SPREAD)
         base, slow = f"base{attempt or ''}", f"slow{attempt or ''}"
         pair = run_sweeps(tmp_path, {base: reps, slow: reps}, db, monkeypatch, {slow: slow_s}, SLOWDOWN_STEPS)
-        spread = launch_spread(tmp_path, base)
+        spread = max(launch_spread(tmp_path, base), launch_spread(tmp_path, slow))  # the noisier side's
         if spread <= QUIET_SPREAD:
             break
     row = compare(db, pair[base], pair[slow], capsys)
     with capsys.disabled():  # shown with -s, not swallowed by the next compare
         print("30 % slower:", {k: row.get(k) for k in ("change", "ratio", "ratio_ci", "p", "verdict")}, end=" ")
-        print(f"(base launches spread ×{spread:.3f}, attempt {attempt + 1})")
+        print(f"(the noisier side's launches spread ×{spread:.3f}, attempt {attempt + 1})")
     assert row["verdict"] != "better" and row["ratio"] < 1, row  # what no host's noise excuses
     if spread > QUIET_SPREAD:  # a skip, counted: DDLBENCH_REQUIRE_QUIET=1 (CI) makes it a failure
         why = (
-            f"the host's launches spread ×{spread:.2f} (over ×{QUIET_SPREAD}) twice: too noisy to demand a "
-            f"verdict on 30 % at {reps} launches (it gave: {row['verdict']}, ×{row['ratio']:.3g})"
+            f"the host's launches spread ×{spread:.2f} (over ×{QUIET_SPREAD}) {QUIET_ATTEMPTS} times: too noisy to "
+            f"demand a verdict on 30 % at {reps} launches (it gave: {row['verdict']}, ×{row['ratio']:.3g})"
         )
         if os.environ.get("DDLBENCH_REQUIRE_QUIET") == "1":
             pytest.fail(f"DDLBENCH_REQUIRE_QUIET=1 but {why}")
