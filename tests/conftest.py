@@ -61,6 +61,40 @@ def pytest_runtest_setup(item):
             os.setpriority(os.PRIO_PROCESS, 0, SLURM_NICE)
 
 
+CPU_LOG_VAR = "DDLBENCH_TEST_CPU_LOG"  # a file: each test appends a JSON line of its wall and CPU seconds
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Where CI's minutes go, in CPU rather than wall seconds (wall time on a shared 2-core host says how
+    long a test waited as much as what it cost): with $DDLBENCH_TEST_CPU_LOG set, each test appends its
+    wall seconds, the pytest process's own CPU seconds (user + system, all its threads) and those of the
+    processes it started and waited for (RUSAGE_CHILDREN: the CLI, its ranks, Snakemake; not SLURM's
+    jobs, which slurmd starts), from setup to teardown."""
+    path = os.environ.get(CPU_LOG_VAR)
+    if not path:
+        return (yield)
+    import json
+    import resource
+    import time
+
+    def cpu(who: int) -> float:
+        usage = resource.getrusage(who)
+        return usage.ru_utime + usage.ru_stime
+
+    wall, own, children = time.monotonic(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+    result = yield
+    line = {
+        "test": item.nodeid,
+        "wall_s": round(time.monotonic() - wall, 3),
+        "own_cpu_s": round(cpu(resource.RUSAGE_SELF) - own, 3),
+        "children_cpu_s": round(cpu(resource.RUSAGE_CHILDREN) - children, 3),
+    }
+    with open(path, "a") as log:
+        log.write(json.dumps(line) + "\n")
+    return result
+
+
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: inert where xdist is not installed
 def pytest_xdist_make_scheduler(config, log):
     """How `pytest -n N` (what `make test` runs) shares the tests among its workers: a module's tests on
