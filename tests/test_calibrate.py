@@ -225,3 +225,14 @@ def test_operators_are_timed_by_one_rank_and_by_two_in_turn_within_one_launch(tm
     )
     turns = [{e.get("at_once") for e in rank.measurements if e["kind"] == "operator"} for rank in record.ranks]
     assert turns == [{1, 2}, {2}]  # rank 1 timed nothing in the one-rank turns
+    # each entry says when it was timed, and the ranks probed the host between shapes in each of their turns
+    # (operator_kernel.PROBE_EVERY), at times among their entries': what operator_timings sets each entry against
+    for rank in record.ranks:
+        times = [e["time"] for e in rank.measurements]
+        assert times == sorted(times)
+        during = {p["at_once"]: [] for p in rank.host_probe if p["when"] == "during"}
+        for p in rank.host_probe:
+            if p["when"] == "during":
+                during[p["at_once"]].append(p["time"])
+        assert set(during) == {e["at_once"] for e in rank.measurements}
+        assert all(times[0] < t < times[-1] for probed in during.values() for t in probed)

@@ -18,6 +18,7 @@ from ddlbench.analysis.machine.host_speed import host_speed, rescaled
 from ddlbench.analysis.machine.machine_file import read_machine
 from ddlbench.launch.runner import run_point
 from ddlbench.records import read_record
+from ddlbench.train.calibration.records import read_calibration_record
 from tests.conftest import make_point, run_cli, tiny_operator_suite
 
 
@@ -139,10 +140,18 @@ def test_a_point_probes_its_host_on_every_rank_and_a_calibration_in_turn_and_pre
     assert ran.returncode == 0, ran.stderr[-3000:]
     machine = read_machine(out)
     turns = {(p["benchmark"], p["at_once"], p["n"], p["all_reduce_s"] is not None) for p in machine["host_probes"]}
+    # the operators point also probes between shapes, in each turn (operator_kernel.PROBE_EVERY): at least once a
+    # pass, two passes, without the all-reduces (only the turn's ranks probe)
+    (ops,) = (tmp_path / "results" / "probe" / "calibration" / "points").glob("operators-*/record.json")
+    during = [p for rank in read_calibration_record(ops).ranks for p in rank.host_probe if p["when"] == "during"]
+    alone = sum(p["turn"] == "alone" for p in during)
+    assert alone >= 2 and sum(p["turn"] == "all" for p in during) == 2 * alone
+    assert all(p["all_reduce_s"] is None for p in during)
     # rank 0 alone at the start and end (2 probes), then both ranks (4), with the all-reduces only then
-    assert turns == {(kind, 1, 2, False) for kind in ("collectives", "operators")} | {
-        (kind, 2, 4, True) for kind in ("collectives", "operators")
-    } | {("compute", 1, 2, False)}
+    assert turns == {("collectives", 1, 2, False), ("collectives", 2, 4, True), ("compute", 1, 2, False)} | {
+        ("operators", 1, 2 + alone, False),
+        ("operators", 2, 4 + 2 * alone, True),
+    }
 
     # every calibration probe set alike, the point's twice as slow in all three: every time doubles
     for probe in machine["host_probes"]:

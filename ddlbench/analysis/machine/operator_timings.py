@@ -10,10 +10,23 @@ timed by all the point's ranks):
 forward_s and backward_s are medians, in seconds, over every rank's timed repetitions of that shape
 in every round pooled (n of them); the fit (ddlbench.analysis.analytic.operators) is made when a prediction reads the
 file, so a better fit needs no new calibration. Torch-free.
+
+Each repetition is first set to one host speed: the point's ranks probe the host between shapes
+(ddlbench.train.calibration.operator_kernel) as well as at its start and end, and a repetition is multiplied by
+
+    the median compute_s of every probe of its turn (all ranks; what the machine file's host_probes keeps)
+    ÷ its rank's compute_s at the moment it was timed (linear between that rank's probes of the turn before and
+      after it, each probe the median of itself and its two neighbours)
+
+so every shape reads as if timed at the speed the machine file's probes say the point had
+(ddlbench.analysis.machine.host_speed sets later points against that same figure). An entry without a time or a
+rank without two probes of its turn (a record from before the probes between shapes) is kept as timed.
 """
 
 from __future__ import annotations
 
+import bisect
+import statistics
 from typing import Any
 
 from ddlbench.statistics import percentile
@@ -43,19 +56,23 @@ def _entry(
     """The entry of one precision and one count of ranks timing at once (None: no shape timed)."""
     chains: dict[str, list[float]] = {"chain1_s": [], "chain5_s": []}
     samples: dict[tuple, dict[str, Any]] = {}  # by shape: a shape timed in several rounds is one sample
+    probes = {rank.rank: _probe_series(rank, len(ranks), at_once) for rank in ranks}
+    pooled = [p["compute_s"] for rank in ranks for p in _probes_of(rank, len(ranks), at_once)]
+    reference = statistics.median(pooled) if pooled else None
     for rank in ranks:
         for entry in rank.measurements:
             if entry.get("precision") != precision or int(entry.get("at_once", len(ranks))) != at_once:
                 continue
+            r = _speed_factor(probes[rank.rank], entry.get("time"), reference)
             if entry["kind"] == "autograd_call":
                 for key, times in chains.items():
-                    times += entry.get(key, [])
+                    times += [t * r for t in entry.get(key, [])]
                 continue
             if "error" not in entry:
                 key = tuple(sorted(entry["shape"].items()))
                 sample = samples.setdefault(key, {**entry["shape"], "forward": [], "backward": []})
-                sample["forward"] += entry["forward_s"]
-                sample["backward"] += entry["backward_s"]
+                sample["forward"] += [t * r for t in entry["forward_s"]]
+                sample["backward"] += [t * r for t in entry["backward_s"]]
     rows = [
         {key: value for key, value in sample.items() if key not in ("forward", "backward")}
         | {
@@ -75,6 +92,48 @@ def _entry(
         "autograd_call_s": _engine_figure(chains),
         "samples": rows,
     }
+
+
+def _probe_at_once(probe: dict[str, Any], ranks: int) -> int:
+    """How many ranks were timing when `probe` was taken: its own `at_once` (probes between shapes), else 1 for
+    rank 0 alone and all the point's ranks for the start's and end's `all` (ddlbench.train.host_probe)."""
+    if probe.get("at_once") is not None:
+        return int(probe["at_once"])
+    return 1 if probe.get("turn") == "alone" else ranks
+
+
+def _probes_of(rank: CalibrationRankResult, ranks: int, at_once: int) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in rank.host_probe
+        if p.get("time") is not None and p.get("compute_s") and _probe_at_once(p, ranks) == at_once
+    ]
+
+
+def _probe_series(rank: CalibrationRankResult, ranks: int, at_once: int) -> list[tuple[float, float]]:
+    """The rank's probes of the turn, (time, compute_s) in time order, each compute_s the median of itself and
+    its neighbours (a single probe's blocks can fall on a moment of load that no operator around it saw)."""
+    timed = sorted((float(p["time"]), float(p["compute_s"])) for p in _probes_of(rank, ranks, at_once))
+    values = [v for _, v in timed]
+    smoothed = [statistics.median(values[max(0, i - 1) : i + 2]) for i in range(len(values))]
+    return [(t, v) for (t, _), v in zip(timed, smoothed, strict=True)]
+
+
+def _speed_factor(series: list[tuple[float, float]], when: float | None, reference: float | None) -> float:
+    """reference ÷ the rank's compute_s at `when`, linear between the probes before and after it (the first or
+    last one outside them); 1 without a time, a reference or two probes (the module docstring)."""
+    if when is None or reference is None or len(series) < 2:
+        return 1.0
+    times = [t for t, _ in series]
+    i = bisect.bisect_left(times, when)
+    if i == 0:
+        local = series[0][1]
+    elif i == len(series):
+        local = series[-1][1]
+    else:
+        (t0, v0), (t1, v1) = series[i - 1], series[i]
+        local = v0 + (v1 - v0) * (when - t0) / (t1 - t0) if t1 > t0 else v1
+    return reference / local
 
 
 def _engine_figure(chains: dict[str, list[float]]) -> dict[str, Any] | None:

@@ -23,11 +23,19 @@ dimension of a world × 1 mesh: DTensor's dispatch on every call, no peer):
 The autograd engine's own cost of one backward() call is timed the same way, through chains of one and
 of five one-element nodes, and recorded once (`autograd_call`): a model pays it once per step, not once
 per layer, so the fit takes it out of each operator's backward.
+
+Every entry carries the wall-clock `time` it ended at, and every PROBE_EVERY shapes of a pass the ranks of
+the turn probe the host (ddlbench.train.host_probe, `when` during): the shapes of one kind are timed
+together and a pass takes minutes, so a host whose speed drifts within the point (twice as fast at its end
+as at its start, on the development machine's calibration of the fourteenth scoring set: docs/analytic.md)
+would cost one kind at one speed and the next at another. ddlbench.analysis.machine.operator_timings sets
+each entry against the probes around it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,9 +54,13 @@ from ddlbench.train.calibration.operator_shapes import (
     sample_shapes,
 )
 from ddlbench.train.calibration.point import CalibrationPoint
+from ddlbench.train.host_probe import probe_host
 
 SEED = 0
 ROUNDS = 2  # passes over every shape (run_operators)
+# a host probe (about 0.2 s on a CPU core) every this many shapes of a pass, in each turn: about 15 a pass of
+# the default suite's 360 shapes, 60 in all for rank 0, about 3 % of the point's time
+PROBE_EVERY = 24
 LARGE_ITERATIONS_SHARE = 0.4
 
 
@@ -205,8 +217,13 @@ def time_autograd_call(device: torch.device, timer: Timer, *, warmup: int, itera
     return out
 
 
-def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[str, Any]]:
-    """Every shape's forward and backward times, per precision; one `autograd_call` entry per precision."""
+def run_operators(
+    point: CalibrationPoint, device: torch.device, probes: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """Every shape's forward and backward times, per precision; one `autograd_call` entry per precision. The
+    host probes taken between shapes (module docstring) go into `probes`."""
+    probes = [] if probes is None else probes
+    world = dist.get_world_size() if dist.is_initialized() else 1
     timer = Timer(device)
     shapes = sample_shapes(
         seed=point.operator_seed,
@@ -222,7 +239,6 @@ def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[st
         own_group = groups[dist.get_rank()]
         if any(shape.kind in TENSOR_PARALLEL_KINDS for shape in shapes):
             # each rank its own one-rank mesh: the second dimension of a world × 1 mesh (fsdp_unit_kernel's)
-            world = dist.get_world_size()
             own_mesh = init_device_mesh(device.type, (world, 1), mesh_dim_names=("replica", "tp"))["tp"]
     for precision in point.precisions:
         dtype = DTYPES[precision]
@@ -236,19 +252,24 @@ def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[st
         for at_once in counts:
             if _my_turn(at_once):
                 chains = time_autograd_call(device, timer, warmup=point.warmup, iterations=point.iterations)
-                out.append({"kind": "autograd_call", "precision": precision, "at_once": at_once, **chains})
+                entry = {"kind": "autograd_call", "precision": precision, "at_once": at_once, **chains}
+                out.append(entry | {"time": time.time()})
         # every shape in ROUNDS passes over all of them, a share of the iterations each: a shape's times
         # then come from moments a minute apart, so a spell of load on a shared host weighs on all shapes
         # alike rather than on the few it fell on
         per_round = max(1, -(-point.iterations // ROUNDS))
         for _ in range(ROUNDS):
-            for shape in shapes:
+            for index, shape in enumerate(shapes):
                 # a shape past max_elements (operator_shapes.LARGE_KINDS) takes 0.05-0.5 s a call: one untimed
                 # call and LARGE_ITERATIONS_SHARE of the timed ones (its calls vary by a few % at that length)
                 large = largest_elements(shape) > point.operator_max_elements
                 for at_once in counts:
                     if not _my_turn(at_once):
                         continue
+                    if index % PROBE_EVERY == PROBE_EVERY // 2:
+                        turn = "alone" if at_once == 1 and world > 1 else "all" if at_once == world else "some"
+                        probe = probe_host(device, all_reduce=False)
+                        probes.append(probe | {"when": "during", "turn": turn, "at_once": at_once})
                     try:
                         entry = time_operator(
                             shape,
@@ -262,7 +283,7 @@ def run_operators(point: CalibrationPoint, device: torch.device) -> list[dict[st
                         )
                     except (RuntimeError, NotImplementedError) as exc:  # a dtype the device's kernels refuse
                         entry = {"kind": "operator", "shape": shape.to_dict(), "error": str(exc).splitlines()[0][:300]}
-                    out.append(entry | {"precision": precision, "at_once": at_once})
+                    out.append(entry | {"precision": precision, "at_once": at_once, "time": time.time()})
     if dist.is_initialized():
         dist.barrier()  # the last turn's idle ranks wait for it
     return out

@@ -33,7 +33,7 @@ def measure(point: CalibrationPoint, ctx: RankContext) -> CalibrationRankResult:
     elif point.benchmark == "operators":
         from ddlbench.train.calibration.operator_kernel import run_operators
 
-        measurements = run_operators(point, ctx.device)
+        measurements = run_operators(point, ctx.device, probes)  # and its probes between shapes
     elif point.backend == "mpi":
         measurements, library = run_collectives_mpi(point)
     else:
