@@ -76,7 +76,8 @@ SETS = {
     "scoring-12": "scoring12_sweep.yaml",  # the twelfth, frozen (2026-12-03) before anything was run on it (seen)
     "scoring-13": "scoring13_sweep.yaml",  # the thirteenth, frozen (2026-12-03) before anything was run on it (seen)
     "scoring-14": "scoring14_sweep.yaml",  # the fourteenth, frozen (2026-12-03), run on the model of c2a054d (seen)
-    "scoring-15": "scoring15_sweep.yaml",  # the fifteenth, frozen (2026-12-03) before anything was run on it
+    "scoring-15": "scoring15_sweep.yaml",  # the fifteenth, frozen (2026-12-03), run on the model of 2fcbc78 (seen)
+    "scoring-16": "scoring16_sweep.yaml",  # the sixteenth, frozen (2026-12-04) before anything was run on it
 }
 
 
@@ -313,9 +314,9 @@ def main() -> int:
         "--set",
         choices=tuple(SETS),
         default="development",
-        help="development, pipeline-development, tensor-development, large-development: developed on; scoring-15: "
-        "the frozen scoring set (scoring15_sweep.yaml), what the model's next accuracy is reported on; scoring to "
-        "scoring-14: earlier scoring sets (seen, or scored before the model's last change)",
+        help="development, pipeline-development, tensor-development, large-development: developed on; scoring-16: "
+        "the frozen scoring set (scoring16_sweep.yaml), what the model's next accuracy is reported on; scoring to "
+        "scoring-15: earlier scoring sets (seen, or scored before the model's last change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     parser.add_argument(
