@@ -20,7 +20,10 @@ Each repetition is first set to one host speed: the point's ranks probe the host
 
 so every shape reads as if timed at the speed the machine file's probes say the point had
 (ddlbench.analysis.machine.host_speed sets later points against that same figure). An entry without a time or a
-rank without two probes of its turn (a record from before the probes between shapes) is kept as timed.
+rank without two probes of its turn (a record from before the probes between shapes) is kept as timed. Where
+the host's speed flickers faster than the probes come, the line between them does not follow it and the
+effect is a level: every repetition brought to the probes' median (on the fifteenth scoring set's calibration,
+predictions about a seventh lower than from the repetitions as timed: docs/analytic.md).
 """
 
 from __future__ import annotations

@@ -27,9 +27,11 @@ per layer, so the fit takes it out of each operator's backward.
 Every entry carries the wall-clock `time` it ended at, and every PROBE_EVERY shapes of a pass the ranks of
 the turn probe the host (ddlbench.train.host_probe, `when` during): the shapes of one kind are timed
 together and a pass takes minutes, so a host whose speed drifts within the point (twice as fast at its end
-as at its start, on the development machine's calibration of the fourteenth scoring set: docs/analytic.md)
-would cost one kind at one speed and the next at another. ddlbench.analysis.machine.operator_timings sets
-each entry against the probes around it.
+as at its start, on the development machine's calibration of the fourteenth scoring set) would cost one kind
+at one speed and the next at another. ddlbench.analysis.machine.operator_timings sets each entry against the
+probes around it. Where the host's speed flickers faster than the probes come (the fifteenth set's
+calibration: 3.2-3.7 ms or 5-7.5 ms from one probe to the next), that brings every entry to the probes'
+median instead (docs/analytic.md, "The operators point at one host speed").
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ from ddlbench.train.host_probe import probe_host
 
 SEED = 0
 ROUNDS = 2  # passes over every shape (run_operators)
-# a host probe (about 0.2 s on a CPU core) every this many shapes of a pass, in each turn: about 15 a pass of
-# the default suite's 360 shapes, 60 in all for rank 0, about 3 % of the point's time
+# a host probe (about 0.2 s on a CPU core) every this many shapes of a pass, in each turn: 62 a turn over the
+# default suite's two passes (124 for rank 0, 62 for rank 1 on the fifteenth set's calibration, whose operators
+# point took 12.1 min against 11.3-13 before)
 PROBE_EVERY = 24
 LARGE_ITERATIONS_SHARE = 0.4
 
