@@ -5,7 +5,6 @@ strategies cost each call where the ranks make it."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import numpy as np
@@ -620,88 +619,3 @@ def test_the_calibration_times_tensor_parallel_linears_as_dtensors_on_a_mesh_of_
             assert "error" not in entry, entry
             assert len(entry["forward_s"]) == len(entry["backward_s"]) == 1  # 2 iterations over 2 rounds
             assert min(entry["forward_s"]) > 0 and min(entry["backward_s"]) > 0
-
-
-def _every_kind_machine(first_touch_s_per_byte: float | None) -> MachineModel:
-    """The datasheet machine with operator fits of every kind from known laws, and a first touch or none."""
-    machine = _datasheet_dict()
-    if first_touch_s_per_byte is not None:
-        machine["compute"]["first_touch_s_per_byte"] = {"value": first_touch_s_per_byte}
-
-    def law(call: OpCall, batch: int) -> tuple[float, float]:
-        if call.kind in ("conv2d", "depthwise_conv2d"):
-            return _conv_law(call, batch)
-        return _linear_law(call, batch) if "linear" in call.kind else _token_law(call, batch)
-
-    shapes = sample_shapes(seed=0, per_kind=20, max_flop=1.5e9, max_elements=2**22)
-    machine["operator_timings"] = [{"precision": "fp32", "threads": 1, "samples": _timed(shapes, law, 0.0, 0)}]
-    return MachineModel.from_dict(machine)
-
-
-def test_a_weight_gradient_mapped_anew_pays_its_first_touch_in_every_backward_that_computes_it():
-    """A Linear's weight gradient of 32 MiB or more is a new allocation glibc maps afresh in every backward,
-    which the calibration's Linears (at most 4,096 × 4,096) never drew: each such layer's block pays its bytes
-    × the machine's first touch in backward, and nothing else moves. alexnet on 3×512² images: its 9,216 → 4,096
-    and 4,096 → 4,096 layers (151 and 67 MB), not its 4,096 → 1,000 (16 MB); gpt_mini's 50,257-word head (103 MB)
-    but not its embedding (its fit's draws reach such tables); none of resnet18's layers. A pipeline pays it once
-    per micro-batch: GPipe over 3 micro-batches, three times the bytes a step."""
-    from ddlbench.analysis.analytic.compute import block_times
-    from ddlbench.analysis.analytic.layout import Context, Setting
-    from ddlbench.analysis.analytic.predict import introspected_table, resolved_options, run_strategy
-
-    per_byte = 6e-10
-    plain, touched = _every_kind_machine(None), _every_kind_machine(per_byte)
-    expected = {
-        ("alexnet", "highres"): {"Linear": 4 * (9216 * 4096 + 4096 * 4096)},
-        ("gpt_mini", "tokens"): {"Linear": 4 * 50257 * 512},
-        ("resnet18", "highres"): {},
-    }
-    for (model, dataset), fresh in expected.items():
-        one = Setting(model=model, dataset=dataset, strategy="ddp", nodes=1, ranks_per_node=1, batch_size=3)
-        table = introspected_table(model, dataset, resolved_options(one))
-        big = {}
-        for layer in table.layers:
-            if layer.weight_shape and np.prod(layer.weight_shape) * 4 >= 32 * 2**20:
-                big.setdefault(layer.type, []).append(layer.block)
-        times = {
-            name: block_times(table, machine, batch=3, precision="fp32", threads=1)
-            for name, machine in (("plain", plain), ("touched", touched))
-        }
-        assert times["touched"].forward_s == times["plain"].forward_s, model
-        extra = [t - p for t, p in zip(times["touched"].backward_s, times["plain"].backward_s, strict=True)]
-        linear_blocks = set(big.get("Linear", []))
-        assert {i for i, e in enumerate(extra) if e > 0} == linear_blocks, model
-        assert sum(extra) == pytest.approx(fresh.get("Linear", 0) * per_byte, rel=1e-9), model
-        if model == "gpt_mini":
-            assert big.get("Embedding"), "the embedding's table is past the threshold too, and left to its fit"
-        runs = {
-            name: run_strategy(Context(setting=one, table=table, machine=machine, sharing=1))
-            for name, machine in (("plain", plain), ("touched", touched))
-        }
-        more = runs["touched"].timeline.mean("compute_s") - runs["plain"].timeline.mean("compute_s")
-        assert more == pytest.approx(sum(extra), rel=1e-6, abs=1e-12), model
-    pipe = Setting(
-        model="alexnet",
-        dataset="highres",
-        strategy="gpipe",
-        nodes=2,
-        ranks_per_node=1,
-        batch_size=3,
-        micro_batches=3,
-        split=2,
-    )
-    table = introspected_table("alexnet", "highres", resolved_options(pipe))
-    computed = {
-        name: run_strategy(Context(setting=pipe, table=table, machine=machine, sharing=1)).timeline.mean("compute_s")
-        for name, machine in (("plain", plain), ("touched", touched))
-    }
-    # mean over the two ranks: the classifier's stage pays 3 micro-batches × its bytes
-    bytes_per_backward = expected["alexnet", "highres"]["Linear"]
-    assert computed["touched"] - computed["plain"] == pytest.approx(3 * bytes_per_backward * per_byte / 2, rel=1e-6)
-    # spatial parallelism costs layer by layer (compute.layer_costs): each rank computes whole weight gradients
-    slabs = dataclasses.replace(pipe, strategy="spatial", micro_batches=1)
-    computed = {
-        name: run_strategy(Context(setting=slabs, table=table, machine=machine, sharing=1)).timeline.mean("compute_s")
-        for name, machine in (("plain", plain), ("touched", touched))
-    }
-    assert computed["touched"] - computed["plain"] == pytest.approx(bytes_per_backward * per_byte, rel=1e-6)

@@ -9,10 +9,6 @@ micro-batch b is its fitted line α + β·b. ParaDL's "profall" mode did the sam
 pools and linear layers timed over drawn shapes by the calibration, ddlbench.analysis.analytic.operators):
 per layer its operator's fitted forward and backward time at its shape and the micro-batch, times its
 calls; a residual block (one holding a `shortcut` layer) adds a sum of its output forward and backward.
-A layer whose weight gradient is an allocation mapped anew (a weight of MAPPED_ANEW_BYTES or more: an
-AlexNet's or VGG's classifier, a GPT's 50,257-word head) adds the first touch of that gradient to every
-backward (`fresh_gradient_bytes`): the fits price a gradient written into memory the heap keeps, as every
-shape the calibration draws of those kinds has.
 The fits taken are those timed with as many ranks at once as the point computes on a node (`sharing`).
 A layer of a kind the fits do not cover (grouped convolutions, volumes, sequences) falls back to the
 roofline below. A strategy that changes a layer's shape on a rank (a filter split's 1/p of the output
@@ -251,27 +247,6 @@ def mapped_anew_bytes(layers: Sequence[LayerRow]) -> float:
     return float(sum(layer.params * FP32 for layer in layers if layer.params * FP32 >= MAPPED_ANEW_BYTES))
 
 
-# the layer types whose weight gradient a backward allocates, and whose operator fits never saw one mapped anew:
-# the calibration draws Linears of at most 4,096 × 4,096 (64 MiB only at that corner: a handful of its draws at
-# most), convolutions of 9.4 MB or less in every model of the zoo. Not Embedding: its draws' tables reach 256 MiB
-# (65,536 rows × 1,024), so its fit's weight term already holds the faults of those past the threshold
-FRESH_GRADIENT_TYPES = ("Linear", "Conv2d", "TpColwiseLinear", "TpRowwiseLinear")
-
-
-def fresh_gradient_bytes(layer: LayerRow) -> float:
-    """The bytes of `layer`'s weight gradient that one backward maps anew and faults in page by page: its weight's
-    fp32 bytes × its calls, where the weight is MAPPED_ANEW_BYTES or more (0 otherwise, or for a type not in
-    FRESH_GRADIENT_TYPES). Each backward computes the gradient into a new tensor: with .grad set to None by
-    zero_grad(set_to_none=True) autograd keeps it as .grad; with .grad held (a pipeline's later micro-batches,
-    a layer called twice) it is a temporary added in and freed. Either way glibc maps it afresh and hands it back
-    when freed. AlexNet's 9,216 → 4,096 and 4,096 → 4,096 layers (151 and 67 MB); VGG's 25,088 → 4,096 (411 MB)
-    and 4,096 → 4,096; GPT-2's 50,257-word head (103 MB at 512 features); nothing of a ResNet's."""
-    if layer.type not in FRESH_GRADIENT_TYPES or not layer.weight_shape:
-        return 0.0
-    nbytes = float(math.prod(layer.weight_shape) * FP32)
-    return nbytes * layer.calls if nbytes >= MAPPED_ANEW_BYTES else 0.0
-
-
 def elementwise_s(
     machine: MachineModel, elements: float, *, precision: str, threads: int, sharing: int | None
 ) -> float:
@@ -320,10 +295,6 @@ def _from_operators(
         if add is not None:
             forward[block] += add[0]
             backward[block] += add[1]
-    touch = machine.first_touch_s_per_byte or 0.0
-    fresh = [fresh_gradient_bytes(layer) for layer in rows]
-    for layer, nbytes in zip(rows, fresh, strict=True):
-        backward[layer.block] += nbytes * touch
     bandwidth = machine.memory_bandwidth_bytes_per_s or math.inf
     last = table.blocks[-1]
     # cross-entropy: log-softmax and the loss forward, their two gradients backward, each a pass over the logits
@@ -331,11 +302,6 @@ def _from_operators(
     loss = 2 * sum(logits) if logits else LOSS_PASSES * math.prod(last.output_shape) * FP32 * batch / bandwidth
     source = f"operator fits ({operators.ranks_per_node} rank(s) at once)"
     notes = [operators.describe()]
-    if touch and sum(fresh):
-        notes.append(
-            f"weight gradients mapped anew each backward: {sum(fresh) / 1e6:.0f} MB at "
-            f"{touch * 1e9:.2f} ns/B first touch, {sum(fresh) * touch * 1e3:.0f} ms"
-        )
     if fallback:
         kinds = ", ".join(sorted(set(fallback)))
         source += f" + rates ({', '.join(sorted(used))}) for {kinds}"
@@ -389,8 +355,7 @@ def layer_costs(
             if add is not None:
                 index = last_of[owner]
                 costs[index] = (costs[index][0] + add[0], costs[index][1] + add[1])
-        touch = machine.first_touch_s_per_byte or 0.0
-        return [(f, b + fresh_gradient_bytes(layer) * touch) for (f, b), layer in zip(costs, rows, strict=True)]
+        return costs
     timed = machine.layer_timings_for(table.model, table.dataset, table.options, precision, threads, sharing=sharing)
     if timed is not None and len(timed.forward) == len(table.blocks):
         blocks = block_times(table, machine, batch=batch, precision=precision, threads=threads, sharing=sharing)

@@ -16,18 +16,20 @@ A stage's activation (its last block's output, micro-batch × elements × the au
 received by the next stage before that one's forward, and its gradient, of the same size, before the
 previous stage's backward: a transfer on the receiver's communication lane, costed as send_recv
 between the two ranks. Each micro-batch's backward after a stage's first adds its weight gradients into .grad
-(a read-add-write pass over the stage's parameters: for VGG-11's second stage, 9 M values, as long as a micro-batch's
-backward on this CPU), and the schedule scales them once at the end. Each micro-batch's backward computes its weight
-gradients into new tensors (the first into .grad, a later one into a temporary it adds in), so a weight of 32 MiB
-or more pays its first touch in every micro-batch's backward: compute.fresh_gradient_bytes, in the operator fits'
-block times, as for every strategy (2026-12-04). An earlier term here added every stage's gradient bytes ×
-`first_touch_s_per_byte` to every backward, on fits taken before the operators point probed the host (which moved
-the fifteenth set's predictions down by about a seventh): the tenth and eleventh scoring sets' gpipe points were
-then all over, 1.27-1.41×, and VGG-11's second stage on ImageNet (132 M parameters, one sample a micro-batch) was
-predicted 406 + 269 ms a backward against 437-516 measured. The faults are real (alone on one core, its 25088 →
-4096 layer's backward took 192-238 ms with glibc's defaults and 50-59 ms with nothing handed back,
-MALLOC_MMAP_MAX_=0). The last stage's forward includes the loss. In dp_pp the replicas of a stage all-reduce its
-gradients in DDP buckets during the last micro-batch's backward, then every rank updates.
+(a read-add-write pass over the stage's parameters: for VGG-11's second stage, 9 M values, as long as a micro-
+batch's backward on this CPU), and the schedule scales them once at the end. The weight gradients' allocations
+are left to the operator fits, which time every backward with .grad set to None, as a stage's micro-batches
+allocate theirs (a later one allocates its gradients anew before adding them in). An earlier term added every
+stage's gradient bytes × `first_touch_s_per_byte` to every backward on top of the fits (glibc hands a freed
+block of 32 MiB or more back to the kernel, so it faults again at the next micro-batch): the tenth and
+eleventh scoring sets' gpipe points were then all over, 1.27-1.41×, and VGG-11's second stage on ImageNet (132
+M parameters, one sample a micro-batch) was predicted 406 + 269 ms a backward against 437-516 measured. The
+faults are real (alone on one core, its 25088 → 4096 layer's backward took 192-238 ms with glibc's defaults
+and 50-59 ms with nothing handed back, MALLOC_MMAP_MAX_=0), but the linear fit, whose draws stop at 4096 ×
+4096, already puts that layer's backward at 118-154 ms; drawing Linears of 32-512 MiB into the calibration
+made the seen sets' predictions worse (docs/analytic.md). The last stage's forward includes the loss. In dp_pp
+the replicas of a stage all-reduce its gradients in DDP buckets during the last micro-batch's backward, then
+every rank updates.
 """
 
 from __future__ import annotations
