@@ -80,6 +80,7 @@ SETS = {
     "scoring-16": "scoring16_sweep.yaml",  # the sixteenth, frozen (2026-12-04) before anything was run on it
     # Linears of 32 MiB or more (alexnet, vgg16), on configurations of the fourteenth and fifteenth sets (seen)
     "linear-development": "linear_sweep.yaml",
+    "scoring-17": "scoring17_sweep.yaml",  # the seventeenth, frozen (2026-12-04) before anything was run on it
 }
 
 
