@@ -8,8 +8,15 @@ import pytest
 
 from ddlbench.analysis.analytic.machine_model import MachineModel, bus_share, ring_steps
 from ddlbench.analysis.analytic.memory import backward_peak
-from ddlbench.analysis.analytic.pipelines import Action, in_flight, interleaved_order, single_stage_order
+from ddlbench.analysis.analytic.pipelines import (
+    Action,
+    accumulation_bytes,
+    in_flight,
+    interleaved_order,
+    single_stage_order,
+)
 from ddlbench.analysis.analytic.simulate import Program, simulate
+from ddlbench.analysis.analytic.table_cache import find_table
 
 
 def test_a_collective_issued_during_backward_hides_under_the_rest_of_it():
@@ -166,3 +173,18 @@ def test_the_backward_walk_peaks_where_activations_and_gradients_meet():
     peak, kept = backward_peak([10, 4], [1, 100], [0, 0])
     assert kept == 14
     assert peak == 114  # during block 1's backward: both blocks' activations and its 100 B of gradients
+
+
+def test_a_later_micro_batch_holds_a_linears_new_gradient_once_and_a_convolutions_twice():
+    """What a pipeline stage's later micro-batch holds beside .grad while it adds a weight gradient in: the
+    largest of a convolution's weight twice (its gradient and oneDNN's blocked buffer) and any other weight
+    once. vgg11 on ImageNet: its classifier's 25,088 → 4,096 Linear once (411 MB); its convolutions alone,
+    the 512 → 512 3×3 weight twice (2 × 9.4 MB)."""
+    table = find_table("vgg11", "imagenet", (("norm", "batch"),))
+    linear = max((layer for layer in table.layers if layer.type == "Linear"), key=lambda layer: layer.params)
+    convs = [layer for layer in table.layers if layer.type == "Conv2d"]
+    conv_blocks = range(0, max(layer.block for layer in convs) + 1)
+    assert not any(layer.type == "Linear" for layer in table.layers if layer.block in conv_blocks)
+    assert accumulation_bytes(table, range(len(table.blocks))) == 4 * 25088 * 4096 == 4 * math.prod(linear.weight_shape)
+    assert accumulation_bytes(table, range(linear.block, linear.block + 1)) == 4 * 25088 * 4096
+    assert accumulation_bytes(table, conv_blocks) == 2 * 4 * 512 * 512 * 9

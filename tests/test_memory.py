@@ -349,3 +349,44 @@ def test_sharding_saves_what_it_predicts(tmp_path):
     # held by a finished work) count as freed there (ddlbench.train.memory): a probe that saw only the
     # rank thread's frees read 1.5P to 2.1P for fsdp and 3P for zero2 in one CI run of several
     assert fsdp.tensor_resident_bytes == pytest.approx(1.5 * params, rel=0.05)
+
+
+@pytest.mark.slow
+def test_a_pipeline_stage_holds_one_new_linear_gradient_beside_its_grad_as_predicted(tmp_path):
+    """GPipe over two micro-batches: the second micro-batch's backward computes each weight gradient anew and
+    adds it into .grad, so for a moment the stage holds one more gradient of its largest weight (a convolution's
+    twice: oneDNN's blocked buffer too). alexnet's classifier stage holds a 9,216 → 4,096 Linear (151 MB): the
+    step's peak above the resident state holds that weight once, as the model predicts, not twice."""
+    from ddlbench.analysis.analytic.layout import Setting
+    from ddlbench.analysis.analytic.machine_model import MachineModel
+    from ddlbench.analysis.analytic.predict import predict
+
+    point = make_point(
+        model="alexnet", dataset="cifar10", model_options=(), strategy="gpipe", nodes=1, ranks_per_node=2, split=2,
+        micro_batches=2, batch_size=2, warmup_steps=2, steps=2,
+    )  # fmt: skip
+    record = run_point(point, out=tmp_path / "record.json", launcher="local")
+    assert record.status == "ok", record.reason
+    busiest = max(record.ranks, key=lambda rank: rank.tensor_peak_bytes)
+    machine = MachineModel.from_dict(
+        {
+            "name": "datasheet",
+            "source": "datasheet",
+            "device": {"kind": "cpu", "per_node": 2},
+            "compute": {
+                "matmul_flop_per_s": {"fp32": {"value": 5e10}},
+                "memory_bandwidth_bytes_per_s": {"value": 1e10},
+            },
+            "links": {"intra_node": {"alpha_s": 1e-4, "beta_s_per_byte": 1e-9}},
+            "collectives": [],
+        }
+    )
+    predicted = predict(Setting.of_point(point), machine, search_batch=False)
+    weight = 4 * 9216 * 4096
+    assert busiest.tensor_resident_bytes == pytest.approx(predicted.resident_memory_bytes, rel=0.02)
+    measured_step = busiest.tensor_peak_bytes - busiest.tensor_resident_bytes
+    predicted_step = predicted.peak_memory_bytes - predicted.resident_memory_bytes
+    assert measured_step > weight  # the new gradient is really held beside .grad
+    # the rest of the step (the stage's activations at batch 2 on 32² images, its other gradients' temporaries)
+    # is a few MB: a quarter of the weight tells once from twice
+    assert abs(measured_step - predicted_step) < weight / 4, (measured_step / 1e6, predicted_step / 1e6)

@@ -41,6 +41,7 @@ from ddlbench.analysis.analytic.compute import BlockTimes, elementwise_s
 from ddlbench.analysis.analytic.data_parallel import FIRST_BUCKET_BYTES, StrategyRun, activation_terms
 from ddlbench.analysis.analytic.layout import Context, element_bytes, elements
 from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, RankMemory, backward_peak
+from ddlbench.analysis.analytic.operators import CONV_TYPES
 from ddlbench.analysis.analytic.simulate import Program
 from ddlbench.catalog.model_table import ModelTable
 from ddlbench.catalog.stage_cut import partition
@@ -264,13 +265,17 @@ def _stage_memory(
     ddp = params if replicas > 1 else 0
     # a later micro-batch's backward adds each new weight gradient into .grad, which already holds them all:
     # for a moment the new gradient of one tensor lives beside it, and a convolution's own weight-gradient
-    # buffer before that (oneDNN fills its blocked layout, then reorders): twice the stage's largest weight
-    # on top of the walk's peak. Measured with the rank's probe on vgg11's second stage (8.8 M parameters,
-    # largest tensor 9.4 MB) at micro-batch 4: 19.6 MB above the resident state at 2 and 4 micro-batches,
-    # 5.2 MB at 1; on the development sweep's vgg11 1F1B the model was 19 MB under without this term
+    # buffer before that (oneDNN fills its blocked layout, then reorders), a Linear's not: twice the stage's
+    # largest convolution weight, once its largest Linear weight, whichever is more, on top of the walk's peak
+    # (`accumulation_bytes`). Measured with the rank's probe on vgg11's second stage (8.8 M parameters, largest
+    # tensor a 9.4 MB convolution weight) at micro-batch 4: 19.6 MB above the resident state at 2 and 4
+    # micro-batches, 5.2 MB at 1; on the development sweep's vgg11 1F1B the model was 19 MB under without this
+    # term. The classifier stages of the linear development set (2026-12-04): 160 MB above the resident state
+    # for alexnet's (its 151 MB Linear weight), 437 MB for vgg16's (411 MB), where twice the weight had been
+    # predicted: 1,048 against 892 MB and 2,510 against 2,090 MB
     micro_batches = max((a.micro for a in order), default=0) + 1
     if micro_batches > 1:
-        peak_extra += 2 * FP32 * max((largest_weight(table, range(*bounds[k])) for k in mine), default=0)
+        peak_extra += max((accumulation_bytes(table, range(*bounds[k])) for k in mine), default=0)
     # PipelineStage allocates, once, a receive buffer per micro-batch: the input of every stage but the
     # first, the output's gradient of every stage but the last
     element = element_bytes(ctx.setting.precision)
@@ -291,10 +296,16 @@ def _stage_memory(
     )
 
 
-def largest_weight(table: ModelTable, blocks: range) -> int:
-    """Elements of the largest parameter tensor (a layer's weight) in `blocks`."""
+def accumulation_bytes(table: ModelTable, blocks: range) -> float:
+    """Bytes a later micro-batch's backward holds beside the stage's .grad while it adds a new weight gradient
+    in: a convolution's weight twice (the gradient and oneDNN's blocked buffer it is reordered from), any other
+    weight once (the new gradient); the most over the layers of `blocks`."""
     wanted = set(blocks)
     return max(
-        (elements(layer.weight_shape) for layer in table.layers if layer.block in wanted and layer.weight_shape),
+        (
+            (2 if layer.type in CONV_TYPES else 1) * FP32 * elements(layer.weight_shape)
+            for layer in table.layers
+            if layer.block in wanted and layer.weight_shape
+        ),
         default=0,
     )
