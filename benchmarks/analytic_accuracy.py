@@ -77,10 +77,11 @@ SETS = {
     "scoring-13": "scoring13_sweep.yaml",  # the thirteenth, frozen (2026-12-03) before anything was run on it (seen)
     "scoring-14": "scoring14_sweep.yaml",  # the fourteenth, frozen (2026-12-03), run on the model of c2a054d (seen)
     "scoring-15": "scoring15_sweep.yaml",  # the fifteenth, frozen (2026-12-03), run on the model of 2fcbc78 (seen)
-    "scoring-16": "scoring16_sweep.yaml",  # the sixteenth, frozen (2026-12-04) before anything was run on it
+    "scoring-16": "scoring16_sweep.yaml",  # the sixteenth, frozen (2026-12-04), run on the model of 2fcbc78 (seen)
     # Linears of 32 MiB or more (alexnet, vgg16), on configurations of the fourteenth and fifteenth sets (seen)
     "linear-development": "linear_sweep.yaml",
-    "scoring-17": "scoring17_sweep.yaml",  # the seventeenth, frozen (2026-12-04) before anything was run on it
+    "scoring-17": "scoring17_sweep.yaml",  # the seventeenth, frozen (2026-12-04), run on the model of 4eaa63c (seen)
+    "scoring-18": "scoring18_sweep.yaml",  # the eighteenth, frozen (2026-12-04) before anything was run on it
 }
 
 
