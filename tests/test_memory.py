@@ -359,8 +359,8 @@ def test_a_pipeline_stage_holds_one_new_linear_gradient_beside_its_grad_as_predi
     (67 MB each): the step's peak above the resident state holds that weight once, as the model predicts, not
     twice."""
     from ddlbench.analysis.analytic.layout import Setting
-    from ddlbench.analysis.analytic.machine_model import MachineModel
     from ddlbench.analysis.analytic.predict import predict
+    from tests.test_analytic_model import cpu_machine
 
     point = make_point(
         model="alexnet", dataset="cifar10", model_options=(), strategy="gpipe", nodes=1, ranks_per_node=2, split=2,
@@ -369,20 +369,7 @@ def test_a_pipeline_stage_holds_one_new_linear_gradient_beside_its_grad_as_predi
     record = run_point(point, out=tmp_path / "record.json", launcher="local")
     assert record.status == "ok", record.reason
     busiest = max(record.ranks, key=lambda rank: rank.tensor_peak_bytes)
-    machine = MachineModel.from_dict(
-        {
-            "name": "datasheet",
-            "source": "datasheet",
-            "device": {"kind": "cpu", "per_node": 2},
-            "compute": {
-                "matmul_flop_per_s": {"fp32": {"value": 5e10}},
-                "memory_bandwidth_bytes_per_s": {"value": 1e10},
-            },
-            "links": {"intra_node": {"alpha_s": 1e-4, "beta_s_per_byte": 1e-9}},
-            "collectives": [],
-        }
-    )
-    predicted = predict(Setting.of_point(point), machine, search_batch=False)
+    predicted = predict(Setting.of_point(point), cpu_machine(), search_batch=False)  # memory: any machine
     weight = 4 * 4096 * 4096
     assert busiest.tensor_resident_bytes == pytest.approx(predicted.resident_memory_bytes, rel=0.02)
     measured_step = busiest.tensor_peak_bytes - busiest.tensor_resident_bytes
