@@ -32,11 +32,12 @@ rank 0 stands for all. What each issues per step, as implemented (ddlbench.train
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ddlbench.analysis.analytic.compute import MAPPED_ANEW_BYTES, BlockTimes, elementwise_s, mapped_anew_bytes
 from ddlbench.analysis.analytic.layout import Context, block_params, block_tensors, elements
-from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, RankMemory, rank_memory
+from ddlbench.analysis.analytic.memory import FP32, MOMENTUM_STATES, BucketMoments, RankMemory, rank_memory
 from ddlbench.analysis.analytic.simulate import Program, Timeline
 
 FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
@@ -201,25 +202,17 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
         program.comm(0, ctx.collective_s("all_gather", b.bytes, world), deps=(update,), label=f"all_gather {k}")
     saved, grads, flowing = activation_terms(ctx, s.batch_size)
     if ctx.machine.device_kind == "cpu":
-        # gloo (ddlbench.train.strategies.sharded): a bucket's gradients are .grad until its last block's
-        # backward ends; then its buffer (their size; the gradients freed) and the rank's shard (1/p) are
-        # held to the end of backward (a launch drops only buffers whose reduce-scatter is done, which gloo's
-        # async work rarely is by then), and the collective's output temporary (1/p) while it runs: held at
-        # the end by the buckets still running then. Measured (tests/test_zero2_memory.py; the scoring sets'
-        # resnet34-152 and gpt_small-large at 1 and 2 ranks, docs/analytic.md): P·(2 + 2/p) once the
-        # activations are gone where backward outlasts the collectives, toward P·(2 + 3/p) for alexnet's
-        # 67 MB buckets at batch 2, P the parameters' bytes
         walked, launched, transient = list(grads), [0.0] * len(grads), 0.0
-        running = _in_flight_at_backward_end(ctx, times, buckets, p)
-        for b, held in zip(buckets, running, strict=True):
-            launched[b.ready_block] += b.bytes / p * (2.0 if held else 1.0)
+        for b in buckets:
+            launched[b.ready_block] += b.bytes / p  # its shard; its buffer takes its gradients' place in `walked`
+        moments = gloo_bucket_moments(ctx, times, buckets, p)
     else:
         # NCCL: a bucket's gradients are copied into its buffer and freed once it is full, the reduce-scatter
         # writes into the shard and is done by the next launch: one bucket's gradients and buffer at a time,
         # early in backward while nearly every activation is still kept. Not right yet: on one H200 at one
         # rank it predicted 66-67 % of the measured peak (docs/analytic.md: workspaces are not modelled)
         largest = max((b.bytes for b in buckets), default=0)
-        walked, launched, transient = [0.0] * len(grads), None, 2.0 * largest
+        walked, launched, moments, transient = [0.0] * len(grads), None, None, 2.0 * largest
     memory = rank_memory(
         params=table.param_bytes + table.buffer_bytes,
         grads=table.param_bytes / p,
@@ -230,34 +223,89 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
         flowing=flowing,
         extra_peak=transient,
         launched=launched,
+        moments=moments,
         detail="full parameters (one flat buffer); gradient and optimizer shards of 1/p",
     )
     what = f"{len(buckets)} reduce-scatter(s) during backward, {len(buckets)} all-gather(s) after the update"
     return StrategyRun(timeline=ctx.simulate(program), memory=memory, comm=what)
 
 
-def _in_flight_at_backward_end(ctx: Context, times: BlockTimes, buckets: list[Bucket], p: int) -> list[bool]:
-    """Whether each zero2 bucket's reduce-scatter on gloo is still running when backward ends. gloo runs a
-    group's collectives one after another on its own thread: bucket k starts when its ready block's
-    backward ends or when bucket k−1's is done, whichever is later, and takes the collective's fit (on one
-    rank gloo copies the bucket, no peer: an elementwise pass) and the first touch of its output."""
+def block_spans(times: BlockTimes) -> list[tuple[float, float]]:
+    """Each block's backward as (start, end) seconds from the start of backward, which walks the blocks in
+    reverse."""
+    spans, clock = [(0.0, 0.0)] * len(times.backward_s), 0.0
+    for k in range(len(times.backward_s) - 1, -1, -1):
+        spans[k] = (clock, clock + times.backward_s[k])
+        clock += times.backward_s[k]
+    return spans
+
+
+def gloo_schedule(ctx: Context, times: BlockTimes, buckets: list[Bucket], p: int) -> list[tuple[float, float]]:
+    """When each zero2 bucket's reduce-scatter on gloo runs, as (start, end) seconds from the start of
+    backward. gloo runs a group's collectives one after another on its own thread: bucket k starts when its
+    ready block's backward ends or when bucket k−1's is done, whichever is later, and takes the collective's
+    fit (on one rank gloo copies the bucket, no peer: an elementwise pass) and the first touch of its
+    temporary where that is mapped anew."""
     s = ctx.setting
-    total = sum(times.backward_s)
-    done, running = 0.0, []
+    spans = block_spans(times)
+    done, schedule = 0.0, []
     for bucket in buckets:
-        launched = total - sum(times.backward_s[: bucket.ready_block])  # backward walks the blocks in reverse
+        launched = spans[bucket.ready_block][1]
         if p > 1:
             seconds = ctx.collective_s("reduce_scatter", bucket.bytes, list(range(p)))
         else:
             seconds = elementwise_s(
                 ctx.machine, bucket.bytes / FP32, precision=s.precision, threads=s.threads, sharing=ctx.sharing
             )
-        # its output temporary, where large enough to be mapped anew (first touch), as the calibration's is not
-        if bucket.bytes / p >= MAPPED_ANEW_BYTES:
-            seconds += bucket.bytes / p * (ctx.machine.first_touch_s_per_byte or 0.0)
-        done = max(done, launched) + seconds
-        running.append(done > total)
-    return running
+        if bucket.bytes >= MAPPED_ANEW_BYTES:  # its temporary (the whole bucket) mapped anew: first touch
+            seconds += bucket.bytes * (ctx.machine.first_touch_s_per_byte or 0.0)
+        begin = max(done, launched)
+        done = begin + seconds
+        schedule.append((begin, done))
+    return schedule
+
+
+def gloo_bucket_moments(ctx: Context, times: BlockTimes, buckets: list[Bucket], p: int) -> BucketMoments:
+    """What zero2's buckets on gloo hold for a while (ddlbench.train.strategies.sharded.ZeroStage2Trainer):
+    - at its launch, at the end of its ready block's backward, a bucket's buffer (its size) is made and
+      filled beside its gradients, which are freed only then;
+    - gloo's reduce-scatter flattens its input into a temporary of the whole bucket (not 1/p: measured,
+      100 MiB at 1 and 2 ranks for a 100 MiB bucket, torch 2.13; its all-gather's too), made when the
+      collective starts on gloo's thread (gloo_schedule) and kept by its Work, which the trainer drops only
+      at the first launch after the collective is done (or once backward is over): held from its start to
+      then.
+    The buffers and shards themselves stay to the end of backward (rank_memory's `launched`)."""
+    n = len(times.backward_s)
+    spans = block_spans(times)
+    schedule = gloo_schedule(ctx, times, buckets, p)
+    total = spans[0][1] if n else 0.0
+    launches = [spans[b.ready_block][1] for b in buckets]
+    kept = []  # (start, dropped) of each bucket's temporary
+    for k, (begin, end) in enumerate(schedule):
+        dropped = min((t for t in launches[k + 1 :] if t >= end), default=math.inf)
+        kept.append((begin, dropped))
+
+    def alive(first: float, last: float) -> float:
+        return sum(
+            b.bytes for b, (begin, dropped) in zip(buckets, kept, strict=True) if begin < last and dropped > first
+        )
+
+    held = [alive(*spans[k]) for k in range(n)]
+    launch, passing = [0.0] * n, [0.0] * n
+    for b, at in zip(buckets, launches, strict=True):
+        k = b.ready_block
+        launch[k] = max(launch[k], b.bytes + alive(at, at))
+        passing[k] = elements(ctx.table.blocks[k].input_shape) * FP32 * ctx.setting.batch_size
+    after = sum(
+        b.bytes for b, (begin, dropped) in zip(buckets, kept, strict=True) if begin <= total and dropped > total
+    )
+    # after the update: the shards' gradients (1/p) and their clones for the all-gathers (1/p), and each
+    # all-gather's temporary of the whole bucket (measured as the reduce-scatter's), every Work kept until
+    # the last is waited on
+    bucketed = float(sum(b.bytes for b in buckets))
+    return BucketMoments(
+        held=held, launch=launch, passing=passing, after_walk=float(after), after_update=bucketed * (1 + 2 / p)
+    )
 
 
 def copy_pass_s(ctx: Context, elements: float) -> float:
@@ -278,14 +326,16 @@ def zero2_buffers_s(ctx: Context, params: int, p: int) -> float:
     """What zero2's own buffers cost a rank each step beyond its collectives' fits (ddlbench.train.strategies.
     sharded.ZeroStage2Trainer), as elementwise passes over `params` elements and first touches of memory
     mapped anew: per bucket a zero-filled buffer of its gradients (a new allocation, written), the gradients
-    copied into it and divided by the ranks (two passes), its shard (1/p, new), the reduce-scatter's output
-    temporary (1/p); after the update each shard cloned for the all-gather (1/p, new, a pass). On one rank
+    copied into it and divided by the ranks (two passes), its shard (1/p, new), the reduce-scatter's
+    temporary (the whole bucket: gloo flattens its input, gloo_bucket_moments); after the update each shard
+    cloned for the all-gather (1/p, new, a pass) and the all-gather's temporary (the whole bucket). On one rank
     gloo's reduce-scatter and all-gather copy too (no peer; the collectives' fits cost a group of one
     nothing). Counted with the update, after backward, where the copies into the buckets really run inside it.
 
     Only allocations of MAPPED_ANEW_BYTES or more are mapped anew each step; smaller ones reuse the heap
     (compute.mapped_anew_bytes). A bucket is at most bucket_cap_mb (25 MB) unless one parameter is larger
-    and has one of its own, so only such a parameter's buffers pay first touches: 1 + 3/p times its bytes.
+    and has one of its own, so only such a parameter's buffers pay first touches: 3 + 2/p times its bytes
+    (1 + 3/p until the collectives' temporaries were measured whole, 2026-12-04).
     Priced per parameter before (every byte 1 + 2/p times), zero2 − ddp on one rank came out 650 ms for
     gpt_small (its largest weight 9.4 MB) against 160 measured, 132 for resnet34 against 5, and 979 for
     vgg11 (120 M of its 133 M parameters in two layers of 411 and 67 MB) against 1,228 (the tenth and
@@ -293,7 +343,7 @@ def zero2_buffers_s(ctx: Context, params: int, p: int) -> float:
     s = ctx.setting
     one_pass = elementwise_s(ctx.machine, params, precision=s.precision, threads=s.threads, sharing=ctx.sharing)
     passes = 3 + 1 / p + (2 if p == 1 else 0)
-    touched = mapped_anew_bytes(ctx.table.layers) * (1 + 3 / p) * (ctx.machine.first_touch_s_per_byte or 0.0)
+    touched = mapped_anew_bytes(ctx.table.layers) * (3 + 2 / p) * (ctx.machine.first_touch_s_per_byte or 0.0)
     return one_pass * passes + touched
 
 

@@ -86,19 +86,44 @@ def backward_peak(
     return peak, activations
 
 
+@dataclass(frozen=True, kw_only=True)
+class BucketMoments:
+    """What buckets handed to an asynchronous collective hold for a while during a backward walk (bytes, per
+    block): `held[k]` while block k's backward runs (collectives' temporaries alive then), `launch[k]` at the
+    moment a bucket is launched at the end of block k's backward (its new buffer beside the gradients not yet
+    copied into it, and the temporaries alive then), `passing[k]` the gradient flowing out of block k then
+    (its input's), `after_walk` once the walk is over (temporaries not yet freed), `after_update` after the
+    optimizer's step, every bucket buffer and activation gone (what the shards' all-gathers hold)."""
+
+    held: Sequence[float]
+    launch: Sequence[float]
+    passing: Sequence[float]
+    after_walk: float = 0.0
+    after_update: float = 0.0
+
+
 def bucketed_backward_peak(
-    saved: Sequence[float], grads: Sequence[float], flowing: Sequence[float], launched: Sequence[float]
+    saved: Sequence[float],
+    grads: Sequence[float],
+    flowing: Sequence[float],
+    launched: Sequence[float],
+    moments: BucketMoments | None = None,
 ) -> tuple[float, float]:
     """backward_peak for gradients handed to buckets that stay alive to the end of backward (zero2 on
     gloo): launched[k] is what the buckets completed by block k's backward add on top of their
-    gradients (their buffers, the collective's output, the shards) from then on. After the walk, every
-    activation is gone and every bucket still held: that moment is a candidate for the peak too."""
+    gradients (their shards) from then on; `moments` what they hold for a while (BucketMoments): each
+    block's walk, each launch, the end of the walk (every activation gone, every bucket held) and the
+    all-gathers after the update are the candidates for the peak."""
+    n = len(saved)
+    moments = moments or BucketMoments(held=[0.0] * n, launch=[0.0] * n, passing=[0.0] * n)
     peak, produced, extra = 0.0, 0.0, 0.0
-    for k in range(len(saved) - 1, -1, -1):
+    for k in range(n - 1, -1, -1):
         produced += grads[k]
-        peak = max(peak, sum(saved[: k + 1]) + produced + extra + flowing[k])
+        peak = max(peak, sum(saved[: k + 1]) + produced + extra + flowing[k] + moments.held[k])
+        if moments.launch[k]:  # block k's activations freed, its input's gradient flowing
+            peak = max(peak, sum(saved[:k]) + produced + extra + moments.passing[k] + moments.launch[k])
         extra += launched[k]
-    return max(peak, produced + extra), float(sum(saved))
+    return max(peak, produced + extra + moments.after_walk, moments.after_update), float(sum(saved))
 
 
 def rank_memory(
@@ -113,18 +138,19 @@ def rank_memory(
     in_flight: float = 1.0,
     extra_peak: float = 0.0,
     launched: Sequence[float] | None = None,
+    moments: BucketMoments | None = None,
     after_backward: float = 0.0,
     detail: str = "",
 ) -> RankMemory:
     """A rank's memory from its parts (bytes); extra_peak: a strategy's transient on top during the backward
     walk (gathered parameters, gradient buckets in flight); `launched`: buckets kept to the end of backward
-    (bucketed_backward_peak); `after_backward`: a transient made once the walk is over, beside every
-    gradient but no activation (a flat copy of the gradients while they are reduced): the moment is a
-    candidate for the peak of its own, never added to the walk's."""
+    (bucketed_backward_peak), with their `moments`; `after_backward`: a transient
+    made once the walk is over, beside every gradient but no activation (a flat copy of the gradients while
+    they are reduced): the moment is a candidate for the peak of its own, never added to the walk's."""
     if launched is None:
         step_peak, activations = backward_peak(saved, grad_per_block, flowing, in_flight=in_flight)
     else:
-        step_peak, activations = bucketed_backward_peak(saved, grad_per_block, flowing, launched)
+        step_peak, activations = bucketed_backward_peak(saved, grad_per_block, flowing, launched, moments)
     # the walk's moment (with the strategy's transient on it) or, after it, every gradient and that copy
     transient = max(step_peak + extra_peak, float(sum(grad_per_block)) + after_backward if after_backward else 0.0)
     return RankMemory(
