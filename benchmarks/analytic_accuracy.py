@@ -81,7 +81,8 @@ SETS = {
     # Linears of 32 MiB or more (alexnet, vgg16), on configurations of the fourteenth and fifteenth sets (seen)
     "linear-development": "linear_sweep.yaml",
     "scoring-17": "scoring17_sweep.yaml",  # the seventeenth, frozen (2026-12-04), run on the model of 4eaa63c (seen)
-    "scoring-18": "scoring18_sweep.yaml",  # the eighteenth, frozen (2026-12-04) before anything was run on it
+    "scoring-18": "scoring18_sweep.yaml",  # the eighteenth, frozen (2026-12-04), run on the model of 99f0fed (seen)
+    "scoring-19": "scoring19_sweep.yaml",  # the nineteenth, frozen (2026-12-04) before anything was run on it
 }
 
 
@@ -318,9 +319,9 @@ def main() -> int:
         "--set",
         choices=tuple(SETS),
         default="development",
-        help="development, pipeline-development, tensor-development, large-development: developed on; scoring-16: "
-        "the frozen scoring set (scoring16_sweep.yaml), what the model's next accuracy is reported on; scoring to "
-        "scoring-15: earlier scoring sets (seen, or scored before the model's last change)",
+        help="development, pipeline-development, tensor-development, large-development, linear-development: "
+        "developed on; scoring-19: the frozen scoring set (scoring19_sweep.yaml), what the model's next accuracy is "
+        "reported on; scoring to scoring-18: earlier scoring sets (seen, or scored before the model's last change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     parser.add_argument(
