@@ -299,12 +299,14 @@ def gloo_bucket_moments(ctx: Context, times: BlockTimes, buckets: list[Bucket], 
     after = sum(
         b.bytes for b, (begin, dropped) in zip(buckets, kept, strict=True) if begin <= total and dropped > total
     )
-    # after the update: the shards' gradients (1/p) and their clones for the all-gathers (1/p), and each
-    # all-gather's temporary of the whole bucket (measured as the reduce-scatter's), every Work kept until
-    # the last is waited on
+    # after the update: the shards' gradients (1/p) and their clones for the all-gathers (1/p), and an
+    # all-gather's temporary of the whole bucket. Not every one of those is kept to the last wait, as the
+    # reduce-scatters' are: four 25 MiB buckets all-gathered at once, waited at the end, held 2 (one rank) and
+    # 3 (two ranks) temporaries at their most, four reduce-scattered all 4; the largest bucket's is counted
     bucketed = float(sum(b.bytes for b in buckets))
+    largest = float(max((b.bytes for b in buckets), default=0))
     return BucketMoments(
-        held=held, launch=launch, passing=passing, after_walk=float(after), after_update=bucketed * (1 + 2 / p)
+        held=held, launch=launch, passing=passing, after_walk=float(after), after_update=bucketed * 2 / p + largest
     )
 
 
