@@ -82,7 +82,7 @@ SETS = {
     "linear-development": "linear_sweep.yaml",
     "scoring-17": "scoring17_sweep.yaml",  # the seventeenth, frozen (2026-12-04), run on the model of 4eaa63c (seen)
     "scoring-18": "scoring18_sweep.yaml",  # the eighteenth, frozen (2026-12-04), run on the model of 99f0fed (seen)
-    "scoring-19": "scoring19_sweep.yaml",  # the nineteenth, frozen (2026-12-04) before anything was run on it
+    "scoring-19": "scoring19_sweep.yaml",  # the nineteenth, frozen (2026-12-04), run on the model of 820e691 (seen)
 }
 
 
@@ -320,8 +320,8 @@ def main() -> int:
         choices=tuple(SETS),
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development: "
-        "developed on; scoring-19: the frozen scoring set (scoring19_sweep.yaml), what the model's next accuracy is "
-        "reported on; scoring to scoring-18: earlier scoring sets (seen, or scored before the model's last change)",
+        "developed on; scoring to scoring-19: the scoring sets, each frozen before the change it scored and seen since "
+        "(the next change needs a new one, frozen before it is tried)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     parser.add_argument(
