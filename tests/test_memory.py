@@ -351,6 +351,22 @@ def test_sharding_saves_what_it_predicts(tmp_path):
     assert fsdp.tensor_resident_bytes == pytest.approx(1.5 * params, rel=0.05)
 
 
+def _gpipe_measured_and_predicted(tmp_path, *, model: str, dataset: str, steps: int):
+    """A real GPipe run of `model` over two ranks and two micro-batches of one sample each, and the analytic
+    model's prediction of it (memory: any machine will do, so the test's datasheet CPU)."""
+    from ddlbench.analysis.analytic.layout import Setting
+    from ddlbench.analysis.analytic.predict import predict
+    from tests.test_analytic_model import cpu_machine
+
+    point = make_point(
+        model=model, dataset=dataset, model_options=(), strategy="gpipe", nodes=1, ranks_per_node=2, split=2,
+        micro_batches=2, batch_size=2, warmup_steps=2, steps=steps,
+    )  # fmt: skip
+    record = run_point(point, out=tmp_path / "record.json", launcher="local")
+    assert record.status == "ok", record.reason
+    return record, predict(Setting.of_point(point), cpu_machine(), search_batch=False)
+
+
 @pytest.mark.slow
 def test_a_pipeline_stage_holds_one_new_linear_gradient_beside_its_grad_as_predicted(tmp_path):
     """GPipe over two micro-batches: the second micro-batch's backward computes each weight gradient anew and
@@ -358,18 +374,8 @@ def test_a_pipeline_stage_holds_one_new_linear_gradient_beside_its_grad_as_predi
     twice: oneDNN's blocked buffer too). alexnet's classifier stage on CIFAR-10 holds two 4,096 → 4,096 Linears
     (67 MB each): the step's peak above the resident state holds that weight once, as the model predicts, not
     twice."""
-    from ddlbench.analysis.analytic.layout import Setting
-    from ddlbench.analysis.analytic.predict import predict
-    from tests.test_analytic_model import cpu_machine
-
-    point = make_point(
-        model="alexnet", dataset="cifar10", model_options=(), strategy="gpipe", nodes=1, ranks_per_node=2, split=2,
-        micro_batches=2, batch_size=2, warmup_steps=2, steps=2,
-    )  # fmt: skip
-    record = run_point(point, out=tmp_path / "record.json", launcher="local")
-    assert record.status == "ok", record.reason
+    record, predicted = _gpipe_measured_and_predicted(tmp_path, model="alexnet", dataset="cifar10", steps=2)
     busiest = max(record.ranks, key=lambda rank: rank.tensor_peak_bytes)
-    predicted = predict(Setting.of_point(point), cpu_machine(), search_batch=False)  # memory: any machine
     weight = 4 * 4096 * 4096
     assert busiest.tensor_resident_bytes == pytest.approx(predicted.resident_memory_bytes, rel=0.02)
     measured_step = busiest.tensor_peak_bytes - busiest.tensor_resident_bytes
@@ -387,20 +393,10 @@ def test_a_pipelines_last_stage_holds_each_micro_batchs_logits_twice_as_predicte
     beside the log-softmax the loss keeps: both micro-batches' logits twice each, 824 MB, at the step's peak.
     Data parallelism frees the logits once the loss has its log-softmax; a model that counted the pipeline's
     the same way predicted 0.69-0.72 of gpt_tiny's and gpt_nano's measured peaks."""
-    from ddlbench.analysis.analytic.layout import Setting
-    from ddlbench.analysis.analytic.predict import predict
-    from tests.test_analytic_model import cpu_machine
-
-    point = make_point(
-        model="gpt_nano", dataset="tokens", model_options=(), strategy="gpipe", nodes=1, ranks_per_node=2, split=2,
-        micro_batches=2, batch_size=2, warmup_steps=2, steps=1,
-    )  # fmt: skip
-    record = run_point(point, out=tmp_path / "record.json", launcher="local")
-    assert record.status == "ok", record.reason
+    record, predicted = _gpipe_measured_and_predicted(tmp_path, model="gpt_nano", dataset="tokens", steps=1)
     last = max(record.ranks, key=lambda rank: rank.rank)
     logits = 1024 * 50257 * 4  # one sample's
     assert last.tensor_peak_bytes - last.tensor_resident_bytes > 4 * logits  # twice each of two micro-batches
-    predicted = predict(Setting.of_point(point), cpu_machine(), search_batch=False)  # memory: any machine
     # the rest is the block-by-block walk's slack: the gradients flowing beside the logits' (a fifth of a
     # sample's logits here); without the forward cache's copy the model is 2 × 206 MB under
     assert abs(predicted.peak_memory_bytes - last.tensor_peak_bytes) < logits / 2, (
