@@ -83,6 +83,7 @@ SETS = {
     "scoring-17": "scoring17_sweep.yaml",  # the seventeenth, frozen (2026-12-04), run on the model of 4eaa63c (seen)
     "scoring-18": "scoring18_sweep.yaml",  # the eighteenth, frozen (2026-12-04), run on the model of 99f0fed (seen)
     "scoring-19": "scoring19_sweep.yaml",  # the nineteenth, frozen (2026-12-04), run on the model of 820e691 (seen)
+    "scoring-20": "scoring20_sweep.yaml",  # the twentieth, frozen (2026-12-04) before any change after 242a0b5
 }
 
 
@@ -320,8 +321,8 @@ def main() -> int:
         choices=tuple(SETS),
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development: "
-        "developed on; scoring to scoring-19: the scoring sets, each frozen before the change it scored and seen since "
-        "(the next change needs a new one, frozen before it is tried)",
+        "developed on; scoring to scoring-19: the scoring sets, each frozen before the change it scored and seen since; "
+        "scoring-20: frozen, not yet run (run it once, on the change it was frozen for)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     parser.add_argument(
