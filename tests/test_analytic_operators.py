@@ -442,6 +442,23 @@ def test_collectives_cost_what_a_call_costs_inside_a_step_and_one_hosts_layouts_
     assert _machine([plain], hosts=1).collective("all_reduce", ranks=2, nodes=1).time_s(1e6) == pytest.approx(1.1e-3)
 
 
+def test_the_wait_per_compute_is_not_drawn_on_past_the_bursts_the_busy_fit_saw():
+    """κ was fitted on calls after 0.5 and 4 ms of compute: a call after a layer's 270 ms backward waits what
+    one after 4 ms did, not 67 times as much (vgg11's spatial halves measured 20-73 ms of waiting in all where
+    κ·X drawn on gave 550 ms). Pooled layouts keep the longer of their bursts; a fit without a curve (an older
+    file) keeps the line."""
+    curve = [{"bytes": 1024, "burst_s": burst, "mean_s": 1e-3, "n": 30} for burst in (5.2e-4, 4.1e-3)]
+    entries = [_collective("1x2", 1e-3), _collective("2x1", 3e-3)]
+    entries[0]["busy"]["curve"] = curve
+    entries[1]["busy"]["curve"] = [row | {"burst_s": row["burst_s"] / 2} for row in curve]
+    cost = _machine(entries, hosts=1).collective("all_reduce", ranks=2, nodes=1)
+    base = 2e-3 + 2e-9 * 1e6
+    assert cost.time_s(1e6, after_s=0.002) == pytest.approx(base + 0.1 * 0.002)  # within the bursts: the line
+    assert cost.time_s(1e6, after_s=0.27) == pytest.approx(base + 0.1 * 4.1e-3)  # past them: the longest's wait
+    older = _machine([_collective("1x2", 1e-3)], hosts=1).collective("all_reduce", ranks=2, nodes=1)
+    assert older.time_s(1e6, after_s=0.27) == pytest.approx(1e-3 + 2e-3 + 0.1 * 0.27)
+
+
 @pytest.mark.parametrize(
     ("extent", "parts", "kernel", "stride", "padding"),
     [(32, 2, 3, 1, 1), (32, 2, 3, 2, 1), (32, 2, 1, 2, 0), (16, 4, 3, 1, 1), (32, 2, 2, 2, 0), (28, 2, 5, 1, 2)],

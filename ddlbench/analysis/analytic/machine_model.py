@@ -82,12 +82,20 @@ class CollectiveCost:
     beta_s_per_byte: float  # per byte of S (s/B)
     source: str  # "measured <op> p=…", "ring from <op> p=…", "ring from link <name>"
     wait_per_compute_s: float = 0.0  # busy fits: seconds waited per second the rank computed before the call
+    # the longest compute before a call that the busy fit saw (the calibration's bursts: 0.5 and 4 ms); the wait
+    # is κ·min(X, this): what the fit measured, not a line drawn on to a layer's backward 100 times as long
+    wait_burst_max_s: float = math.inf
 
     def time_s(self, nbytes: float, *, after_s: float = 0.0) -> float:
-        """Seconds of one call on S = `nbytes`, `after_s` seconds of the rank's compute after its last one."""
+        """Seconds of one call on S = `nbytes`, `after_s` seconds of the rank's compute after its last one:
+        α + β·S + κ·min(after_s, the longest burst the busy fit saw). The wait is not drawn on past the bursts
+        timed (4 ms): a peer's lateness after equal work does not grow without bound with the work (vgg11's
+        spatial halves on 3×512² at batch 2, 16 exchanges after 10-270 ms of compute each, waited 20-73 ms in
+        all where κ·X drawn on gave 550 ms: docs/analytic.md, "A peer's lateness, drawn on")."""
         if self.ranks <= 1 or nbytes <= 0:
             return 0.0
-        return self.alpha_s + self.beta_s_per_byte * nbytes + self.wait_per_compute_s * after_s
+        wait = self.wait_per_compute_s * min(after_s, self.wait_burst_max_s)
+        return self.alpha_s + self.beta_s_per_byte * nbytes + wait
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,9 +174,17 @@ def _busy_or_barrier(entry: Mapping[str, Any]) -> Mapping[str, Any]:
         "alpha_s": busy["alpha_s"],
         "beta_s_per_byte": busy["beta_s_per_byte"],
         "wait_per_compute_s": busy.get("wait_per_compute_s", 0.0),
+        "wait_burst_max_s": max((float(row["burst_s"]) for row in busy.get("curve") or ()), default=None),
         "clamped": None,
         "mode": " (busy)",
     }
+
+
+def _burst_max(fit: Mapping[str, Any]) -> float:
+    """The longest compute before a call that a busy fit saw (its curve's bursts); unbounded for a fit after a
+    barrier, whose κ is 0."""
+    value = fit.get("wait_burst_max_s")
+    return float(value) if value is not None else math.inf
 
 
 def _pooled_on_one_host(fits: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -188,6 +204,9 @@ def _pooled_on_one_host(fits: list[Mapping[str, Any]]) -> list[Mapping[str, Any]
             key: sum(float(other.get(key) or 0.0) for other in same) / len(same)
             for key in ("alpha_s", "beta_s_per_byte", "wait_per_compute_s")
         }
+        bursts = [float(other["wait_burst_max_s"]) for other in same if other.get("wait_burst_max_s") is not None]
+        if bursts:
+            mean["wait_burst_max_s"] = max(bursts)
         out.append({**c, **mean, "mode": f"{c.get('mode', '')} (mean of {len(same)} layouts on one host)"})
     return out
 
@@ -435,6 +454,7 @@ class MachineModel:
                     alpha_s=float(c["alpha_s"]),
                     beta_s_per_byte=float(c["beta_s_per_byte"]),
                     wait_per_compute_s=float(c.get("wait_per_compute_s") or 0.0),
+                    wait_burst_max_s=_burst_max(c),
                     source=f"measured {c.get('library')} {op} p={ranks} n={nodes}{c.get('mode', '')}"
                     + (" (its fit resolved no bandwidth: size-independent)" if c.get("clamped") == "beta" else ""),
                 )
@@ -452,6 +472,7 @@ class MachineModel:
                 alpha_s=ring_steps(op, ranks) * alpha_step,
                 beta_s_per_byte=bus_share(op, ranks) * beta_bus,
                 wait_per_compute_s=float(c.get("wait_per_compute_s") or 0.0),
+                wait_burst_max_s=_burst_max(c),
                 source=f"ring from measured {c.get('library')} {op} p={p0} n={c.get('nodes')}{c.get('mode', '')}",
             )
         chosen = self.links.get(link) or self.links.get("intra_node") or self.links.get("inter_node")
