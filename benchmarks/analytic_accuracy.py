@@ -324,11 +324,17 @@ def main() -> int:
         choices=tuple(SETS),
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development, "
-        "allocator-development: "
-        "developed on; scoring to scoring-19: the scoring sets, each frozen before the change it scored and seen since; "
+        "allocator-development: developed on; scoring to scoring-19: the scoring sets, each frozen before the change "
+        "it scored and seen since; "
         "scoring-20: frozen, not yet run (run it once, on the change it was frozen for)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
+    parser.add_argument(
+        "--host-allocator",
+        choices=("retain", "system"),
+        help="the ranks' host allocator, for the calibration and the sweep alike (the sweep key host_allocator); "
+        "default: what the results folder ran with, or retain for a new one",
+    )
     parser.add_argument(
         "--no-second-calibration",
         action="store_true",
@@ -352,10 +358,19 @@ def main() -> int:
         sweep["results_dir"] = str(args.results_dir.resolve())
     results = REPO / sweep["results_dir"] / sweep["name"]
     results.mkdir(parents=True, exist_ok=True)
-    if args.results_dir is not None:  # the suite as run, kept beside its results
-        suite = yaml.safe_load(calibration.read_text()) | {"results_dir": sweep["results_dir"]}
-        calibration = results / "calibration-suite.yaml"
-        calibration.write_text(yaml.safe_dump(suite))
+    # the ranks' host allocator, the calibration's and the sweep's alike: as asked; else the one a results folder
+    # already ran with (a run from before the key: glibc's defaults, "system"), so that a report made again finds
+    # its points' ids; else retain (docs/analytic.md, "The host allocator")
+    ran = results / "sweep-run.yaml"
+    allocator = args.host_allocator or (
+        (yaml.safe_load(ran.read_text()) or {}).get("host_allocator", "system") if ran.exists() else "retain"
+    )
+    sweep["host_allocator"] = allocator
+    print(f"host allocator: {allocator}", flush=True)
+    # the suite as run, kept beside its results
+    suite = yaml.safe_load(calibration.read_text()) | {"results_dir": sweep["results_dir"], "host_allocator": allocator}
+    calibration = results / "calibration-suite.yaml"
+    calibration.write_text(yaml.safe_dump(suite))
     machine = args.machine or results / "machine.yaml"
     if args.machine is None and not (args.report_only and machine.exists()):
         run(

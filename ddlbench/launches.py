@@ -12,7 +12,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # what the launcher and the ranks' process group are made of: the same in every point of a group
-LAYOUT = ("nodes", "ranks_per_node", "threads", "loader_workers", "oversubscribe", "node", "share_gpus")
+# (and the host allocator: its variables are read once, as each rank's process starts)
+LAYOUT = (
+    "nodes",
+    "ranks_per_node",
+    "threads",
+    "loader_workers",
+    "oversubscribe",
+    "node",
+    "share_gpus",
+    "host_allocator",
+)
 
 
 @dataclass(frozen=True, kw_only=True)

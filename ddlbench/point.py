@@ -62,6 +62,10 @@ class Point:
     # with deterministic kernels and records checksums (ddlbench.train.replay): the silent-data-corruption
     # check of certification, which names a GPU whose checksums differ from the others'. 0: no replay
     replay_steps: int = 0
+    # the host allocator's policy for the ranks' processes (ddlbench.launch.command.allocator_env): "retain" tells
+    # glibc to keep what it frees, "system" leaves the environment's allocator as it is (what every point ran
+    # before the field existed)
+    host_allocator: str = "system"
 
     @property
     def world_size(self) -> int:
@@ -160,6 +164,7 @@ _OMITTED_AT_DEFAULT: dict[str, Any] = {
     "node": "",
     "share_gpus": False,
     "replay_steps": 0,
+    "host_allocator": "system",
 }
 
 

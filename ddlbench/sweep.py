@@ -57,6 +57,7 @@ def expand_sweep(config: SweepConfig) -> Plan:
                 "data_path": data.get(values["dataset"], ""),
                 "oversubscribe": config.oversubscribe,
                 "share_gpus": config.share_gpus,
+                "host_allocator": config.host_allocator,
                 "trace_steps": min(config.trace_steps, config.steps),
                 "replay_steps": config.replay_steps,
             }

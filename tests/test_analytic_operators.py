@@ -137,6 +137,61 @@ def test_a_conv_fit_finds_where_wide_weights_cost_more_and_predicts_wide_shapes_
     assert np.quantile(errors(fit_kind("conv2d", "backward", samples), 1, unseen), 0.9) > 0.5
 
 
+def _blocked_conv_law(call: OpCall, batch: int) -> tuple[float, float]:
+    """_conv_law with its FLOPs paid on channels rounded up to blocks of 16 (oneDNN's nChw16c on AVX-512; a first
+    layer's 3 input channels read unblocked): 24 channels cost what 32 do."""
+
+    def blocked(channels: int) -> int:
+        return -(-channels // 16) * 16
+
+    c_in = blocked(call.in_channels) if call.input_grad else call.in_channels
+    padded = OpCall(
+        kind=call.kind,
+        in_channels=c_in,
+        out_channels=blocked(call.out_channels),
+        in_pixels=call.in_pixels,
+        out_pixels=call.out_pixels,
+        kernel_elements=call.kernel_elements,
+        input_grad=call.input_grad,
+    )
+    return _conv_law(padded, batch)  # the blocked tensors' traffic too: a block is stored whole
+
+
+def test_a_conv_fit_finds_the_channel_blocks_and_predicts_a_residual_stage_it_never_timed(monkeypatch):
+    """The calibration draws channels in multiples of 8, and a half of those in multiples of 4 (24, 40, 12: a
+    block of 16 left part empty); on a law that pays for whole blocks, the fit takes lanes 16 and predicts the
+    3×3 convolutions of CIFAR's ResNets on large maps (16-64 channels, whole blocks), which the same regressors
+    without lanes over-predict, their F/C terms reading 16 channels as slow."""
+    from ddlbench.analysis.analytic import operators
+
+    drawn = [s for s in sample_shapes(seed=0, per_kind=40, max_flop=1.5e9, max_elements=2**23) if s.kind == "conv2d"]
+    assert sum(s.in_channels % 16 != 0 and s.in_channels != 3 for s in drawn) >= 20  # part-empty blocks drawn
+    samples = _timed(drawn, _blocked_conv_law, noise=0.05, seed=1)
+    stage = [(16, 224, 2), (32, 112, 2), (64, 56, 2), (16, 512, 2), (32, 32, 32), (64, 16, 64)]
+
+    def worst(fit, index) -> float:
+        out = []
+        for channels, side, batch in stage:
+            call = OpCall(
+                kind="conv2d",
+                in_channels=channels,
+                out_channels=channels,
+                in_pixels=side * side,
+                out_pixels=side * side,
+                kernel_elements=9,
+            )
+            truth = _blocked_conv_law(call, batch)[index]
+            out.append(abs(fit.seconds(call, batch) - truth) / truth)
+        return max(out)
+
+    for direction, index in (("forward", 0), ("backward", 1)):
+        fit = fit_kind("conv2d", direction, samples)
+        assert fit.lanes == 16, direction
+        assert worst(fit, index) < 0.1, direction
+    monkeypatch.setattr(operators, "LANED", ())
+    assert max(worst(fit_kind("conv2d", d, samples), i) for d, i in (("forward", 0), ("backward", 1))) > 0.2
+
+
 def _two_kernel_law(call: OpCall, batch: int) -> tuple[float, float]:
     """_conv_law where oneDNN runs the call; where torch's own kernel does (native_path, one thread), a GEMM
     that pays a tenth of oneDNN's fixed cost and runs its FLOPs at 0.6× the time: the two codes a CPU

@@ -94,6 +94,7 @@ def expand_suite(data: dict[str, Any]) -> tuple[CalibrationPoint, ...]:
         iterations=data["iterations"],
         timeout_s=float(data["timeout_s"]),
         oversubscribe=data["oversubscribe"],
+        host_allocator=data["host_allocator"],
     )
     points = []
     if data["matmul_sizes"] or data["conv_shapes"] or data["memory_bytes"]:

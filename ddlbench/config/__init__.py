@@ -75,6 +75,7 @@ class SweepConfig:
     oversubscribe: bool = False
     alone: bool = False  # locally, one point at a time: none shares the host with another (preflight)
     share_gpus: bool = False
+    host_allocator: str = "system"  # system | retain: the ranks' host allocator (ddlbench.launch.command)
     trace_steps: int = 0
     replay_steps: int = 0
     predicted_misfits: str = "run"  # run | skip: points predicted not to fit or finish (analysis.analytic.foresight)
@@ -112,6 +113,8 @@ class SweepConfig:
             del data["replay_steps"]  # likewise
         if self.predicted_misfits == "run":
             del data["predicted_misfits"]  # likewise
+        if self.host_allocator == "system":
+            del data["host_allocator"]  # likewise
         for key in AXES:
             data[key] = list(data[key])
         return data
@@ -188,6 +191,7 @@ def sweep_config_from_mapping(raw: object) -> SweepConfig:
         oversubscribe=data["oversubscribe"],
         alone=data["alone"],
         share_gpus=data["share_gpus"],
+        host_allocator=data["host_allocator"],
         trace_steps=data["trace_steps"],
         replay_steps=data["replay_steps"],
         predicted_misfits=data["predicted_misfits"],

@@ -1,8 +1,10 @@
-"""What every launcher starts: the worker command of a point's ranks, and their thread variables."""
+"""What every launcher starts: the worker command of a point's ranks, and their process's variables (threads,
+host allocator)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from ddlbench.point import Point
@@ -30,3 +32,29 @@ def worker_command(point: Point, rank_dir: Path, dump_params: Path | None, group
 def thread_env(point: Point) -> dict[str, str]:
     # OpenMP and MKL size their pools from these before torch.set_num_threads runs
     return {"OMP_NUM_THREADS": str(point.threads), "MKL_NUM_THREADS": str(point.threads)}
+
+
+# glibc told to keep what it frees (the sweep key `host_allocator: retain`): no tensor below 4 GiB is mapped anew
+# (glibc's default maps every block of 32 MiB or more, and each of its pages faults at first touch, each time it
+# is allocated), the top of the heap is never handed back, and the heap grows 1 GiB at a time. Read by glibc once,
+# as the process starts: a launcher sets them, the worker cannot.
+RETAIN_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": "4294967296",
+    "MALLOC_TRIM_THRESHOLD_": "68719476736",
+    "MALLOC_TOP_PAD_": "1073741824",
+}
+HOST_ALLOCATORS = ("retain", "system")
+
+
+def allocator_env(point: Point, environ: Mapping[str, str]) -> dict[str, str]:
+    """The allocator variables a point's ranks start with beyond `environ`: for `retain` each of RETAIN_ENV that
+    `environ` does not set already (a site's or a user's own setting stands, and the rank records it); for
+    `system` (and a calibration point without the field) none."""
+    if getattr(point, "host_allocator", "system") != "retain":
+        return {}
+    return {name: value for name, value in RETAIN_ENV.items() if not environ.get(name)}
+
+
+def process_env(point: Point, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a launcher adds to `environ` for the point's ranks' processes: thread counts and host allocator."""
+    return thread_env(point) | allocator_env(point, environ)

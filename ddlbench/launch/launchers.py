@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ddlbench.errors import DdlbenchError
-from ddlbench.launch.command import thread_env, worker_command
+from ddlbench.launch.command import process_env, worker_command
 from ddlbench.launch.cores import PIN_VAR, CoreGrant, check_cores, claimed_cores, grant_for, rank_cpus
 from ddlbench.launch.mpi import MpirunLauncher, find_mpirun
 from ddlbench.launch.patience import OutageOver, current_patience, is_transient, keep_trying
@@ -88,7 +88,7 @@ class LocalLauncher:
                 **pin,
                 **os.environ,
                 **network,
-                **thread_env(point),
+                **process_env(point, os.environ),
                 "RANK": str(rank),
                 "WORLD_SIZE": str(point.world_size),
                 # every "node" is this host, so the device index is the rank among all ranks here
@@ -222,9 +222,10 @@ class SrunLauncher:
     def launch(
         self, point: Point, *, rank_dir: Path, dump_params: Path | None, timeout_s: float, group: Path | None = None
     ) -> LaunchOutcome:
+        stepped = {key: value for key, value in step_environment(self.environ).items() if key != GPU_BIND_VAR}
         env = {
-            **{key: value for key, value in step_environment(self.environ).items() if key != GPU_BIND_VAR},
-            **thread_env(point),
+            **stepped,
+            **process_env(point, stepped),
             **self.rendezvous_env(),
             **self.step_env(point),
         }

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from ddlbench.errors import DdlbenchError
-from ddlbench.launch.command import thread_env, worker_command
+from ddlbench.launch.command import RETAIN_ENV, process_env, worker_command
 from ddlbench.launch.cores import (
     PIN_BY_LOCAL_RANK_VAR,
     PIN_VAR,
@@ -236,7 +236,8 @@ class MpirunLauncher:
         group: Path | None = None,
     ) -> list[str]:
         """The mpirun command of `plan`, naming for Open MPI the variables of `env` its ranks need."""
-        passed_on = (*_PASSED_ON, *_SET_FOR_RANKS, *thread_env(point), *NETWORK_ENV_NAMES)
+        # the retaining allocator's variables, whoever set them: glibc reads them as each remote rank starts
+        passed_on = (*_PASSED_ON, *_SET_FOR_RANKS, *process_env(point, {}), *RETAIN_ENV, *NETWORK_ENV_NAMES)
         exported = tuple(sorted(name for name in env if name.startswith("DDLBENCH_") or name in passed_on))
         return mpirun_command(
             plan.flavour,
@@ -251,7 +252,7 @@ class MpirunLauncher:
     def rank_environment(self, point: Point, claimed: tuple[int, ...] | None) -> dict[str, str]:
         env = {key: value for key, value in self.environ.items() if key not in (PIN_VAR, PIN_BY_LOCAL_RANK_VAR)}
         env |= launch_settings(self.environ).rank_env()  # the site's network variables
-        env |= thread_env(point) | {
+        env |= process_env(point, env) | {
             MPI_VAR: "1",
             # ranks per host as mpirun is told to place them: the worker maps local ranks to GPUs by it
             # (a caller's own LOCAL_WORLD_SIZE, from torchrun say, must not reach the ranks), and each

@@ -323,6 +323,9 @@ class MachineModel:
     # CPU: seconds per byte of memory the host maps and zeroes on first use (ddlbench.train.calibration.kernels,
     # _first_touch); None where not measured (a GPU, a datasheet, an older machine file): no such term
     first_touch_s_per_byte: float | None = None
+    # the ranks' host allocator the calibration ran with (its suite's `host_allocator`: retain, system, mixed);
+    # None for a file from before the key (its ranks had the environment's allocator, glibc's defaults unless set)
+    host_allocator: str | None = None
 
     @classmethod
     def from_file(cls, path: Path) -> MachineModel:
@@ -355,6 +358,7 @@ class MachineModel:
             cuda_memory=CudaMemoryTerms.from_dict(data.get("cuda_memory")),
             cuda_host=CudaHostTerms.from_dict(data.get("cuda_host")),
             first_touch_s_per_byte=_figure(compute.get("first_touch_s_per_byte")),
+            host_allocator=str(data["host_allocator"]) if data.get("host_allocator") else None,
         )
 
     # compute ------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ its layers' errors weighted by their time, and the many small draws had set the 
     conv2d, linear, depthwise_conv2d:
                      t = c0 + c0'·[N > 1] + c1·F + c2·F/C_in + c3·F/C_out + c4·F/P_out + c5·F/N
                          + c6·E_in + c7·E_out + c8·W + [W > K]·(c9·W + c10·F)   (K: conv2d's knot)
+                         + c11·F·(⌈C_in⌉_L·⌈C_out⌉_L / (C_in·C_out) − 1)   (L: conv2d's lanes)
     elementwise:     t = c0 + c1·E_in + c2·E_out + c3·N·C + c4·C
     layer_norm, gelu, embedding:  the same + c5·W (an embedding's table: its backward writes a gradient as large)
     attention:       t = c0 + c0'·[N > 1] + c1·F + c2·F/T + c3·E_in + c4·E_out,  F = 4·N·T²·C
@@ -27,11 +28,15 @@ E elements of the input and output, W weight elements. Each F/x term is an effic
 shrinks (a vector lane, a blocked tile or a batch loop left part empty); the E and W terms are the
 traffic of reading and writing them; c0 the call; K a weight size past which each weight and FLOP cost
 more (a convolution's weights outgrowing a cache), one of KNOTS or none, whichever fits the calibration's
-shapes best (its wide draws reach past it). A is what the pass allocates (forward its output, backward its
-input's gradient), K_A a size past which each of its elements costs more: a fresh allocation of 32 MiB or
-more is mapped anew and every page faults on first touch (glibc's mmap threshold; PAGE_KNOTS), one of
-PAGE_KNOTS or none, chosen the same way for the kinds whose calibration draws large maps (none for the others:
-a zero regressor). A layer is then the sum of its calls. Kinds:
+shapes best (its wide draws reach past it). ⌈C⌉_L is C rounded up to a multiple of L, the fp32 lanes of the
+vector unit whose blocks oneDNN lays channels out in (nChw16c on AVX-512, nChw8c on AVX2): a convolution of 24
+channels pays for 32 (at 224² and batch 2 here, 24 → 24 channels ran at 83 GFLOP/s where 16 → 16 ran at 114 and
+48 → 48 at 170); L one of LANES or none, whichever fits the calibration's shapes best, as the knot (a first
+layer's 3 input channels are read unblocked: its output's alone are rounded). A is what the pass allocates
+(forward its output, backward its input's gradient), K_A a size past which each of its elements costs more: a
+fresh allocation of 32 MiB or more is mapped anew and every page faults on first touch (glibc's mmap threshold;
+PAGE_KNOTS), one of PAGE_KNOTS or none, chosen the same way for the kinds whose calibration draws large maps (none
+for the others: a zero regressor). A layer is then the sum of its calls. Kinds:
 conv2d, batch_norm2d, relu, max_pool2d (every 2-D pool), linear, add (a residual sum: binary
 elementwise, also what a copy of a tensor costs within a factor of 1.5), slab_batch_norm2d (spatial
 parallelism's batch norm, its statistics in plain tensor operations: several times a fused one), and
@@ -114,6 +119,10 @@ class OpCall:
 KNOTS = (2.0**20, 2.0**21, 2.0**22, 2.0**23, 2.0**24)
 KNOT_SAMPLES = LARGE_LEAST  # the calibration draws at least as many large maps (operator_shapes.large_count)
 KNOTTED = ("conv2d",)  # the kinds whose calibration draws wide shapes (operator_shapes.WIDE_CONV_SHARE)
+# fp32 lanes of a vector register (AVX2: 8, AVX-512: 16), the channel blocks of oneDNN's layouts: one of them, or
+# none, is a conv2d fit's `lanes` (the calibration draws channels in multiples of 8, so both kinds of shape occur)
+LANES = (8, 16)
+LANED = ("conv2d",)
 # elements of the tensor a pass allocates (forward: its output; backward: its input's gradient) past which each
 # of them costs more: the pages of a fresh allocation of 32 MiB or more (glibc's largest mmap threshold, where
 # PyTorch's CPU allocator gets its memory) are mapped anew at every allocation and fault on first touch, 2-3 ns
@@ -139,7 +148,7 @@ def allocated_elements(call: OpCall, batch: float, direction: str) -> float:
     return n * call.in_channels * call.in_pixels if call.input_grad else 0.0
 
 
-WEIGHTED_TERMS = 12  # a weighted kind's regressors per kernel (_basis: oneDNN's, then torch's own)
+WEIGHTED_TERMS = 13  # a weighted kind's regressors per kernel (_basis: oneDNN's, then torch's own)
 
 
 def native_path(call: OpCall, batch: float, threads: int) -> bool:
@@ -161,17 +170,37 @@ def native_path(call: OpCall, batch: float, threads: int) -> bool:
 
 
 def basis(
-    call: OpCall, batch: float, direction: str, knot: float = 0.0, page_knot: float = 0.0, threads: int = 1
+    call: OpCall,
+    batch: float,
+    direction: str,
+    knot: float = 0.0,
+    page_knot: float = 0.0,
+    threads: int = 1,
+    lanes: int = 0,
 ) -> list[float]:
     """The regressors of the module docstring for one call at `batch` samples (a weighted kind's two before
     the last: its weights and FLOPs where its weights exceed `knot` elements, 0 without a knot; every kind's
     last: the elements it allocates where they exceed `page_knot`, 0 without one). `threads`: the fit's
-    threads per rank, which choose a convolution's kernel (native_path)."""
+    threads per rank, which choose a convolution's kernel (native_path); `lanes`: the channel block a weighted
+    kind's padding regressor rounds to (0: none, the regressor 0)."""
     allocated = allocated_elements(call, batch, direction)
-    return [*_basis(call, batch, direction, knot, threads), allocated if 0 < page_knot < allocated else 0.0]
+    return [*_basis(call, batch, direction, knot, threads, lanes), allocated if 0 < page_knot < allocated else 0.0]
 
 
-def _basis(call: OpCall, batch: float, direction: str, knot: float, threads: int) -> list[float]:
+def padding_share(call: OpCall, lanes: int) -> float:
+    """The share of a convolution's multiply-adds its channel blocks add: ⌈C_in⌉·⌈C_out⌉ / (C_in·C_out) − 1, each
+    rounded up to a multiple of `lanes` (a first layer's input, read unblocked, not rounded); 0 without lanes."""
+    if lanes <= 0:
+        return 0.0
+
+    def blocked(channels: int) -> int:
+        return -(-channels // lanes) * lanes
+
+    c_in = blocked(call.in_channels) if call.input_grad else call.in_channels
+    return c_in * blocked(call.out_channels) / (call.in_channels * call.out_channels) - 1.0
+
+
+def _basis(call: OpCall, batch: float, direction: str, knot: float, threads: int, lanes: int = 0) -> list[float]:
     n = batch * call.rows
     e_in = n * call.in_channels * call.in_pixels
     e_out = n * call.out_channels * call.out_pixels
@@ -194,6 +223,7 @@ def _basis(call: OpCall, batch: float, direction: str, knot: float, threads: int
             float(weights),
             above * weights,
             above * flop,
+            flop * padding_share(call, lanes),
         ]
         # torch's own kernel (native_path; conv2d only) is another code: the same terms, fitted apart (the
         # second WEIGHTED_TERMS regressors; 0 for every other call)
@@ -222,11 +252,13 @@ class OpFit:
     knot: float = 0.0  # weight elements past which the two regressors before the last count (0: none; KNOTS)
     page_knot: float = 0.0  # allocated elements past which the last regressor counts (0: none; PAGE_KNOTS)
     threads: int = 1  # per rank, as the calibration timed it (a convolution's kernel depends on it)
+    lanes: int = 0  # the channel block the padding regressor rounds to (0: none; LANES)
 
     def seconds(self, call: OpCall, batch: float, *, allocates: bool = True) -> float:
         """`allocates=False`: the pass writes into memory already held (a copy into a bucket, an add into
         .grad), so the page term, the faults of a fresh allocation's first touch, is left out."""
-        x = basis(call, batch, self.direction, self.knot, self.page_knot if allocates else 0.0, self.threads)
+        page_knot = self.page_knot if allocates else 0.0
+        x = basis(call, batch, self.direction, self.knot, page_knot, self.threads, self.lanes)
         return sum(c * v / s for c, v, s in zip(self.coefficients, x, self.scale, strict=True))
 
 
@@ -356,9 +388,9 @@ def fit_kind(
 
     calls, batches = [call_of_sample(s) for s in rows], [float(s["batch"]) for s in rows]
 
-    def design(knot: float, page_knot: float):
+    def design(knot: float, page_knot: float, lanes: int = 0):
         x = np.array(
-            [basis(c, b, direction, knot, page_knot, threads) for c, b in zip(calls, batches, strict=True)],
+            [basis(c, b, direction, knot, page_knot, threads, lanes) for c, b in zip(calls, batches, strict=True)],
             dtype=float,
         )
         scale = x.max(axis=0)
@@ -384,13 +416,24 @@ def fit_kind(
         return chosen, chosen_design
 
     knot = page_knot = 0.0
+    lanes = 0
     x, scale = design(0.0, 0.0)
-    if kind in KNOTTED:  # the weights' knot first, then (with it) the allocation's
+    if kind in KNOTTED:  # the weights' knot first, then (with it) the lanes, then the allocation's knot
         weights = np.array([weight_elements(c) for c in calls])
         knot, (x, scale) = best_of(weights, KNOTS, lambda k: design(k, 0.0), (x, scale))
+    if kind in LANED:
+        # the lanes (or none) whose fit leaves the least error, with KNOT_SAMPLES shapes padded and unpadded
+        best = misfit(x)
+        for candidate in LANES:
+            padded = int(sum(padding_share(c, candidate) > 0 for c in calls))
+            if padded < KNOT_SAMPLES or len(y) - padded < KNOT_SAMPLES:
+                continue
+            trial = design(knot, 0.0, candidate)
+            if (error := misfit(trial[0])) < best:
+                best, lanes, (x, scale) = error, candidate, trial
     if kind in PAGE_KNOTTED:
         allocated = np.array([allocated_elements(c, b, direction) for c, b in zip(calls, batches, strict=True)])
-        page_knot, (x, scale) = best_of(allocated, PAGE_KNOTS, lambda k: design(knot, k), (x, scale))
+        page_knot, (x, scale) = best_of(allocated, PAGE_KNOTS, lambda k: design(knot, k, lanes), (x, scale))
     errors = []
     for left_out in range(len(y)):
         keep = np.arange(len(y)) != left_out
@@ -408,6 +451,7 @@ def fit_kind(
         knot=knot,
         page_knot=page_knot,
         threads=threads,
+        lanes=lanes,
     )
 
 

@@ -250,8 +250,21 @@ def predict(
         compute_source=times.source,
         comm=run.comm,
         memory_detail=memory.detail,
-        notes=tuple(dict.fromkeys([*times.notes, *ctx.notes])),
+        notes=tuple(dict.fromkeys([*times.notes, *ctx.notes, *allocator_notes(setting, machine)])),
     )
+
+
+def allocator_notes(setting: Setting, machine: MachineModel) -> list[str]:
+    """A CPU point predicted from a calibration of another host allocator policy (the sweep's and the suite's
+    `host_allocator`), said: the operators' times, the first touches of memory and the collectives' waits were
+    all measured under the calibration's (glibc's defaults made vgg11's step on 3×512² 1.3 times as long)."""
+    calibrated = machine.host_allocator or "system"  # a calibration from before the key had the environment's
+    if machine.device_kind != "cpu" or calibrated == setting.host_allocator:
+        return []
+    return [
+        f"host allocator: the point runs {setting.host_allocator}, the machine file was calibrated with "
+        f"{calibrated}; its compute and first touches are those of the calibration's"
+    ]
 
 
 def _peak(setting: Setting, machine: MachineModel, table: ModelTable, batch: int) -> int:

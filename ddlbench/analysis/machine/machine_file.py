@@ -105,6 +105,10 @@ def measured_machine(records: list[CalibrationRecord], *, name: str | None, suit
         "hosts": hosts,
         "cpu_model": ok[0].cpu_model,
         "torch_version": first_rank.torch_version,
+        # the ranks' host allocator policy (the suite's `host_allocator`); "mixed" where its points differ
+        "host_allocator": policies.pop()
+        if len(policies := {record.point.host_allocator for record in ok}) == 1
+        else "mixed",
         "device": {
             "kind": first_rank.device,
             "name": first_rank.device_name or ok[0].cpu_model,

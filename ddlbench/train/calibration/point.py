@@ -63,6 +63,9 @@ class CalibrationPoint:
     oversubscribe: bool = False
     repetition: int = 0
     loader_workers: int = 0  # launchers count loader workers; microbenchmarks have none
+    # the ranks' host allocator (ddlbench.launch.command.allocator_env), as a sweep's: the suite's `host_allocator`;
+    # left out of the spec at "system", so the points of suites before the key keep their ids
+    host_allocator: str = "system"
 
     @property
     def world_size(self) -> int:
@@ -78,6 +81,8 @@ class CalibrationPoint:
             data = {key: value for key, value in data.items() if key not in LAYER_TIMING_FIELDS}
         if self.benchmark != "operators":  # likewise, for the ids they had before operator points
             data = {key: value for key, value in data.items() if key not in OPERATOR_FIELDS}
+        if self.host_allocator == "system":  # likewise, for the ids they had before the allocator's key
+            del data["host_allocator"]
         return {"kind": KIND, **data}
 
     def to_json(self) -> str:
