@@ -83,10 +83,11 @@ SETS = {
     "scoring-17": "scoring17_sweep.yaml",  # the seventeenth, frozen (2026-12-04), run on the model of 4eaa63c (seen)
     "scoring-18": "scoring18_sweep.yaml",  # the eighteenth, frozen (2026-12-04), run on the model of 99f0fed (seen)
     "scoring-19": "scoring19_sweep.yaml",  # the nineteenth, frozen (2026-12-04), run on the model of 820e691 (seen)
-    "scoring-20": "scoring20_sweep.yaml",  # the twentieth, frozen (2026-12-04) before any change after 242a0b5
+    "scoring-20": "scoring20_sweep.yaml",  # the twentieth, frozen (2026-12-04), run on the model of 2f20c52 (seen)
     # made after the twentieth was frozen (SETS is in the order the sets were made): glibc told to keep what it
     # frees, on seen configurations of both failure modes (resnet20 on 224², VGG and ResNet-50 on 512² maps)
     "allocator-development": "allocator_sweep.yaml",
+    "scoring-21": "scoring21_sweep.yaml",  # the twenty-first, frozen (2026-12-04) after the twentieth was scored
 }
 
 
@@ -324,9 +325,8 @@ def main() -> int:
         choices=tuple(SETS),
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development, "
-        "allocator-development: developed on; scoring to scoring-19: the scoring sets, each frozen before the change "
-        "it scored and seen since; "
-        "scoring-20: frozen, not yet run (run it once, on the change it was frozen for)",
+        "allocator-development: developed on; scoring to scoring-20: the scoring sets, each frozen before the change "
+        "it scored and seen since; scoring-21: frozen, not yet run (run it once, on the change it was frozen for)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     parser.add_argument(
