@@ -16,7 +16,7 @@ from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.predict import allocator_notes
 from ddlbench.calibrate.suite import load_suite
 from ddlbench.config import load_sweep_config
-from ddlbench.errors import ConfigError
+from ddlbench.errors import ConfigError, DdlbenchError
 from ddlbench.launch.command import RETAIN_ENV, allocator_env, process_env
 from ddlbench.provenance import ALLOCATOR_ENV_NAMES
 from ddlbench.records import read_record
@@ -75,6 +75,8 @@ def test_retain_fills_only_what_the_environment_does_not_set_and_system_sets_not
     assert allocator_env(point, own) == {k: v for k, v in RETAIN_ENV.items() if k != "MALLOC_TRIM_THRESHOLD_"}
     assert allocator_env(make_point(), {}) == {}
     assert process_env(point, {})["OMP_NUM_THREADS"] == "1"
+    with pytest.raises(DdlbenchError, match=r"'jemalloc' is not one of: retain, system"):
+        allocator_env(make_point(host_allocator="jemalloc"), {})
 
 
 def test_a_retain_points_ranks_record_the_variables_and_it_is_a_configuration_of_its_own(tmp_path):

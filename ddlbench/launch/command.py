@@ -7,6 +7,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from ddlbench.errors import DdlbenchError
 from ddlbench.point import Point
 
 
@@ -49,8 +50,11 @@ HOST_ALLOCATORS = ("retain", "system")
 def allocator_env(point: Point, environ: Mapping[str, str]) -> dict[str, str]:
     """The allocator variables a point's ranks start with beyond `environ`: for `retain` each of RETAIN_ENV that
     `environ` does not set already (a site's or a user's own setting stands, and the rank records it); for
-    `system` (and a calibration point without the field) none."""
-    if getattr(point, "host_allocator", "system") != "retain":
+    `system` (and a calibration point without the field) none. Another value (a spec written by hand) is refused."""
+    policy = getattr(point, "host_allocator", "system")
+    if policy not in HOST_ALLOCATORS:
+        raise DdlbenchError(f"host_allocator {policy!r} is not one of: {', '.join(HOST_ALLOCATORS)}")
+    if policy != "retain":
         return {}
     return {name: value for name, value in RETAIN_ENV.items() if not environ.get(name)}
 
