@@ -137,6 +137,35 @@ def test_a_conv_fit_finds_where_wide_weights_cost_more_and_predicts_wide_shapes_
     assert np.quantile(errors(fit_kind("conv2d", "backward", samples), 1, unseen), 0.9) > 0.5
 
 
+def test_one_glitch_of_a_long_shape_is_left_out_and_does_not_set_the_fit(monkeypatch):
+    """The calibration's longest shapes weigh most in the fit: one of them timed 10× too long (a hiccup of the host,
+    a first touch in a timed call) would set every per-FLOP term. fit_kind leaves it out (its leave-one-out error
+    is far past the others') and predicts the shapes it never timed as the clean fit does; kept, the shapes of
+    another draw come out long."""
+    from ddlbench.analysis.analytic import operators
+
+    drawn = [s for s in sample_shapes(seed=0, per_kind=30, max_flop=3e8, max_elements=2**22) if s.kind == "conv2d"]
+    unseen = [s for s in sample_shapes(seed=7, per_kind=30, max_flop=3e8, max_elements=2**22) if s.kind == "conv2d"]
+    samples = _timed(drawn, _conv_law, noise=0.05, seed=1)
+    longest = max(range(len(samples)), key=lambda i: samples[i]["forward_s"])
+    glitched = [dict(s) for s in samples]
+    glitched[longest]["forward_s"] *= 10
+
+    def median_error(fit) -> float:
+        errors = []
+        for shape in unseen:
+            call = call_of_sample(shape.to_dict())
+            truth = _conv_law(call, shape.batch)[0]
+            errors.append(abs(fit.seconds(call, shape.batch) - truth) / truth)
+        return float(np.median(errors))
+
+    clean, robust = fit_kind("conv2d", "forward", samples), fit_kind("conv2d", "forward", glitched)
+    assert robust.left_out == 1 and robust.samples == len(samples) - 1
+    assert median_error(robust) < 0.05 and abs(median_error(robust) - median_error(clean)) < 0.01
+    monkeypatch.setattr(operators, "OUTLIER_SHARE", 0.0)  # nothing left out
+    assert median_error(fit_kind("conv2d", "forward", glitched)) > 2 * median_error(robust)
+
+
 def _blocked_conv_law(call: OpCall, batch: int) -> tuple[float, float]:
     """_conv_law with its FLOPs paid on channels rounded up to blocks of 16 (oneDNN's nChw16c on AVX-512; a first
     layer's 3 input channels read unblocked): 24 channels cost what 32 do."""

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ddlbench.analysis.machine.fit import nnls
@@ -253,6 +253,7 @@ class OpFit:
     page_knot: float = 0.0  # allocated elements past which the last regressor counts (0: none; PAGE_KNOTS)
     threads: int = 1  # per rank, as the calibration timed it (a convolution's kernel depends on it)
     lanes: int = 0  # the channel block the padding regressor rounds to (0: none; LANES)
+    left_out: int = 0  # shapes left out as far outliers (fit_kind)
 
     def seconds(self, call: OpCall, batch: float, *, allocates: bool = True) -> float:
         """`allocates=False`: the pass writes into memory already held (a copy into a bucket, an add into
@@ -378,12 +379,40 @@ def fit_kind(
 ) -> OpFit | None:
     """The NNLS fit of one kind and direction over the samples of that kind (None with fewer than 4).
     `offset_s` is taken off every time first (the autograd engine's cost per backward() call), leaving
-    at least `floor_s` (what one autograd node costs: a backward is never free)."""
-    import numpy as np
+    at least `floor_s` (what one autograd node costs: a backward is never free).
+
+    A shape the fit of all the others misses by far (its leave-one-out log error more than OUTLIER_SPREADS
+    robust spreads from their median: 1.4826 × the median absolute deviation) is left out and the fit made
+    again, the farthest first, at most OUTLIER_SHARE of the shapes: a time weighs in the fit as its length, so
+    one glitch of a long shape sets every per-FLOP term (the twentieth set's calibration timed a 16 → 96 1×1
+    convolution on 192² at batch 9 at 237 ms, 20.6 ms in the calibration before, and every conv2d forward it
+    predicted came out 5-20 % long). The fit counts what it left out (`left_out`)."""
 
     rows = [s for s in samples if s["kind"] == kind and s.get(f"{direction}_s") is not None]
     if len(rows) < 4:
         return None
+    fit, far = _fit_rows(kind, direction, rows, offset_s=offset_s, floor_s=floor_s, threads=threads)
+    left_out = 0
+    while far is not None and left_out < int(OUTLIER_SHARE * len(rows)):
+        rows = rows[:far] + rows[far + 1 :]
+        left_out += 1
+        fit, far = _fit_rows(kind, direction, rows, offset_s=offset_s, floor_s=floor_s, threads=threads)
+    return fit if not left_out else replace(fit, left_out=left_out)
+
+
+# a shape whose leave-one-out log error lies past this many robust spreads of all shapes' is left out (fit_kind),
+# at most this share of a kind's shapes
+OUTLIER_SPREADS = 6.0
+OUTLIER_SHARE = 0.02
+
+
+def _fit_rows(
+    kind: str, direction: str, rows: list[Mapping[str, Any]], *, offset_s: float, floor_s: float, threads: int
+) -> tuple[OpFit, int | None]:
+    """fit_kind's fit over `rows`, and the index of the row its leave-one-out errors put farthest past
+    OUTLIER_SPREADS robust spreads (None: none is)."""
+    import numpy as np
+
     y = np.array([max(float(s[f"{direction}_s"]) - offset_s, floor_s) for s in rows])
 
     calls, batches = [call_of_sample(s) for s in rows], [float(s["batch"]) for s in rows]
@@ -434,13 +463,19 @@ def fit_kind(
     if kind in PAGE_KNOTTED:
         allocated = np.array([allocated_elements(c, b, direction) for c, b in zip(calls, batches, strict=True)])
         page_knot, (x, scale) = best_of(allocated, PAGE_KNOTS, lambda k: design(knot, k, lanes), (x, scale))
-    errors = []
+    errors, logs = [], []
     for left_out in range(len(y)):
         keep = np.arange(len(y)) != left_out
         coefficients = solve(x[keep], y[keep])
-        errors.append(abs(float(x[left_out] @ coefficients) - y[left_out]) / y[left_out])
+        predicted = max(float(x[left_out] @ coefficients), 1e-12)
+        errors.append(abs(predicted - y[left_out]) / y[left_out])
+        logs.append(math.log(predicted / y[left_out]))
+    distance = np.abs(np.array(logs) - np.median(logs))
+    spread = 1.4826 * float(np.median(distance))
+    farthest = int(np.argmax(distance))
+    far = farthest if spread > 0 and distance[farthest] > OUTLIER_SPREADS * spread else None
     coefficients = solve(x, y)
-    return OpFit(
+    fit = OpFit(
         kind=kind,
         direction=direction,
         coefficients=tuple(float(c) for c in coefficients),
@@ -453,6 +488,7 @@ def fit_kind(
         threads=threads,
         lanes=lanes,
     )
+    return fit, far
 
 
 def fit_operator_model(entry: Mapping[str, Any]) -> OperatorModel:
