@@ -5,6 +5,7 @@ other policy says so (docs/analytic.md, "The host allocator")."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -117,16 +118,8 @@ def test_a_point_of_another_policy_than_the_calibrations_is_predicted_with_a_not
         data = {"name": "m", "source": "measured", "device": {"kind": "cpu"}, "compute": {}, "links": {}}
         return MachineModel.from_dict(data | ({"host_allocator": policy} if policy else {}))
 
-    retain = Setting(
-        model="resnet8",
-        dataset="cifar10",
-        strategy="ddp",
-        nodes=1,
-        ranks_per_node=1,
-        batch_size=8,
-        host_allocator="retain",
-    )
     system = Setting(model="resnet8", dataset="cifar10", strategy="ddp", nodes=1, ranks_per_node=1, batch_size=8)
+    retain = dataclasses.replace(system, host_allocator="retain")
     assert allocator_notes(retain, machine("retain")) == []
     assert allocator_notes(system, machine(None)) == []  # a calibration from before the key: the environment's
     (note,) = allocator_notes(retain, machine(None))

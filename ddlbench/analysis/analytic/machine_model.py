@@ -82,14 +82,15 @@ class CollectiveCost:
     beta_s_per_byte: float  # per byte of S (s/B)
     source: str  # "measured <op> p=…", "ring from <op> p=…", "ring from link <name>"
     wait_per_compute_s: float = 0.0  # busy fits: seconds waited per second the rank computed before the call
-    # the longest compute before a call that the busy fit saw (the calibration's bursts: 0.5 and 4 ms); the wait
-    # is κ·min(X, this): what the fit measured, not a line drawn on to a layer's backward 100 times as long
+    # the longest compute before a call that the busy fit saw (the calibration's bursts, nominally 0.5 and 4 ms,
+    # measured 0.3-3.2 ms); the wait is κ·min(X, this): what the fit measured, not a line drawn on to a layer's
+    # backward 100 times as long
     wait_burst_max_s: float = math.inf
 
     def time_s(self, nbytes: float, *, after_s: float = 0.0) -> float:
         """Seconds of one call on S = `nbytes`, `after_s` seconds of the rank's compute after its last one:
         α + β·S + κ·min(after_s, the longest burst the busy fit saw). The wait is not drawn on past the bursts
-        timed (4 ms): a peer's lateness after equal work does not grow without bound with the work (vgg11's
+        timed (about 3 ms): a peer's lateness after equal work does not grow without bound with the work (vgg11's
         spatial halves on 3×512² at batch 2, 16 exchanges after 10-270 ms of compute each, waited 20-73 ms in
         all where κ·X drawn on gave 550 ms: docs/analytic.md, "A peer's lateness, drawn on")."""
         if self.ranks <= 1 or nbytes <= 0:

@@ -431,12 +431,13 @@ def _fit_rows(
     def misfit(x) -> float:
         return float(np.sum(u * np.log(y / np.maximum(x @ solve(x, y), 1e-12)) ** 2))
 
-    def best_of(sizes, candidates, trial_design, current):
-        """The knot among `candidates` (or none: 0) whose fit leaves the least weighted squared log error
-        over the shapes, with at least KNOT_SAMPLES shapes of `sizes` on either side; and its design."""
+    def best_of(above_of, candidates, trial_design, current):
+        """The knot (or lanes) among `candidates` (or none: 0) whose fit leaves the least weighted squared log
+        error over the shapes, with at least KNOT_SAMPLES shapes on either side of it (`above_of(candidate)`
+        counts those past it); and its design."""
         best, chosen, chosen_design = misfit(current[0]), 0.0, current
         for candidate in candidates:
-            above = int(np.sum(sizes > candidate))
+            above = above_of(candidate)
             if above < KNOT_SAMPLES or len(y) - above < KNOT_SAMPLES:
                 continue
             trial = trial_design(candidate)
@@ -449,27 +450,26 @@ def _fit_rows(
     x, scale = design(0.0, 0.0)
     if kind in KNOTTED:  # the weights' knot first, then (with it) the lanes, then the allocation's knot
         weights = np.array([weight_elements(c) for c in calls])
-        knot, (x, scale) = best_of(weights, KNOTS, lambda k: design(k, 0.0), (x, scale))
-    if kind in LANED:
-        # the lanes (or none) whose fit leaves the least error, with KNOT_SAMPLES shapes padded and unpadded
-        best = misfit(x)
-        for candidate in LANES:
-            padded = int(sum(padding_share(c, candidate) > 0 for c in calls))
-            if padded < KNOT_SAMPLES or len(y) - padded < KNOT_SAMPLES:
-                continue
-            trial = design(knot, 0.0, candidate)
-            if (error := misfit(trial[0])) < best:
-                best, lanes, (x, scale) = error, candidate, trial
+        knot, (x, scale) = best_of(lambda k: int(np.sum(weights > k)), KNOTS, lambda k: design(k, 0.0), (x, scale))
+    if kind in LANED:  # "past" the lanes: the shapes they pad
+
+        def padded(candidate: int) -> int:
+            return sum(padding_share(c, candidate) > 0 for c in calls)
+
+        chosen, (x, scale) = best_of(padded, LANES, lambda lanes: design(knot, 0.0, lanes), (x, scale))
+        lanes = int(chosen)
     if kind in PAGE_KNOTTED:
         allocated = np.array([allocated_elements(c, b, direction) for c, b in zip(calls, batches, strict=True)])
-        page_knot, (x, scale) = best_of(allocated, PAGE_KNOTS, lambda k: design(knot, k, lanes), (x, scale))
+        page_knot, (x, scale) = best_of(
+            lambda k: int(np.sum(allocated > k)), PAGE_KNOTS, lambda k: design(knot, k, lanes), (x, scale)
+        )
     errors, logs = [], []
-    for left_out in range(len(y)):
-        keep = np.arange(len(y)) != left_out
+    for index in range(len(y)):
+        keep = np.arange(len(y)) != index
         coefficients = solve(x[keep], y[keep])
-        predicted = max(float(x[left_out] @ coefficients), 1e-12)
-        errors.append(abs(predicted - y[left_out]) / y[left_out])
-        logs.append(math.log(predicted / y[left_out]))
+        predicted = max(float(x[index] @ coefficients), 1e-12)
+        errors.append(abs(predicted - y[index]) / y[index])
+        logs.append(math.log(predicted / y[index]))
     distance = np.abs(np.array(logs) - np.median(logs))
     spread = 1.4826 * float(np.median(distance))
     farthest = int(np.argmax(distance))
