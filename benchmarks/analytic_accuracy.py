@@ -88,7 +88,7 @@ SETS = {
     # frees, on seen configurations of both failure modes (resnet20 on 224², VGG and ResNet-50 on 512² maps)
     "allocator-development": "allocator_sweep.yaml",
     "scoring-21": "scoring21_sweep.yaml",  # the twenty-first, frozen (2026-12-04), run on the model of c3b2b1c (seen)
-    "scoring-22": "scoring22_sweep.yaml",  # the twenty-second, frozen (2026-12-05) after the twenty-first was scored
+    "scoring-22": "scoring22_sweep.yaml",  # the twenty-second, frozen (2026-12-05), run on the model of c3b2b1c (seen)
 }
 
 
@@ -326,8 +326,8 @@ def main() -> int:
         choices=tuple(SETS),
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development, "
-        "allocator-development: developed on; scoring to scoring-21: the scoring sets, each frozen before the change "
-        "it scored and seen since; scoring-22: frozen, not yet run (run it once, on the change it was frozen for)",
+        "allocator-development: developed on; scoring to scoring-22: the scoring sets, each frozen before the change "
+        "it scored and seen since (none is frozen and unrun: freeze the next before the next change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     parser.add_argument(
