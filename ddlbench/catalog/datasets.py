@@ -32,6 +32,18 @@ DATASETS.register(
 )
 DATASETS.register(
     DatasetSpec(
+        name="tinyimagenet",
+        input_kind="image2d",
+        sample_shape=(3, 64, 64),
+        task="classify",
+        num_outputs=200,
+        description="Tiny-ImageNet-shaped images, 3×64×64, 200 classes",
+        real_data=_IMAGE_FOLDER + ", resized and centre-cropped to 64×64",
+        train_samples=100_000,  # Tiny ImageNet's training set: 500 images of each of 200 classes
+    )
+)
+DATASETS.register(
+    DatasetSpec(
         name="imagenet",
         input_kind="image2d",
         sample_shape=(3, 224, 224),
