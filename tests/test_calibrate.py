@@ -48,7 +48,7 @@ def test_bus_bandwidth_factors_are_nccl_tests():
     assert bus_factor("broadcast", 8) == 1.0
 
 
-def test_default_suite_expands_to_compute_collective_fsdp_and_layer_timing_points():
+def test_default_suite_expands_to_compute_collective_fsdp_spatial_and_layer_timing_points():
     suite = load_suite(DEFAULT_SUITE)
     kinds = [(p.benchmark, p.backend, p.nodes, p.ranks_per_node) for p in suite.points]
     assert kinds == [
@@ -59,6 +59,8 @@ def test_default_suite_expands_to_compute_collective_fsdp_and_layer_timing_point
         ("collectives", "mpi", 2, 1),
         ("fsdp_units", "", 1, 2),  # FSDP2's cost per unit, laid out as the collectives
         ("fsdp_units", "", 2, 1),
+        ("spatial_layers", "", 1, 2),  # spatial's cost per slab layer, laid out the same way
+        ("spatial_layers", "", 2, 1),
         ("layer_timings", "", 1, 2),
         ("layer_timings", "", 1, 2),
         ("operators", "", 1, 2),

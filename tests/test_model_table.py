@@ -24,7 +24,8 @@ from ddlbench.cli import main
 from ddlbench.train.introspect import build_model_table, grouped_conv_backward_flops
 
 # Every model on the datasets that change its layers' shapes; within CI's time budget the extra image sizes
-# (mnist's one channel, highres, tinyimagenet) run with one model, and the largest models on their reference dataset only
+# (mnist's one channel, highres, tinyimagenet) run with one model, and the largest models on their reference
+# dataset only
 PAIRS = [
     (model, dataset)
     for model in MODELS.names()

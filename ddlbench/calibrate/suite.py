@@ -13,6 +13,8 @@ the spec's `kind`):
   (ddlbench.train.calibration.layer_timing_kernel), all at once, as the ranks of a training point share a node;
 - with `fsdp_units`, one `fsdp_units` point per node count, laid out as the collectives' points: FSDP2's
   own cost per unit it shards, on a toy (ddlbench.train.calibration.fsdp_unit_kernel);
+- with `spatial_layers`, one `spatial_layers` point per node count, laid out the same way: what spatial
+  parallelism adds per layer it runs on slabs, on a toy (ddlbench.train.calibration.spatial_layer_kernel);
 - one `operators` point of the most ranks in the suite's `operators.ranks`, on one node, timing generic
   operators (convolutions, norms, activations, pools, linear layers) over drawn shapes, each shape by every
   entry's count of ranks at once in turn, the others waiting at a barrier
@@ -131,6 +133,18 @@ def expand_suite(data: dict[str, Any]) -> tuple[CalibrationPoint, ...]:
                 benchmark="fsdp_units", backend="", nodes=nodes, ranks_per_node=ranks, precisions=("fp32",), **common
             )
         )
+    for nodes in data["nodes"] if data.get("spatial_layers") else ():
+        ranks = data["ranks_per_node"] if nodes == 1 else 1
+        points.append(
+            CalibrationPoint(
+                benchmark="spatial_layers",
+                backend="",
+                nodes=nodes,
+                ranks_per_node=ranks,
+                precisions=("fp32",),
+                **common,
+            )
+        )
     for index, entry in enumerate(data.get("layer_timings", [])):
         options = resolve_model(entry, f"layer_timings[{index}]")
         for precision in data["precisions"]:
@@ -173,8 +187,8 @@ def expand_suite(data: dict[str, Any]) -> tuple[CalibrationPoint, ...]:
     if not points:
         raise ConfigError(
             "",
-            "the suite measures nothing: give matmul_sizes, conv_shapes, memory_bytes, collectives, layer_timings or "
-            "fsdp_units",
+            "the suite measures nothing: give matmul_sizes, conv_shapes, memory_bytes, collectives, layer_timings, "
+            "operators, fsdp_units or spatial_layers",
         )
     return tuple(points)
 

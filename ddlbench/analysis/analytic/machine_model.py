@@ -276,6 +276,41 @@ class FsdpUnitCosts:
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class SpatialLayerCosts:
+    """A machine file's `spatial_layers` entry (ddlbench.analysis.machine.spatial_layers): what spatial
+    parallelism adds per windowed layer with a halo and the batch norm after it, beyond the plain layers on
+    one slab, as timed on a toy at `ranks` ranks on `nodes` nodes, its halo exchanges, norm collectives,
+    copies and waits included. Each phase: seconds = per_layer_s + per_byte_s · bytes (one rank's input
+    slab of the layer, float32)."""
+
+    ranks: int
+    nodes: int
+    forward: tuple[float, float]  # per_layer_s, per_byte_s
+    backward: tuple[float, float]
+    point_id: str = ""
+
+    def forward_s(self, slab_bytes: float) -> float:
+        return self.forward[0] + self.forward[1] * slab_bytes
+
+    def backward_s(self, slab_bytes: float) -> float:
+        return self.backward[0] + self.backward[1] * slab_bytes
+
+    @classmethod
+    def from_dict(cls, entry: Mapping[str, Any]) -> SpatialLayerCosts:
+        def terms(phase: str) -> tuple[float, float]:
+            node = entry.get(phase) or {}
+            return float(node.get("per_layer_s") or 0.0), float(node.get("per_byte_s") or 0.0)
+
+        return cls(
+            ranks=int(entry["ranks"]),
+            nodes=int(entry["nodes"]),
+            forward=terms("forward"),
+            backward=terms("backward"),
+            point_id=str(entry.get("point_id", "")),
+        )
+
+
 def _unit_cost(terms: tuple[float, float, float], tensors: int, nbytes: float) -> float:
     per_unit, per_tensor, per_byte = terms
     return per_unit + per_tensor * tensors + per_byte * nbytes
@@ -314,6 +349,7 @@ class MachineModel:
     layer_timings: tuple[LayerTimings, ...] = ()
     operator_timings: tuple[Mapping[str, Any], ...] = ()  # ddlbench.analysis.machine.operator_timings, fitted on use
     fsdp_units: tuple[FsdpUnitCosts, ...] = ()  # FSDP2's cost per unit, by ranks and nodes
+    spatial_layers: tuple[SpatialLayerCosts, ...] = ()  # spatial parallelism's cost per slab layer, by ranks
     hosts: int = 1  # hosts the calibration ran on (1: every "node" of a local run is this host)
     notes: tuple[str, ...] = field(default=())
     # what CUDA's caching allocator counts beyond the tensors (ddlbench.analysis.analytic.memory, "On CUDA"),
@@ -355,6 +391,7 @@ class MachineModel:
             layer_timings=tuple(_layer_timings(entry) for entry in data.get("layer_timings") or ()),
             operator_timings=tuple(data.get("operator_timings") or ()),
             fsdp_units=tuple(FsdpUnitCosts.from_dict(entry) for entry in data.get("fsdp_units") or ()),
+            spatial_layers=tuple(SpatialLayerCosts.from_dict(entry) for entry in data.get("spatial_layers") or ()),
             hosts=max(1, len(data.get("hosts") or ())),
             cuda_memory=CudaMemoryTerms.from_dict(data.get("cuda_memory")),
             cuda_host=CudaHostTerms.from_dict(data.get("cuda_host")),
@@ -429,6 +466,15 @@ class MachineModel:
             return exact[0] if exact else None
         sharded = [c for c in self.fsdp_units if c.ranks > 1]
         same_side = [c for c in sharded if (c.nodes > 1) == (nodes > 1)] or sharded
+        return min(same_side, key=lambda c: abs(c.ranks - ranks), default=None)
+
+    def spatial_layers_for(self, *, ranks: int, nodes: int) -> SpatialLayerCosts | None:
+        """Spatial parallelism's per-layer costs timed at exactly `ranks` ranks on `nodes` nodes, else those on
+        the same side of the node boundary at the nearest rank count; None when the machine file has none."""
+        exact = [c for c in self.spatial_layers if (c.ranks, c.nodes) == (ranks, nodes)]
+        if exact or ranks <= 1:
+            return exact[0] if exact else None
+        same_side = [c for c in self.spatial_layers if (c.nodes > 1) == (nodes > 1)] or list(self.spatial_layers)
         return min(same_side, key=lambda c: abs(c.ranks - ranks), default=None)
 
     def _library_rank(self, library: str) -> int:

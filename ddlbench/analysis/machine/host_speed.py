@@ -233,6 +233,15 @@ def rescaled(machine: Mapping[str, Any], probe: Mapping[str, Any]) -> tuple[dict
                         node[key] = float(node[key]) * s.factor("compute")
                 if node.get("per_byte_s") is not None:
                     node["per_byte_s"] = float(node["per_byte_s"]) * s.factor("memory")
+    for entry in out.get("spatial_layers") or ():
+        s = speed_of(entry.get("point_id"), "spatial_layers")
+        for phase in ("forward", "backward"):
+            node = entry.get(phase)
+            if isinstance(node, dict):
+                if node.get("per_layer_s") is not None:
+                    node["per_layer_s"] = float(node["per_layer_s"]) * s.factor("compute")
+                if node.get("per_byte_s") is not None:
+                    node["per_byte_s"] = float(node["per_byte_s"]) * s.factor("memory")
     return out, speeds
 
 

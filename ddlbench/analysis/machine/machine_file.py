@@ -27,6 +27,11 @@ and unit in its key's name, measured ones with their statistics and sample size.
          update: {per_tensor_s}, variants: [{units, tensors_per_unit, unit_bytes, plain_forward_s: figure,
          fsdp_forward_s: figure, ..., forward_extra_per_unit_s, backward_extra_per_unit_s,
          update_extra_per_tensor_s}]}
+    spatial_layers:                  # optional; ddlbench.analysis.machine.spatial_layers
+      - {ranks, nodes, layout, threads, point_id,
+         forward: {per_layer_s, per_byte_s, rel_error_max}, backward: {...},
+         variants: [{units, channels, side, batch, parts, slab_bytes, halo_bytes, alone_forward_s: figure,
+         slabs_forward_s: figure, ..., forward_extra_per_layer_s, backward_extra_per_layer_s}]}
     operator_timings:                # optional; ddlbench.analysis.machine.operator_timings
       - {precision, threads, ranks_per_node, point_id, autograd_call_s: figure,
          samples: [{kind, batch, in_channels, height, width, out_channels, kernel, stride,
@@ -41,8 +46,8 @@ and unit in its key's name, measured ones with their statistics and sample size.
       {per_layer_s, method, fitted_on: [{label, measured_step_s, ...}]}
       # ddlbench.analysis.analytic.compute.host_floor; fitted by benchmarks/gpu_analytic.py
 
-machine_version stays 1: layer_timings, operator_timings and fsdp_units are optional, so files written before
-them still read, and a reader that does not know one ignores it. Files written before the key was renamed
+machine_version stays 1: layer_timings, operator_timings, fsdp_units and spatial_layers are optional, so files
+written before them still read, and a reader that does not know one ignores it. Files written before the key was renamed
 call layer_timings `layer_profiles`: read_machine reads that key as layer_timings.
 
 Figures from measurements (one calibration's records; formulas here and in ddlbench.train.calibration.kernels):
@@ -60,7 +65,9 @@ Figures from measurements (one calibration's records; formulas here and in ddlbe
 - layer timings: per block and batch size the median seconds per step over every rank's timed steps
   pooled, lines α + β·batch fitted to them (ddlbench.analysis.machine.layer_timings);
 - fsdp units: FSDP2's cost per unit, sharded toy − unsharded toy, and its fit over tensors and bytes per
-  unit (ddlbench.analysis.machine.fsdp_units).
+  unit (ddlbench.analysis.machine.fsdp_units);
+- spatial layers: what spatial parallelism adds per layer on slabs, toy on slabs − toy alone on a slab,
+  and its fit over the slab's bytes (ddlbench.analysis.machine.spatial_layers).
 """
 
 from __future__ import annotations
@@ -77,6 +84,7 @@ from ddlbench.analysis.machine.fsdp_units import fsdp_unit_figures
 from ddlbench.analysis.machine.host_speed import calibration_probes
 from ddlbench.analysis.machine.layer_timings import check_layer_timings, layer_timing_figures
 from ddlbench.analysis.machine.operator_timings import operator_timings
+from ddlbench.analysis.machine.spatial_layers import spatial_layer_figures
 from ddlbench.atomic import write_text_atomic
 from ddlbench.errors import DdlbenchError
 from ddlbench.provenance import utc_now
@@ -122,6 +130,7 @@ def measured_machine(records: list[CalibrationRecord], *, name: str | None, suit
         "layer_timings": [],
         "operator_timings": [],
         "fsdp_units": [],
+        "spatial_layers": [],
         "failed_points": [
             {"point_id": record.point_id, "status": record.status, "reason": record.reason}
             for record in records
@@ -147,6 +156,8 @@ def measured_machine(records: list[CalibrationRecord], *, name: str | None, suit
             machine["operator_timings"] += operator_timings(record)
         elif record.point.benchmark == "fsdp_units":
             machine["fsdp_units"] += fsdp_unit_figures(record)
+        elif record.point.benchmark == "spatial_layers":
+            machine["spatial_layers"].append(spatial_layer_figures(record))
         else:
             machine["collectives"] += collective_figures(record)
     for entry in machine["collectives"]:

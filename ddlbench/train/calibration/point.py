@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 KIND = "calibration"  # the spec's `kind`: what tells the worker this is not a training point
 
-Benchmark = Literal["compute", "collectives", "layer_timings", "operators", "fsdp_units"]
+Benchmark = Literal["compute", "collectives", "layer_timings", "operators", "fsdp_units", "spatial_layers"]
 LAYER_TIMING_FIELDS = ("model", "dataset", "model_options", "batch_sizes")
 OPERATOR_FIELDS = (
     "operator_samples",

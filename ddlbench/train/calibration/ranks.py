@@ -30,6 +30,10 @@ def measure(point: CalibrationPoint, ctx: RankContext) -> CalibrationRankResult:
         from ddlbench.train.calibration.fsdp_unit_kernel import run_fsdp_units  # imports FSDP2: only when needed
 
         measurements = run_fsdp_units(point, ctx.device)
+    elif point.benchmark == "spatial_layers":
+        from ddlbench.train.calibration.spatial_layer_kernel import run_spatial_layers  # the strategy's own layers
+
+        measurements = run_spatial_layers(point, ctx.device)
     elif point.benchmark == "operators":
         from ddlbench.train.calibration.operator_kernel import run_operators
 
