@@ -81,6 +81,15 @@ def test_figures_take_the_toys_excess_per_layer_and_fit_it():
     assert costs.forward_s(1e6) == pytest.approx(2.5e-3 + 4e-10 * 1e6, rel=1e-4)
     assert machine.spatial_layers_for(ranks=4, nodes=1) is costs  # the nearest
     assert MachineModel.from_dict(_cpu()).spatial_layers_for(ranks=2, nodes=1) is None
+    # the calibration's report shows the variants' excess per layer and the fit
+    from ddlbench.calibrate.report import render_calibration
+
+    provenance = {"measured_at": "t", "suite": "s", "hosts": ["h"], "cpu_model": "c", "torch_version": "2.13",
+                  "ddlbench_version": "0", "git_commit": "0", "failed_points": [], "compute": {}, "links": {}}  # fmt: skip
+    machine = _cpu(spatial_layers=[entry]) | provenance
+    html = render_calibration(machine | {"device": machine["device"] | {"name": "cpu"}})
+    assert "Spatial parallelism: what a slab layer adds" in html
+    assert "2.5 ms + 0.4 ms/MB · bytes" in html and "7.5 ms + 1.2 ms/MB · bytes" in html
 
 
 def _cpu(**changes) -> dict:
