@@ -92,7 +92,7 @@ SETS = {
     "scoring-23": "scoring23_sweep.yaml",  # the twenty-third, frozen (2026-12-05), run on the model of 8220910 (seen)
     "scoring-24": "scoring24_sweep.yaml",  # the twenty-fourth, frozen (2026-12-05), run on the model of 8220910 (seen)
     "scoring-25": "scoring25_sweep.yaml",  # the twenty-fifth, frozen (2026-12-05), run on the model of 8220910 (seen)
-    "scoring-26": "scoring26_sweep.yaml",  # the twenty-sixth, frozen (2026-12-05) before anything was run on it
+    "scoring-26": "scoring26_sweep.yaml",  # the twenty-sixth, frozen (2026-12-05), run on the model of 8220910 (seen)
 }
 
 
@@ -330,8 +330,8 @@ def main() -> int:
         choices=tuple(SETS),
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development, "
-        "allocator-development: developed on; scoring to scoring-25: the scoring sets, each frozen before the change "
-        "it scored and seen since; scoring-26: frozen and unrun",
+        "allocator-development: developed on; scoring to scoring-26: the scoring sets, each frozen before the change "
+        "it scored and seen since (none is frozen and unrun: freeze the next before the next change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     parser.add_argument(
