@@ -188,6 +188,20 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO, tim
     )
 
 
+def cpu_machine_data(**changes) -> dict:
+    """A minimal CPU machine file (2 cores, flat compute rates, one link, no collectives), with `changes` on top:
+    what a model test needs to read a toy calibration's entries back and predict with them."""
+    data = {
+        "name": "cpu",
+        "source": "measured",
+        "device": {"kind": "cpu", "per_node": 2, "memory_bytes": 16e9, "threads_per_rank": 1},
+        "compute": {"matmul_flop_per_s": {"fp32": {"value": 5e10}}, "conv_flop_per_s": {"fp32": {"value": 3e10}}},
+        "links": {"intra_node": {"alpha_s": 2e-4, "beta_s_per_byte": 5e-10}},
+        "collectives": [],
+    }
+    return data | changes
+
+
 def tiny_operator_suite(tmp_path: Path, name: str, collectives: tuple[str, ...] = ("all_reduce",)) -> Path:
     """A calibration suite of seconds on two ranks: one small matmul, a few collective sizes and 4 operator
     shapes a kind (timed in turn by one rank and by both), written to tmp_path/suite.yaml."""

@@ -17,6 +17,7 @@ from ddlbench.calibrate.suite import load_suite
 from ddlbench.errors import ConfigError
 from ddlbench.train.calibration.point import CalibrationPoint
 from ddlbench.train.calibration.records import CalibrationRankResult, CalibrationRecord
+from tests.conftest import cpu_machine_data as _cpu
 from tests.conftest import run_cli
 
 ONLY_FSDP = {"collectives": [], "matmul_sizes": [], "conv_shapes": [], "memory_bytes": 0, "fsdp_units": True}
@@ -105,18 +106,6 @@ def test_figures_take_the_sharded_toys_excess_per_unit_and_fit_it():
     assert machine.fsdp_units_for(ranks=4, nodes=1) is costs  # the nearest sharded one, never the one-rank's
     assert machine.fsdp_units_for(ranks=1, nodes=1).ranks == 1
     assert MachineModel.from_dict(_cpu(fsdp_units=[entry])).fsdp_units_for(ranks=1, nodes=1) is None
-
-
-def _cpu(**changes) -> dict:
-    data = {
-        "name": "cpu",
-        "source": "measured",
-        "device": {"kind": "cpu", "per_node": 2, "memory_bytes": 16e9, "threads_per_rank": 1},
-        "compute": {"matmul_flop_per_s": {"fp32": {"value": 5e10}}, "conv_flop_per_s": {"fp32": {"value": 3e10}}},
-        "links": {"intra_node": {"alpha_s": 2e-4, "beta_s_per_byte": 5e-10}},
-        "collectives": [],
-    }
-    return data | changes
 
 
 UNIT = {"per_unit_s": 2e-3, "per_tensor_s": 1e-5, "per_byte_s": 1e-9}

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import cpu_machine_data as _cpu
 from conftest import leave_spawned_rank
 
 from ddlbench.analysis.analytic.layout import Setting
@@ -91,18 +92,6 @@ def test_figures_take_the_toys_excess_per_layer_and_fit_it():
     html = render_calibration(machine | {"device": machine["device"] | {"name": "cpu"}})
     assert "Spatial parallelism: what a slab layer adds" in html
     assert "2.5 ms + 0.4 ms/MB · bytes" in html and "7.5 ms + 1.2 ms/MB · bytes" in html
-
-
-def _cpu(**changes) -> dict:
-    data = {
-        "name": "cpu",
-        "source": "measured",
-        "device": {"kind": "cpu", "per_node": 2, "memory_bytes": 16e9, "threads_per_rank": 1},
-        "compute": {"matmul_flop_per_s": {"fp32": {"value": 5e10}}, "conv_flop_per_s": {"fp32": {"value": 3e10}}},
-        "links": {"intra_node": {"alpha_s": 2e-4, "beta_s_per_byte": 5e-10}},
-        "collectives": [],
-    }
-    return data | changes
 
 
 def _halo_conv_inputs(batch: int) -> list[tuple[int, ...]]:

@@ -345,9 +345,9 @@ def model_spatial_layers(ctx: Context) -> StrategyRun:
     # a windowed convolution with a halo and the batch norm right after it: timed whole where the machine has
     # spatial_layers (their exchanges, copies, norm collectives and waits), its norm then a plain one's compute
     paired = _paired_norms(table.layers, region, windows) if timed is not None else {}
-    rows = [replace(row, type="BatchNorm2d") if row.name in paired.values() else row for row in rows]
     named = {layer.name: layer for layer in table.layers}
-    conv_before = {norm: named[conv] for conv, norm in paired.items()}
+    conv_before = {norm: named[conv] for conv, norm in paired.items()}  # the paired norms, each to its conv
+    rows = [replace(row, type="BatchNorm2d") if row.name in conv_before else row for row in rows]
     note = f"spatial's halo layers timed whole ({timed.point_id}, p={timed.ranks})" if timed is not None else None
     if note is not None and note not in ctx.notes:
         ctx.notes.append(note)
@@ -368,7 +368,7 @@ def model_spatial_layers(ctx: Context) -> StrategyRun:
         lane.compute(forward, f"F {row.name}")
         if layer.block < region and layer.type in NORM_TYPES:
             norms += 1
-            if layer.name not in paired.values():
+            if layer.name not in conv_before:
                 lane.collective("all_gather", 2 * layer.input_shape[0] * FP32, group, f"norm stats {layer.name}")
         if (conv := conv_before.get(layer.name)) is not None:
             lane.calibrated(timed.forward_s(_slab_bytes(conv, p, b)), f"halo layer {conv.name} (timed)")
@@ -380,7 +380,7 @@ def model_spatial_layers(ctx: Context) -> StrategyRun:
     for index in reversed(range(len(rows))):
         layer, row, (_, backward) = table.layers[index], rows[index], costs[index]
         lane.compute(backward, f"B {row.name}")
-        if layer.block < region and layer.type in NORM_TYPES and layer.name not in paired.values():
+        if layer.block < region and layer.type in NORM_TYPES and layer.name not in conv_before:
             lane.collective("all_reduce", p * 2 * layer.input_shape[0] * FP32, group, f"norm stats grad {layer.name}")
         if layer.name in paired:
             lane.calibrated(timed.backward_s(_slab_bytes(layer, p, b)), f"halo layer grad {layer.name} (timed)")

@@ -49,18 +49,33 @@ def toy(layers: int, width: int, device: torch.device) -> nn.Sequential:
     return nn.Sequential(*units).to(device)
 
 
-def _time_steps(model: nn.Module, inputs: torch.Tensor, point: CalibrationPoint, device: torch.device):
-    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+def time_toy_steps(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    point: CalibrationPoint,
+    device: torch.device,
+    *,
+    update: bool = True,
+    min_steps: int = MIN_STEPS,
+) -> dict[str, list[float]]:
+    """A toy trained on `inputs` (loss = mean of the output's squares): `point.warmup` untimed steps, a barrier,
+    max(`point.iterations`, `min_steps`) timed ones, each part in seconds: forward_s (zero_grad + forward +
+    loss), backward_s (backward()) and, with `update`, update_s (an SGD step with momentum)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM) if update else None
     stamps = Stamps(device)
 
     def step() -> None:
         stamps.mark("start")
-        optimizer.zero_grad(set_to_none=True)
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            model.zero_grad(set_to_none=True)
         loss = model(inputs).square().mean()
         stamps.mark("forward")
         loss.backward()
         stamps.mark("backward")
-        optimizer.step()
+        if optimizer is not None:
+            optimizer.step()
         stamps.mark("end")
 
     for _ in range(point.warmup):
@@ -68,13 +83,15 @@ def _time_steps(model: nn.Module, inputs: torch.Tensor, point: CalibrationPoint,
         stamps.seconds()
     if dist.is_initialized():
         dist.barrier()
-    times: dict[str, list[float]] = {part: [] for part in PARTS}
-    for _ in range(max(point.iterations, MIN_STEPS)):
+    parts = PARTS if update else PARTS[:2]
+    times: dict[str, list[float]] = {part: [] for part in parts}
+    for _ in range(max(point.iterations, min_steps)):
         step()
         t = stamps.seconds()
         times["forward_s"].append(t["forward"])
         times["backward_s"].append(t["backward"] - t["forward"])
-        times["update_s"].append(t["end"] - t["backward"])
+        if update:
+            times["update_s"].append(t["end"] - t["backward"])
     return times
 
 
@@ -91,7 +108,7 @@ def run_fsdp_units(point: CalibrationPoint, device: torch.device) -> list[dict[s
     out = []
     for layers, width in VARIANTS:
         inputs = torch.randn(BATCH, width, generator=torch.Generator().manual_seed(SEED)).to(device)
-        plain = _time_steps(toy(layers, width, device), inputs, point, device)
+        plain = time_toy_steps(toy(layers, width, device), inputs, point, device)
         for mesh in meshes:
             sharded = toy(layers, width, device)
             for unit in sharded.children():
@@ -107,7 +124,7 @@ def run_fsdp_units(point: CalibrationPoint, device: torch.device) -> list[dict[s
                     "unit_bytes": layers * (width * width + width) * 4,  # float32 weight and bias, unsharded
                     "mesh_ranks": mesh.size(),  # the ranks each unit is sharded over
                     "plain": plain,
-                    "fsdp": _time_steps(sharded, inputs, point, device),
+                    "fsdp": time_toy_steps(sharded, inputs, point, device),
                 }
             )
     return out

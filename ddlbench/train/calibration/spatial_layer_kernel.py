@@ -15,10 +15,9 @@ UNITS units, each a 3×3 convolution (stride 1, padding 1, no bias), a batch nor
 × `side`² maps; per VARIANT the toy runs on slabs of 1/p of the rows over all the point's ranks, with the
 spatial strategy's own layers (ddlbench.train.strategies.halo: SlabWindowed, SlabBatchNorm), and the
 same toy unsplit on the rank's own slab alone (side/p rows, the convolution's padding at both ends), on
-every rank at once. Both are trained (loss = mean of the output's squares; no optimizer: the region's
-gradient all-reduce and the update are costed apart) for `warmup` untimed steps, then after a barrier
-max(`iterations`, MIN_STEPS) timed steps, each part stamped as in layer_timing_kernel (host clock on a CPU,
-CUDA events on a GPU): forward_s (zero_grad + forward + loss), backward_s (backward()). The machine file
+every rank at once. Both are trained as fsdp_unit_kernel trains its toys (time_toy_steps), without the
+update (the region's gradient all-reduce and the update are costed apart): forward_s and backward_s per
+step, at least MIN_STEPS timed steps. The machine file
 takes the difference, slabs − alone, per unit (ddlbench.analysis.machine.spatial_layers).
 """
 
@@ -30,7 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddlbench.train.calibration.layer_timing_kernel import SEED, Stamps
+from ddlbench.train.calibration.fsdp_unit_kernel import time_toy_steps
+from ddlbench.train.calibration.layer_timing_kernel import SEED
 from ddlbench.train.calibration.point import CalibrationPoint
 
 UNITS = 8
@@ -40,7 +40,6 @@ BATCH = 2
 # per byte (a VGG's first layers on 512² images hold 64 MiB slabs) at little arithmetic
 VARIANTS = ((16, 16), (64, 16), (16, 64), (64, 64), (16, 256), (8, 512))
 MIN_STEPS = 20  # gloo's calls are bimodal (~0.2 ms or a clock tick): a median over fewer steps wanders
-PARTS = ("forward_s", "backward_s")
 
 
 def toy(channels: int, device: torch.device) -> nn.Sequential:
@@ -66,30 +65,6 @@ def on_slabs(model: nn.Sequential, side: int) -> nn.Sequential:
     return model
 
 
-def _time_steps(model: nn.Module, inputs: torch.Tensor, point: CalibrationPoint, device: torch.device):
-    stamps = Stamps(device)
-
-    def step() -> None:
-        stamps.mark("start")
-        model.zero_grad(set_to_none=True)
-        loss = model(inputs).square().mean()
-        stamps.mark("forward")
-        loss.backward()
-        stamps.mark("end")
-
-    for _ in range(point.warmup):
-        step()
-        stamps.seconds()
-    dist.barrier()
-    times: dict[str, list[float]] = {part: [] for part in PARTS}
-    for _ in range(max(point.iterations, MIN_STEPS)):
-        step()
-        t = stamps.seconds()
-        times["forward_s"].append(t["forward"])
-        times["backward_s"].append(t["end"] - t["forward"])
-    return times
-
-
 def run_spatial_layers(point: CalibrationPoint, device: torch.device) -> list[dict[str, Any]]:
     """One entry per variant: the toy's per-step parts, in seconds, on slabs over all the ranks and alone on
     the rank's own slab."""
@@ -100,8 +75,10 @@ def run_spatial_layers(point: CalibrationPoint, device: torch.device) -> list[di
         generator = torch.Generator().manual_seed(SEED)
         whole = torch.randn(BATCH, channels, side, side, generator=generator)
         slab = whole.narrow(2, rank * rows, rows).contiguous().to(device)
-        alone = _time_steps(toy(channels, device), slab, point, device)
-        split = _time_steps(on_slabs(toy(channels, device), side), slab, point, device)
+        alone = time_toy_steps(toy(channels, device), slab, point, device, update=False, min_steps=MIN_STEPS)
+        split = time_toy_steps(
+            on_slabs(toy(channels, device), side), slab, point, device, update=False, min_steps=MIN_STEPS
+        )
         out.append(
             {
                 "kind": "spatial_layers",
