@@ -95,6 +95,8 @@ SETS = {
     "scoring-26": "scoring26_sweep.yaml",  # the twenty-sixth, frozen (2026-12-05), run on the model of 8220910 (seen)
     "scoring-27": "scoring27_sweep.yaml",  # the twenty-seventh, frozen (2026-12-05) before anything was run on it
     "scoring-28": "scoring28_sweep.yaml",  # the twenty-eighth, frozen (2026-12-05) before anything was run on it
+    # made after the twenty-eighth was frozen: cosmoflow on 4×32³ (the third set's, seen), for the volume kinds
+    "volume-development": "volume_sweep.yaml",
 }
 
 
@@ -332,8 +334,9 @@ def main() -> int:
         choices=tuple(SETS),
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development, "
-        "allocator-development: developed on; scoring to scoring-28: the scoring sets, each frozen before the change "
-        "it scored and seen since (none is frozen and unrun: freeze the next before the next change)",
+        "allocator-development, volume-development: developed on; scoring to scoring-28: the scoring sets, each "
+        "frozen before the change it scored and seen since (none is frozen and unrun: freeze the next before the "
+        "next change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     parser.add_argument(

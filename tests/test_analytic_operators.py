@@ -26,6 +26,7 @@ from ddlbench.analysis.analytic.table_cache import find_table
 from ddlbench.analysis.machine.fit import fit_busy, nnls
 from ddlbench.train.calibration.operator_shapes import (
     LARGE_KINDS,
+    VOLUME_KINDS,
     WIDE_CONV_SHARE,
     large_count,
     largest_elements,
@@ -413,7 +414,10 @@ def _linear_law(call: OpCall, batch: int) -> tuple[float, float]:
 def test_tensor_parallel_linears_are_drawn_last_fitted_apart_and_predict_shapes_never_timed(kind):
     drawn = sample_shapes(seed=0, per_kind=40, max_flop=1.5e9, max_elements=2**23)
     # the kinds before them are drawn as they were before they came (they are drawn last)
-    # (then only the wide convolutions, drawn after every kind)
+    # (then only the wide convolutions and the large maps, drawn after every kind, and after those the volumes)
+    volumes = sum(s.kind in VOLUME_KINDS for s in drawn)
+    assert all(s.kind in VOLUME_KINDS for s in drawn[-volumes:])
+    drawn = drawn[:-volumes]
     wide, large = round(WIDE_CONV_SHARE * 40), len(LARGE_KINDS) * large_count(40)
     before = drawn[-80 - wide - large : -wide - large]
     assert [s.kind for s in before] == ["tp_colwise_linear"] * 40 + ["tp_rowwise_linear"] * 40
@@ -580,17 +584,21 @@ def _datasheet_dict() -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "micro_batches"), [("filter", 1), ("spatial", 1), ("gpipe", 4)])
-def test_the_model_makes_the_calls_the_ranks_make(tmp_path, strategy, micro_batches):
+@pytest.mark.parametrize(
+    ("strategy", "micro_batches", "volume"),
+    [("filter", 1, False), ("spatial", 1, False), ("gpipe", 4, False), ("spatial", 1, True)],
+)
+def test_the_model_makes_the_calls_the_ranks_make(tmp_path, strategy, micro_batches, volume):
     """Per step, the model's collectives, halo exchanges and stage transfers are the ones a real run's ranks
     issue (its recorder counts them): each is priced as one call, so one missed or invented is a call's
-    latency off, a millisecond on gloo here."""
+    latency off, a millisecond on gloo here. `volume`: cosmoflow on 4×32³, its depth split."""
     from ddlbench.analysis.analytic.layout import Context, Setting
     from ddlbench.analysis.analytic.predict import introspected_table, resolved_options, run_strategy
     from ddlbench.launch.runner import run_point
     from tests.conftest import make_point
 
-    point = make_point(strategy=strategy, nodes=1, ranks_per_node=2, split=2, micro_batches=micro_batches)
+    model = {"model": "cosmoflow", "dataset": "cosmoflow32", "model_options": (("norm", "none"),)} if volume else {}
+    point = make_point(strategy=strategy, nodes=1, ranks_per_node=2, split=2, micro_batches=micro_batches, **model)
     record = run_point(point, out=tmp_path / "record.json", launcher="local")
     assert record.status == "ok", record.reason
     issued = [statistics_mode(rank.anatomy["comm_ops"]) for rank in record.ranks]

@@ -40,6 +40,7 @@ machine's collective fit says after the compute the rank did since its previous 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 from ddlbench.analysis.analytic.compute import block_times, layer_costs
@@ -57,7 +58,8 @@ from ddlbench.catalog.layer_table import predict_split_share
 from ddlbench.catalog.model_table import LayerRow
 
 NORM_TYPES = ("BatchNorm2d", "GroupNorm")
-WINDOWED_TYPES = ("Conv2d", "MaxPool2d", "AvgPool2d")
+WINDOWED_TYPES = ("Conv2d", "MaxPool2d", "AvgPool2d", "Conv3d", "MaxPool3d")
+SPLIT_CONVS = ("Conv2d", "Conv3d")
 
 
 class Lane:
@@ -276,34 +278,37 @@ def _window(extent: int, parts: int, *, kernel: int, stride: int, padding: int, 
 def _slab_rows(table_layers: list[LayerRow], region: int, parts: int) -> tuple[list[LayerRow], dict[str, tuple]]:
     """The region's layers as rank 0 runs them (rows of its slab or window), and per windowed layer whose
     window is not its slab: (window rows, rows exchanged, its input's elements per row, whether the
-    window is a copy)."""
+    window is a copy). Rows are the split axis, dim 2 of the tensor (halo.py): an image's height, a
+    volume's depth (C, D, H, W: a row is H × W per channel)."""
     rows, windows = [], {}
     for layer in table_layers:
-        if layer.block >= region or len(layer.input_shape) != 3:
+        if layer.block >= region or len(layer.input_shape) not in (3, 4):
             rows.append(layer)
             continue
-        c_in, h_in, w_in = layer.input_shape
-        c_out, h_out, w_out = layer.output_shape if len(layer.output_shape) == 3 else (0, 1, 1)
+        c_in, h_in, *across_in = layer.input_shape
+        sliced = len(layer.output_shape) == len(layer.input_shape)  # not a flatten or a head's vector
+        c_out, h_out = layer.output_shape[:2] if sliced else (0, 1)
         input_rows, out_rows = h_in // parts, max(1, h_out // parts)
         if layer.type in WINDOWED_TYPES:
-            kernel = layer.weight_shape[-1] if layer.type == "Conv2d" else (layer.kernel_size or (2,))[0]
+            conv = layer.type in SPLIT_CONVS
+            kernel = layer.weight_shape[-1] if conv else (layer.kernel_size or (2,))[0]
             stride = max(1, round(h_in / max(1, h_out)))
-            padding = kernel // 2 if layer.type == "Conv2d" else 0
+            padding = kernel // 2 if conv else 0
             window, received, sent = _window(h_in, parts, kernel=kernel, stride=stride, padding=padding, rank=0)
             if window != input_rows or received or sent:
                 # a rank that sends or receives rows exchanges them (halo.HaloExchange): its message is
                 # the larger of the two; it assembles a window (a copy) when it received rows or pads
                 # the edge, else computes on a view of its slab (halo.fetch_window)
                 copies = bool(received or padding)
-                windows[layer.name] = (window, max(received, sent), c_in * w_in, copies)
+                windows[layer.name] = (window, max(received, sent), c_in * math.prod(across_in), copies)
             input_rows = window
         kind = "SlabBatchNorm2d" if layer.type == "BatchNorm2d" else layer.type
         rows.append(
             replace(
                 layer,
                 type=kind,
-                input_shape=(c_in, input_rows, w_in),
-                output_shape=(c_out, out_rows, w_out) if len(layer.output_shape) == 3 else layer.output_shape,
+                input_shape=(c_in, input_rows, *across_in),
+                output_shape=(c_out, out_rows, *layer.output_shape[2:]) if sliced else layer.output_shape,
                 forward_flops=layer.forward_flops // parts,
                 backward_flops=layer.backward_flops // parts,
             )
@@ -411,7 +416,7 @@ def model_spatial_layers(ctx: Context) -> StrategyRun:
     for layer, row in zip(table.layers, rows, strict=True):
         if layer.block < region and layer.type == "BatchNorm2d":
             saved[layer.block] += 2 * elements(row.input_shape) * b * FP32
-        if layer.name in windows and layer.type == "Conv2d" and windows[layer.name][3]:
+        if layer.name in windows and layer.type in SPLIT_CONVS and windows[layer.name][3]:
             saved[layer.block] += elements(row.input_shape) * b * FP32
     memory = rank_memory(
         params=table.param_bytes + table.buffer_bytes,

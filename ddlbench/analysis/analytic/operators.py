@@ -47,7 +47,11 @@ with its head split and merge, what a CausalSelfAttention row of a model table h
 and tensor parallelism's tp_colwise_linear and tp_rowwise_linear, a Linear over (batch, tokens, features)
 sharded by torch's ColwiseParallel or RowwiseParallel on a mesh of the rank alone, fitted on the linear
 regressors over its rows (batch × tokens): their call costs hold DTensor's dispatch, which a tensor-parallel
-rank pays on every sharded Linear (ddlbench.analysis.analytic.splits.tensor_parallel_rows).
+rank pays on every sharded Linear (ddlbench.analysis.analytic.splits.tensor_parallel_rows). Over volumes
+(C, D, H, W: CosmoFlow's), conv3d (F = 2·C_in·C_out·k³·P·N with P = D·H·W, on conv2d's regressors, oneDNN's
+3-D kernels fitted apart from its 2-D ones) and max_pool3d, with large volumes drawn for their page knots; a
+volume's LeakyReLU or ReLU is a relu over D·H·W pixels. Until they came (2026-12-05) the roofline costed every
+volume layer, and cosmoflow's steps were predicted at 0.72-0.76 of the measured (the third scoring set).
 
 Each fit reports its leave-one-out error over the calibration's own shapes (what a shape it did not
 time is predicted to), which a prediction's notes repeat. Torch-free; numpy only when fitting.
@@ -62,11 +66,13 @@ from typing import Any
 
 from ddlbench.analysis.machine.fit import nnls
 from ddlbench.train.calibration.operator_shapes import (
+    FIRST_LAYER_CHANNELS,
     LARGE_KINDS,
     LARGE_LEAST,
     OPERATOR_KINDS,
     TENSOR_PARALLEL_KINDS,
     TOKEN_KINDS,
+    VOLUME_KINDS,
 )
 
 CONV_TYPES = ("Conv2d",)
@@ -76,11 +82,16 @@ KIND_OF_TYPE = {
     "SlabBatchNorm2d": "slab_batch_norm2d",  # a BatchNorm2d on a spatial slab (ddlbench.analysis.analytic.layer_splits)
     "ReLU": "relu",
     "ReLU6": "relu",
+    # one elementwise pass each way over the same elements as a ReLU's (leaky_relu and its backward against
+    # clamp_min and threshold_backward); CosmoFlow's activation
+    "LeakyReLU": "relu",
     "MaxPool2d": "max_pool2d",
     "AvgPool2d": "max_pool2d",
     "AdaptiveAvgPool2d": "max_pool2d",
     "AdaptiveMaxPool2d": "max_pool2d",
     "Linear": "linear",
+    "Conv3d": "conv3d",  # over volumes (C, D, H, W): pixels D·H·W, kernel elements k³
+    "MaxPool3d": "max_pool3d",
     "LayerNorm": "layer_norm",
     "GELU": "gelu",
     "Embedding": "embedding",
@@ -93,7 +104,7 @@ KIND_OF_TYPE = {
 FREE_TYPES = ("Identity", "Flatten", "Dropout", "Dropout2d")  # views or no-ops in training (dropout: none here)
 KINDS = OPERATOR_KINDS  # what the calibration times (ddlbench.train.calibration.operator_shapes)
 # the kinds fitted on the FLOP and weight regressors
-WEIGHTED = ("conv2d", "linear", "depthwise_conv2d", *TENSOR_PARALLEL_KINDS)
+WEIGHTED = ("conv2d", "linear", "depthwise_conv2d", *TENSOR_PARALLEL_KINDS, "conv3d")
 LINEAR_KINDS = ("linear", *TENSOR_PARALLEL_KINDS)
 
 
@@ -130,7 +141,7 @@ LANED = ("conv2d",)
 # elements, 2.6-3.2 past 9.6 M); one of PAGE_KNOTS or none, per kind, as the weights' knot; for the kinds whose
 # calibration draws large maps (operator_shapes.LARGE_KINDS)
 PAGE_KNOTS = (2.0**21, 2.0**22, 2.0**23, 2.0**24)
-PAGE_KNOTTED = LARGE_KINDS
+PAGE_KNOTTED = (*LARGE_KINDS, *VOLUME_KINDS)
 
 
 def weight_elements(call: OpCall) -> int:
@@ -308,6 +319,24 @@ def call_of_sample(sample: Mapping[str, Any]) -> OpCall:
         int(sample.get("stride") or 1),
     )
     c_in = int(sample["in_channels"])
+    if kind in VOLUME_KINDS:  # a record made before volumes had no depth
+        d = int(sample.get("depth") or 1)
+        if kind == "max_pool3d":
+            out = (d // 2) * (h // 2) * (w // 2)
+            return OpCall(kind=kind, in_channels=c_in, out_channels=c_in, in_pixels=d * h * w, out_pixels=out)
+
+        def side(n: int) -> int:
+            return (n + 2 * (k // 2) - k) // stride + 1
+
+        return OpCall(
+            kind=kind,
+            in_channels=c_in,
+            out_channels=int(sample["out_channels"]),
+            in_pixels=d * h * w,
+            out_pixels=side(d) * side(h) * side(w),
+            kernel_elements=k**3,
+            input_grad=c_in != FIRST_LAYER_CHANNELS[kind],
+        )
     if kind in ("conv2d", "depthwise_conv2d"):
         h_out, w_out = (h + 2 * (k // 2) - k) // stride + 1, (w + 2 * (k // 2) - k) // stride + 1
         return OpCall(
@@ -317,7 +346,7 @@ def call_of_sample(sample: Mapping[str, Any]) -> OpCall:
             in_pixels=h * w,
             out_pixels=h_out * w_out,
             kernel_elements=k * k,
-            input_grad=c_in != 3,  # the kernel's 3-channel inputs stand for a first layer
+            input_grad=c_in != FIRST_LAYER_CHANNELS["conv2d"],  # the kernel's 3-channel inputs: a first layer
         )
     if kind == "linear":
         return OpCall(kind=kind, in_channels=c_in, out_channels=int(sample["out_channels"]), in_pixels=1, out_pixels=1)
@@ -553,8 +582,25 @@ def layer_call(
             out_pixels=int(tokens),
             weight_elements=math.prod(weight_shape) if kind == "embedding" else 0,
         )
+    # a volume's layer, (C, D, H, W); or an activation on a head's features, (C,)
+    if kind in VOLUME_KINDS or (kind == "relu" and len(input_shape) in (1, 4)):
+        if len(input_shape) != len(output_shape) or (kind in VOLUME_KINDS and len(input_shape) != 4):
+            return None
+        extra = {}
+        if kind == "conv3d":
+            if len(weight_shape) != 5 or weight_shape[1] != input_shape[0]:
+                return None  # a grouped 3-D convolution: none of the calibration's
+            extra = {"kernel_elements": int(math.prod(weight_shape[2:])), "input_grad": input_grad}
+        return OpCall(
+            kind=kind,
+            in_channels=int(input_shape[0]),
+            out_channels=int(output_shape[0]),
+            in_pixels=int(math.prod(input_shape[1:])),
+            out_pixels=int(math.prod(output_shape[1:])),
+            **extra,
+        )
     if len(input_shape) != 3 or len(output_shape) != 3:
-        return None  # not a 2-D image layer (a volume, a sequence): the roofline costs it
+        return None  # not a 2-D image layer (a sequence, a volume of a kind with none): the roofline costs it
     extra: dict = {}
     if kind == "conv2d":
         groups = input_shape[0] // weight_shape[1] if len(weight_shape) == 4 and weight_shape[1] else 1

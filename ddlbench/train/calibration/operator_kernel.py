@@ -1,18 +1,17 @@
 """Operators timed one by one on a rank, forward and backward (imported by the worker only: it needs torch).
 
 For each shape of the point (ddlbench.train.calibration.operator_shapes draws them), the operator is built as a
-model holds it (nn.Conv2d without bias, nn.BatchNorm2d in training mode, nn.ReLU, nn.MaxPool2d(2),
-nn.Linear with bias, a residual add of two tensors) on a random input that requires a gradient (a
-3-channel convolution's input does not: it stands for a model's first layer, whose backward computes
-no input gradient), all on the rank's device (CUDA where the rank has a GPU: ddlbench.launch.devices), with
-torch's TF32 switches as a training point of the precision sets them (fp32 strict; cuDNN's own default
-would run fp32 convolutions in TF32). The ranks time the same shapes at once, after a barrier per shape,
-so the operators share the node's cores and memory bandwidth as a training point's ranks do; each shape is
-timed by every count k of the point's `operator_at_once` in turn (ranks 0..k−1 time it, the others wait at
-the next barrier, idle: a gloo barrier blocks without spinning), so one rank alone and all ranks at once
-are timed seconds apart, under the same load on the host. Entries carry `at_once` = k. Per shape and
-count, in each of ROUNDS passes over all shapes, `warmup` untimed then iterations / ROUNDS timed
-repetitions of:
+model holds it (nn.Conv2d without bias, nn.BatchNorm2d in training mode, nn.ReLU, nn.MaxPool2d(2), nn.Linear with
+bias, a residual add of two tensors; nn.Conv3d without bias and nn.MaxPool3d(2) over volumes) on a random input that
+requires a gradient (a 3-channel conv2d's or 4-channel conv3d's input does not: it stands for a model's first layer,
+whose backward computes no input gradient), all on the rank's device (CUDA where the rank has a GPU:
+ddlbench.launch.devices), with torch's TF32 switches as a training point of the precision sets them (fp32 strict;
+cuDNN's own default would run fp32 convolutions in TF32). The ranks time the same shapes at once, after a barrier
+per shape, so the operators share the node's cores and memory bandwidth as a training point's ranks do; each shape
+is timed by every count k of the point's `operator_at_once` in turn (ranks 0..k−1 time it, the others wait at the
+next barrier, idle: a gloo barrier blocks without spinning), so one rank alone and all ranks at once are timed
+seconds apart, under the same load on the host. Entries carry `at_once` = k. Per shape and count, in each of ROUNDS
+passes over all shapes, `warmup` untimed then iterations / ROUNDS timed repetitions of:
 - forward: y = op(x) with autograd recording, as in training;
 and spatial parallelism's slab batch norm (ddlbench.train.strategies.halo.SlabBatchNorm, its statistics
 shared over a group of this rank alone: its arithmetic without a peer to wait for), and tensor parallelism's
@@ -49,8 +48,10 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ddlbench.train.calibration.kernels import DTYPES, Timer, _precision_switch
 from ddlbench.train.calibration.operator_shapes import (
+    FIRST_LAYER_CHANNELS,
     TENSOR_PARALLEL_KINDS,
     TOKEN_KINDS,
+    VOLUME_KINDS,
     OperatorShape,
     largest_elements,
     sample_shapes,
@@ -98,6 +99,15 @@ def build_operator(
             padding=shape.kernel // 2,
             bias=False,
         )
+    elif shape.kind == "conv3d":
+        module = nn.Conv3d(
+            shape.in_channels,
+            shape.out_channels,
+            shape.kernel,
+            stride=shape.stride,
+            padding=shape.kernel // 2,
+            bias=False,
+        )
     elif shape.kind == "depthwise_conv2d":
         module = nn.Conv2d(
             shape.in_channels,
@@ -130,6 +140,8 @@ def build_operator(
         module = nn.ReLU()
     elif shape.kind == "max_pool2d":
         module = nn.MaxPool2d(2, stride=2)
+    elif shape.kind == "max_pool3d":
+        module = nn.MaxPool3d(2, stride=2)
     elif shape.kind == "linear":
         module = nn.Linear(shape.in_channels, shape.out_channels)
     elif shape.kind == "add":
@@ -154,10 +166,12 @@ def _input(shape: OperatorShape, generator: torch.Generator, device: torch.devic
         return x.to(device).requires_grad_()
     if shape.kind == "linear":
         size = (shape.batch, shape.in_channels)
+    elif shape.kind in VOLUME_KINDS:
+        size = (shape.batch, shape.in_channels, shape.depth, shape.height, shape.width)
     else:
         size = (shape.batch, shape.in_channels, shape.height, shape.width)
     x = torch.randn(*size, generator=generator).to(device)
-    first_layer = shape.kind == "conv2d" and shape.in_channels == 3
+    first_layer = shape.in_channels == FIRST_LAYER_CHANNELS.get(shape.kind)
     return x.requires_grad_(not first_layer)
 
 

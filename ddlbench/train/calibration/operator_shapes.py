@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 # (batch, tokens, features), column-wise and row-wise (torch's ColwiseParallel and RowwiseParallel, as
 # ddlbench.train.strategies.tensor shards a block), on a mesh of the rank alone: DTensor's dispatch on every
 # call with no peer to wait for. Each is drawn after the kinds that came before it, so that their draws from
-# the seeded generator are what they were before it came.
+# the seeded generator are what they were before it came. The volume kinds (VOLUME_KINDS) come last of all.
 OPERATOR_KINDS = (
     "conv2d",
     "batch_norm2d",
@@ -45,21 +45,32 @@ OPERATOR_KINDS = (
     "attention",
     "tp_colwise_linear",
     "tp_rowwise_linear",
+    "conv3d",
+    "max_pool3d",
 )
+# a 3-D model's layers over (batch, channels, depth, height, width): a 3-D convolution and a 2×2×2 max pool
+# (CosmoFlow's); drawn after every other kind and the wide and large draws (sample_shapes), so those draws are what
+# they were before these came
+VOLUME_KINDS = ("conv3d", "max_pool3d")
+# the input channels a drawn convolution takes to stand for a model's first layer, whose backward computes no
+# input gradient: an RGB image's 3, CosmoFlow's 4 redshift channels
+FIRST_LAYER_CHANNELS = {"conv2d": 3, "conv3d": 4}
 TOKEN_KINDS = ("layer_norm", "gelu", "embedding", "attention")  # (batch, tokens = height, features = in_channels)
 # (batch, tokens = height, in_channels → out_channels features), a DTensor Linear on a one-rank mesh
 TENSOR_PARALLEL_KINDS = ("tp_colwise_linear", "tp_rowwise_linear")
 
 
-CONV_KINDS = ("conv2d", "depthwise_conv2d")
+CONV_KINDS = ("conv2d", "depthwise_conv2d", "conv3d")
+POOL_KINDS = ("max_pool2d", "max_pool3d")
 
 
 @dataclass(frozen=True, kw_only=True)
 class OperatorShape:
-    """One operator call: `batch` samples of `in_channels` × height × width in; for conv2d `out_channels`
-    filters of kernel × kernel at `stride` with 'same'-style padding kernel // 2 (depthwise_conv2d: one
-    filter per channel, groups = in_channels = out_channels); for linear,
-    in_channels → out_channels features (height = width = 1); elementwise kinds keep the shape."""
+    """One operator call: `batch` samples of `in_channels` × height × width in (× depth for VOLUME_KINDS, 1
+    otherwise); for conv2d `out_channels` filters of kernel × kernel (conv3d: kernel³) at `stride` with
+    'same'-style padding kernel // 2 (depthwise_conv2d: one filter per channel, groups = in_channels =
+    out_channels); for linear, in_channels → out_channels features (height = width = 1); elementwise kinds
+    keep the shape; pools halve every side."""
 
     kind: str
     batch: int
@@ -69,22 +80,34 @@ class OperatorShape:
     out_channels: int = 0
     kernel: int = 1
     stride: int = 1
+    depth: int = 1
+
+    def _out(self, side: int) -> int:
+        if self.kind in CONV_KINDS:
+            return (side + 2 * (self.kernel // 2) - self.kernel) // self.stride + 1
+        if self.kind in POOL_KINDS:
+            return side // 2
+        return side
 
     @property
     def out_height(self) -> int:
-        if self.kind in CONV_KINDS:
-            return (self.height + 2 * (self.kernel // 2) - self.kernel) // self.stride + 1
-        if self.kind == "max_pool2d":
-            return self.height // 2
-        return self.height
+        return self._out(self.height)
 
     @property
     def out_width(self) -> int:
-        if self.kind in CONV_KINDS:
-            return (self.width + 2 * (self.kernel // 2) - self.kernel) // self.stride + 1
-        if self.kind == "max_pool2d":
-            return self.width // 2
-        return self.width
+        return self._out(self.width)
+
+    @property
+    def out_depth(self) -> int:
+        return self._out(self.depth) if self.kind in VOLUME_KINDS else 1
+
+    @property
+    def in_pixels(self) -> int:
+        return self.depth * self.height * self.width
+
+    @property
+    def out_pixels(self) -> int:
+        return self.out_depth * self.out_height * self.out_width
 
     @property
     def forward_flop(self) -> int:
@@ -92,6 +115,8 @@ class OperatorShape:
         if self.kind == "conv2d":
             per = 2 * self.in_channels * self.out_channels * self.kernel**2
             return per * self.out_height * self.out_width * self.batch
+        if self.kind == "conv3d":
+            return 2 * self.in_channels * self.out_channels * self.kernel**3 * self.out_pixels * self.batch
         if self.kind == "depthwise_conv2d":
             return 2 * self.in_channels * self.kernel**2 * self.out_height * self.out_width * self.batch
         if self.kind == "linear":
@@ -127,10 +152,12 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     WIDE_CONV_SHARE × `per_kind` wide conv2d shapes (_draw_wide_conv), up to WIDE_CONV_FLOP × `max_flop`; then
     large_count(`per_kind`) shapes of each of LARGE_KINDS on large maps (_draw_large), their largest tensor
     above `max_elements` and at most LARGE_ELEMENTS × `max_elements` (a conv2d up to WIDE_CONV_FLOP ×
-    `max_flop`)."""
+    `max_flop`); last the VOLUME_KINDS, within the bounds and then on large volumes (_draw_volume)."""
     rng = random.Random(seed)
     shapes: list[OperatorShape] = []
     for kind in OPERATOR_KINDS:
+        if kind in VOLUME_KINDS:
+            continue  # drawn last, below
         count = 3 * per_kind if kind == "conv2d" else per_kind
         drawn = 0
         while drawn < count:
@@ -162,7 +189,64 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
             ):
                 shapes.append(shape)
                 drawn += 1
+    # then a 3-D model's layers (VOLUME_KINDS): volumes within the bounds (conv3d twice per_kind, as its speed
+    # varies most), then large_count(per_kind) of each on large volumes (an input of 64-128 a side, CosmoFlow's
+    # first layers), past `max_elements` as the large maps are
+    for kind in VOLUME_KINDS:
+        drawn = 0
+        while drawn < (2 * per_kind if kind == "conv3d" else per_kind):
+            shape = _draw_volume(rng, kind)
+            if _within(shape, max_flop, max_elements):
+                shapes.append(shape)
+                drawn += 1
+    for kind in VOLUME_KINDS:
+        drawn = 0
+        while drawn < large_count(per_kind):
+            shape = _draw_volume(rng, kind, large=True)
+            if largest_elements(shape) > max_elements and _within(
+                shape, WIDE_CONV_FLOP * max_flop, LARGE_ELEMENTS * max_elements
+            ):
+                shapes.append(shape)
+                drawn += 1
     return shapes
+
+
+def _draw_volume(rng: random.Random, kind: str, *, large: bool = False) -> OperatorShape:
+    """A 3-D layer: channels 8-512 (conv3d: output channels the input's, half or twice; one in ten a first layer
+    of FIRST_LAYER_CHANNELS; 3×3×3, one in five 1×1×1; stride 2 one in five), a cube of side 2-32 (a slab of
+    fewer depth rows one time in three: spatial parallelism splits the depth), batch 1-16. `large`: side 48-128,
+    channels 8-64 (conv3d: a first layer's one time in four), batch 1-4, 3×3×3 at stride 1 (CosmoFlow's first
+    layers: 4 → 32 on 128³, 32 → 64 on 64³)."""
+    if large:
+        side = max(2, round(_log_uniform(rng, 48, 128)))
+        batch = max(1, round(_log_uniform(rng, 1, 4)))
+        channels = _channels(rng, 8, 64)
+        if kind == "conv3d" and rng.random() < 0.25:
+            channels = FIRST_LAYER_CHANNELS["conv3d"]
+        depth = side
+    else:
+        side = max(2, round(_log_uniform(rng, 2, 32)))
+        batch = max(1, round(_log_uniform(rng, 1, 16)))
+        channels = _channels(rng, 8, 512)
+        depth = max(1, round(side * _log_uniform(rng, 0.25, 1.0))) if rng.random() < 1 / 3 else side
+    if kind == "max_pool3d":
+        side, depth = max(2, side - side % 2), max(2, depth - depth % 2)
+        return OperatorShape(kind=kind, batch=batch, in_channels=channels, height=side, width=side, depth=depth)
+    first = not large and rng.random() < 0.1
+    out = max(8, min(1024, int(max(channels, 8) * rng.choice((0.5, 1, 1, 2)))))
+    kernel = 3 if large or rng.random() < 0.8 else 1
+    stride = 2 if not large and rng.random() < 0.2 and min(side, depth) >= 4 else 1
+    return OperatorShape(
+        kind=kind,
+        batch=batch,
+        in_channels=FIRST_LAYER_CHANNELS["conv3d"] if first else channels,
+        height=side,
+        width=side,
+        depth=depth,
+        out_channels=out,
+        kernel=kernel,
+        stride=stride,
+    )
 
 
 LARGE_KINDS = ("conv2d", "batch_norm2d", "relu", "max_pool2d", "add", "depthwise_conv2d")
@@ -183,9 +267,9 @@ def large_count(per_kind: int) -> int:
 def largest_elements(shape: OperatorShape) -> int:
     """The elements of a shape's largest activation, input or output (a token kind's out_channels are an
     embedding's rows or attention's heads, not features: its output is as large as its input)."""
-    elements = shape.batch * shape.in_channels * shape.height * shape.width
+    elements = shape.batch * shape.in_channels * shape.in_pixels
     out_channels = shape.in_channels if shape.kind in TOKEN_KINDS else max(shape.out_channels, shape.in_channels)
-    return max(elements, shape.batch * out_channels * shape.out_height * shape.out_width)
+    return max(elements, shape.batch * out_channels * shape.out_pixels)
 
 
 def _draw_large(rng: random.Random, kind: str) -> OperatorShape:
@@ -221,6 +305,7 @@ def _within(shape: OperatorShape, max_flop: float, max_elements: int) -> bool:
         and max(largest_elements(shape), table) <= max_elements
         and shape.out_height >= 1
         and shape.out_width >= 1
+        and shape.out_depth >= 1
     )
 
 
