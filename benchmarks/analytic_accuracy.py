@@ -93,8 +93,8 @@ SETS = {
     "scoring-24": "scoring24_sweep.yaml",  # the twenty-fourth, frozen (2026-12-05), run on the model of 8220910 (seen)
     "scoring-25": "scoring25_sweep.yaml",  # the twenty-fifth, frozen (2026-12-05), run on the model of 8220910 (seen)
     "scoring-26": "scoring26_sweep.yaml",  # the twenty-sixth, frozen (2026-12-05), run on the model of 8220910 (seen)
-    "scoring-27": "scoring27_sweep.yaml",  # the twenty-seventh, frozen (2026-12-05) before anything was run on it
-    "scoring-28": "scoring28_sweep.yaml",  # the twenty-eighth, frozen (2026-12-05) before anything was run on it
+    "scoring-27": "scoring27_sweep.yaml",  # the twenty-seventh, frozen (2026-12-05), run on the model of 8220910 (seen)
+    "scoring-28": "scoring28_sweep.yaml",  # the twenty-eighth, frozen (2026-12-05), run on the model of 4f35b46 (seen)
     # made after the twenty-eighth was frozen: cosmoflow on 4×32³ (the third set's, seen), for the volume kinds
     "volume-development": "volume_sweep.yaml",
 }

@@ -100,17 +100,8 @@ def activation_terms(ctx: Context, batch: float, blocks: range | None = None, sc
     scale = scale or [1.0] * len(table.blocks)
     saved = [(table.blocks[i].saved_bytes * batch + table.blocks[i].saved_fixed_bytes) * scale[i] for i in blocks]
     grads = [table.blocks[i].params * FP32 for i in blocks]
-    # the gradient of a block's output and of its input while its backward runs; or, where a layer inside the
-    # block holds more (a pool's full-size input, 8× its output over a volume), that layer's two
-    widest: dict[int, int] = {}
-    for layer in table.layers:
-        pair = elements(layer.input_shape) + elements(layer.output_shape)
-        widest[layer.block] = max(widest.get(layer.block, 0), pair)
     flowing = [
-        max(elements(table.blocks[i].input_shape) + elements(table.blocks[i].output_shape), widest.get(i, 0))
-        * FP32
-        * batch
-        for i in blocks
+        (elements(table.blocks[i].input_shape) + elements(table.blocks[i].output_shape)) * FP32 * batch for i in blocks
     ]
     last = len(table.blocks) - 1
     if blocks and blocks[-1] == last:
