@@ -66,6 +66,7 @@ from typing import Any
 
 from ddlbench.analysis.machine.fit import nnls
 from ddlbench.train.calibration.operator_shapes import (
+    CONV_KINDS,
     FIRST_LAYER_CHANNELS,
     LARGE_KINDS,
     LARGE_LEAST,
@@ -73,6 +74,7 @@ from ddlbench.train.calibration.operator_shapes import (
     TENSOR_PARALLEL_KINDS,
     TOKEN_KINDS,
     VOLUME_KINDS,
+    OperatorShape,
 )
 
 CONV_TYPES = ("Conv2d",)
@@ -319,34 +321,27 @@ def call_of_sample(sample: Mapping[str, Any]) -> OpCall:
         int(sample.get("stride") or 1),
     )
     c_in = int(sample["in_channels"])
-    if kind in VOLUME_KINDS:  # a record made before volumes had no depth
-        d = int(sample.get("depth") or 1)
-        if kind == "max_pool3d":
-            out = (d // 2) * (h // 2) * (w // 2)
-            return OpCall(kind=kind, in_channels=c_in, out_channels=c_in, in_pixels=d * h * w, out_pixels=out)
-
-        def side(n: int) -> int:
-            return (n + 2 * (k // 2) - k) // stride + 1
-
-        return OpCall(
-            kind=kind,
-            in_channels=c_in,
-            out_channels=int(sample["out_channels"]),
-            in_pixels=d * h * w,
-            out_pixels=side(d) * side(h) * side(w),
-            kernel_elements=k**3,
-            input_grad=c_in != FIRST_LAYER_CHANNELS[kind],
-        )
-    if kind in ("conv2d", "depthwise_conv2d"):
-        h_out, w_out = (h + 2 * (k // 2) - k) // stride + 1, (w + 2 * (k // 2) - k) // stride + 1
+    # an image's or a volume's shape, its output sides as the kernel computes them (a record made before volumes
+    # has no depth: 1)
+    shape = OperatorShape(
+        kind=kind,
+        batch=1,
+        in_channels=c_in,
+        height=h,
+        width=w,
+        depth=int(sample.get("depth") or 1),
+        kernel=k,
+        stride=stride,
+    )
+    if kind in CONV_KINDS:
         return OpCall(
             kind=kind,
             in_channels=c_in,
             out_channels=int(sample.get("out_channels") or c_in),
-            in_pixels=h * w,
-            out_pixels=h_out * w_out,
-            kernel_elements=k * k,
-            input_grad=c_in != FIRST_LAYER_CHANNELS["conv2d"],  # the kernel's 3-channel inputs: a first layer
+            in_pixels=shape.in_pixels,
+            out_pixels=shape.out_pixels,
+            kernel_elements=k ** (3 if kind in VOLUME_KINDS else 2),
+            input_grad=c_in != FIRST_LAYER_CHANNELS.get(kind),  # the kernel's first-layer inputs
         )
     if kind == "linear":
         return OpCall(kind=kind, in_channels=c_in, out_channels=int(sample["out_channels"]), in_pixels=1, out_pixels=1)
@@ -357,8 +352,8 @@ def call_of_sample(sample: Mapping[str, Any]) -> OpCall:
     if kind in TOKEN_KINDS:  # height: tokens; out_channels: an embedding's rows (or attention's heads)
         table = int(sample.get("out_channels") or 0) * c_in if kind == "embedding" else 0
         return OpCall(kind=kind, in_channels=c_in, out_channels=c_in, in_pixels=h, out_pixels=h, weight_elements=table)
-    out_pixels = (h // 2) * (w // 2) if kind == "max_pool2d" else h * w
-    return OpCall(kind=kind, in_channels=c_in, out_channels=c_in, in_pixels=h * w, out_pixels=out_pixels)
+    pixels = {"in_pixels": shape.in_pixels, "out_pixels": shape.out_pixels}  # a pool halves every side
+    return OpCall(kind=kind, in_channels=c_in, out_channels=c_in, **pixels)
 
 
 REWEIGHTINGS = 4  # iterations of 1/√(t·t̂) weights after the first fit (converged by then on these timings)

@@ -48,7 +48,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ddlbench.train.calibration.kernels import DTYPES, Timer, _precision_switch
 from ddlbench.train.calibration.operator_shapes import (
+    CONV_KINDS,
     FIRST_LAYER_CHANNELS,
+    POOL_KINDS,
     TENSOR_PARALLEL_KINDS,
     TOKEN_KINDS,
     VOLUME_KINDS,
@@ -90,32 +92,15 @@ def build_operator(
         module = parallelize_module(linear, own_mesh, style)
         module.train()
         return (lambda x, _other: module(x)), list(module.parameters())
-    if shape.kind == "conv2d":
-        module: nn.Module = nn.Conv2d(
+    if shape.kind in CONV_KINDS:
+        depthwise = shape.kind == "depthwise_conv2d"  # one filter per channel: out_channels = in_channels
+        module: nn.Module = (nn.Conv3d if shape.kind in VOLUME_KINDS else nn.Conv2d)(
             shape.in_channels,
             shape.out_channels,
             shape.kernel,
             stride=shape.stride,
             padding=shape.kernel // 2,
-            bias=False,
-        )
-    elif shape.kind == "conv3d":
-        module = nn.Conv3d(
-            shape.in_channels,
-            shape.out_channels,
-            shape.kernel,
-            stride=shape.stride,
-            padding=shape.kernel // 2,
-            bias=False,
-        )
-    elif shape.kind == "depthwise_conv2d":
-        module = nn.Conv2d(
-            shape.in_channels,
-            shape.in_channels,
-            shape.kernel,
-            stride=shape.stride,
-            padding=shape.kernel // 2,
-            groups=shape.in_channels,
+            groups=shape.in_channels if depthwise else 1,
             bias=False,
         )
     elif shape.kind == "layer_norm":
@@ -138,10 +123,8 @@ def build_operator(
         module = nn.BatchNorm2d(shape.in_channels)
     elif shape.kind == "relu":
         module = nn.ReLU()
-    elif shape.kind == "max_pool2d":
-        module = nn.MaxPool2d(2, stride=2)
-    elif shape.kind == "max_pool3d":
-        module = nn.MaxPool3d(2, stride=2)
+    elif shape.kind in POOL_KINDS:
+        module = (nn.MaxPool3d if shape.kind in VOLUME_KINDS else nn.MaxPool2d)(2, stride=2)
     elif shape.kind == "linear":
         module = nn.Linear(shape.in_channels, shape.out_channels)
     elif shape.kind == "add":
