@@ -98,6 +98,7 @@ SETS = {
     # made after the twenty-eighth was frozen: cosmoflow on 4×32³ (the third set's, seen), for the volume kinds
     "volume-development": "volume_sweep.yaml",
     "scoring-29": "scoring29_sweep.yaml",  # the twenty-ninth, frozen (2026-12-05) before anything was run on it
+    "scoring-30": "scoring30_sweep.yaml",  # the thirtieth, frozen (2026-12-05) before anything was run on it
 }
 
 
@@ -335,7 +336,7 @@ def main() -> int:
         choices=tuple(SETS),
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development, "
-        "allocator-development, volume-development: developed on; scoring to scoring-29: the scoring sets, each "
+        "allocator-development, volume-development: developed on; scoring to scoring-30: the scoring sets, each "
         "frozen before the change it scored and seen since (none is frozen and unrun: freeze the next before the "
         "next change)",
     )

@@ -84,6 +84,7 @@ for _name, _length, _vocab, _what in (
     ("tokens", 1024, 50257, "GPT-2's context and vocabulary"),
     ("tokens_small", 64, 512, "small, for tests and quick sweeps"),
     ("tokens_medium", 128, 2048, "between the two: attention over 128 tokens"),
+    ("tokens_long", 512, 8192, "attention over 512 tokens, a vocabulary of 8,192"),
 ):
     DATASETS.register(
         DatasetSpec(
