@@ -97,8 +97,9 @@ SETS = {
     "scoring-28": "scoring28_sweep.yaml",  # the twenty-eighth, frozen (2026-12-05), run on the model of 4f35b46 (seen)
     # made after the twenty-eighth was frozen: cosmoflow on 4×32³ (the third set's, seen), for the volume kinds
     "volume-development": "volume_sweep.yaml",
-    "scoring-29": "scoring29_sweep.yaml",  # the twenty-ninth, frozen (2026-12-05) before anything was run on it
-    "scoring-30": "scoring30_sweep.yaml",  # the thirtieth, frozen (2026-12-05) before anything was run on it
+    "scoring-29": "scoring29_sweep.yaml",  # the twenty-ninth, frozen (2026-12-05), run on the model of a941ede (seen)
+    "scoring-30": "scoring30_sweep.yaml",  # the thirtieth, frozen (2026-12-05), run on the model of a941ede (seen)
+    "scoring-31": "scoring31_sweep.yaml",  # the thirty-first, frozen (2026-12-05) before anything was run on it
 }
 
 
@@ -336,9 +337,9 @@ def main() -> int:
         choices=tuple(SETS),
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development, "
-        "allocator-development, volume-development: developed on; scoring to scoring-30: the scoring sets, each "
-        "frozen before the change it scored and seen since (none is frozen and unrun: freeze the next before the "
-        "next change)",
+        "allocator-development, volume-development: developed on; scoring to scoring-31: the scoring sets, each "
+        "frozen before the change it scored and seen since, but scoring-31, frozen and unrun (2026-12-05): run it on "
+        "the next change to the transformers' costs, and freeze the next before the change after",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     parser.add_argument(
