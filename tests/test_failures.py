@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ddlbench.launch.processes import host_oom_kills
 from ddlbench.launch.runner import rank_dir_for, run_point
 from ddlbench.records import read_record
 from tests.conftest import BIN, make_point
@@ -46,11 +47,58 @@ def test_allocation_failure_is_an_oom_record(tmp_path, monkeypatch):
 
 
 def test_rank_killed_without_a_word_is_a_failed_record(tmp_path, monkeypatch):
+    """The rank SIGKILLs itself: where the kernel counts its out-of-memory kills (/proc/vmstat), the count did
+    not move, so the record says failed and not the killer; where it does not, it says the killer may be why."""
     record = run_with_fault(tmp_path, monkeypatch, "kill", nodes=2)
     assert record.status == "failed"
-    assert record.reason == (
-        "rank 1 ended with signal SIGKILL without reporting an error (possibly the kernel's out-of-memory killer)"
+    why = (
+        "possibly the kernel's out-of-memory killer"
+        if host_oom_kills() is None
+        else "not the kernel's out-of-memory killer: it ended no process on this host meanwhile"
     )
+    assert record.reason == f"rank 1 ended with signal SIGKILL without reporting an error ({why})"
+
+
+def test_a_rank_the_kernel_killed_for_memory_is_an_oom_record(tmp_path):
+    """The judge beside the real kill above: a rank ended by SIGKILL while the kernel's out-of-memory killer
+    ended a process on the host is out of memory (the kernel's own kill is not one a test may cause); the count
+    is read from /proc/vmstat's oom_kill line."""
+    from ddlbench.launch.processes import LaunchOutcome
+    from ddlbench.launch.runner import judge
+    from ddlbench.records import RankFailure
+
+    def outcome(kills):
+        return LaunchOutcome(
+            returncodes=(1, -signal.SIGKILL),
+            ranks_of_process=((0,), (1,)),
+            timed_out=False,
+            stopped=(False, False),
+            wall_s=1.0,
+            host_oom_kills=kills,
+        )
+
+    point = make_point(nodes=2)
+    # its peer, left alone, failed on the broken connection (as set 29's zero2 rank 0 did)
+    reset = RankFailure(
+        rank=0, hostname="vm", error_type="RuntimeError", message="Connection reset by peer", traceback="",
+        out_of_memory=False, time=1.0,
+    )  # fmt: skip
+    verdict = judge(point, outcome(2), [], [reset])
+    assert verdict.status == "oom"
+    assert verdict.reason == (
+        "rank 1 ended with signal SIGKILL without reporting an error: the kernel's out-of-memory killer ended 2 "
+        "processes on this host while the ranks ran (/proc/vmstat oom_kill)"
+    )
+    assert judge(point, outcome(0), [], [reset]).status == "failed"
+    assert "possibly" in judge(point, outcome(None), [], [reset]).reason
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 123\noom_kill 7\nnuma_hit 5\n")
+    assert host_oom_kills(vmstat) == 7
+    vmstat.write_text("nr_free_pages 123\n")  # a kernel before 4.13
+    assert host_oom_kills(vmstat) is None
+    assert host_oom_kills(tmp_path / "absent") is None
+    if Path("/proc/vmstat").exists() and "oom_kill " in Path("/proc/vmstat").read_text():
+        assert isinstance(host_oom_kills(), int) and host_oom_kills() >= 0
 
 
 def test_hanging_point_is_a_timeout_record(tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ from ddlbench.launch.cores import PIN_VAR, CoreGrant, check_cores, claimed_cores
 from ddlbench.launch.mpi import MpirunLauncher, find_mpirun
 from ddlbench.launch.patience import OutageOver, current_patience, is_transient, keep_trying
 from ddlbench.launch.placement import GPU_BIND_VAR, launch_settings
-from ddlbench.launch.processes import LaunchOutcome, StderrTee, start_process, supervise
+from ddlbench.launch.processes import LaunchOutcome, StderrTee, host_oom_kills, start_process, supervise
 from ddlbench.launch.rendezvous import INIT_METHOD_VAR, slurm_master_port
 from ddlbench.launch.slurm import current_allocation, first_host
 from ddlbench.point import Point
@@ -82,6 +82,7 @@ class LocalLauncher:
         rendezvous.unlink(missing_ok=True)
         network = launch_settings(os.environ).rank_env()  # the site's NCCL/gloo variables, where one was given
         processes = []
+        before = host_oom_kills()  # every rank runs on this host: the kernel's count tells an OOM kill apart
         for rank in range(point.world_size):
             pin = {PIN_VAR: ",".join(map(str, rank_cpus(claimed, rank, point.cores_per_rank)))} if claimed else {}
             env = {
@@ -101,7 +102,11 @@ class LocalLauncher:
             env.pop(GPU_BIND_VAR, None)  # no SLURM binding here: every rank sees the host's GPUs
             processes.append(start_process(worker_command(point, rank_dir, dump_params, group), env))
         ranks = [(rank,) for rank in range(point.world_size)]
-        return supervise(processes, ranks_of_process=ranks, timeout_s=timeout_s)
+        outcome = supervise(processes, ranks_of_process=ranks, timeout_s=timeout_s)
+        after = host_oom_kills()
+        if before is None or after is None:
+            return outcome
+        return dataclasses.replace(outcome, host_oom_kills=after - before)
 
 
 # What slurmstepd and srun print when SLURM's memory enforcement kills a step (jobacct_gather's

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,23 @@ class LaunchOutcome:
     # lines the launcher itself printed that explain a failure (srun: "Exceeded job memory limit")
     launcher_messages: tuple[str, ...] = field(default_factory=tuple)
     step_id: str | None = None  # the SLURM job step that ran the ranks, where srun said ("<job>.<step>")
+    # processes the kernel's out-of-memory killer ended on this host while the ranks ran here (host_oom_kills'
+    # difference over the launch); None where the ranks ran elsewhere or the kernel does not count them
+    host_oom_kills: int | None = None
+
+
+def host_oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:
+    """How many processes the kernel's out-of-memory killer has ended on this host since it booted (the
+    `oom_kill` line of /proc/vmstat, Linux 4.13 and later); None where the kernel does not say. A rank it
+    ends gets SIGKILL and writes nothing, as one that kills itself does; this count tells the two apart."""
+    try:
+        for line in vmstat.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def start_process(command: list[str], env: dict[str, str]) -> subprocess.Popen:

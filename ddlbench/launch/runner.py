@@ -224,9 +224,10 @@ def judge(
     timeout_s: float | None = None,
 ) -> Verdict:
     """Status and reason of a launch, most telling first: the time limit; running out of memory (a rank's
-    allocation failure, or SLURM killing the step at its memory limit); a rank
-    that died without a word (its peers then fail with 'connection reset', which is not the cause); the
-    earliest exception; a missing result; a loss that stopped being finite."""
+    allocation failure, or SLURM killing the step at its memory limit); a rank that died without a word (its
+    peers then fail with 'connection reset', which is not the cause; out of memory where SIGKILL ended it and the
+    kernel's out-of-memory killer ended a process on this host meanwhile); the earliest exception; a missing
+    result; a loss that stopped being finite."""
     if outcome.timed_out:
         return Verdict(
             status="timeout",
@@ -241,9 +242,19 @@ def judge(
     reported = {failure.rank for failure in failures}
     for code, stopped, ranks in zip(outcome.returncodes, outcome.stopped, outcome.ranks_of_process, strict=True):
         if code != 0 and not stopped and not reported & set(ranks):
-            hint = " (possibly the kernel's out-of-memory killer)" if code == -signal.SIGKILL else ""
             who = f"rank {ranks[0]}" if len(ranks) == 1 else f"the launcher of ranks {ranks[0]}-{ranks[-1]}"
-            reason = f"{who} ended with {describe_returncode(code)} without reporting an error{hint}"
+            reason = f"{who} ended with {describe_returncode(code)} without reporting an error"
+            if code == -signal.SIGKILL and outcome.host_oom_kills:
+                killed = outcome.host_oom_kills
+                reason += (
+                    f": the kernel's out-of-memory killer ended {killed} process{'es' if killed > 1 else ''} on this "
+                    "host while the ranks ran (/proc/vmstat oom_kill)"
+                )
+                return Verdict(status="oom", reason=reason, metrics=None)
+            if code == -signal.SIGKILL and outcome.host_oom_kills is None:
+                reason += " (possibly the kernel's out-of-memory killer)"
+            elif code == -signal.SIGKILL:
+                reason += " (not the kernel's out-of-memory killer: it ended no process on this host meanwhile)"
             return Verdict(status="failed", reason=reason, metrics=None)
     if failures:
         return Verdict(status="failed", reason=_failure_reason(failures[0]), metrics=None)
