@@ -212,6 +212,11 @@ def second_calibration(
     }
 
 
+# a host drift (the sweep's probes against the calibration's, median compute ratio) past which the headline is
+# flagged: the sets calibrated in their own hour read ×0.94-1.08 (docs/analytic.md), the twenty-ninth ×0.69
+DRIFT_WARNING = 0.10
+
+
 def host_adjusted_score(machine: Path, sweep_file: Path, table: pd.DataFrame) -> dict | None:
     """The never-seen configurations predicted again from the machine file rescaled by the sweep's host probes
     against the calibration's (ddlbench.analysis.analytic.drift): the model's error with the host's drift taken
@@ -256,6 +261,14 @@ def host_adjusted_score(machine: Path, sweep_file: Path, table: pd.DataFrame) ->
         f"{spread('compute')}, memory {spread('memory')}, all-reduce latency "
         + (f"median ×{statistics.median(latency):.2f} (n = {len(latency)})" if latency else "–")
     )
+    compute = [a.operators.compute for a in adjusted if a.operators and a.operators.compute]
+    if compute and abs(statistics.median(compute) - 1) > DRIFT_WARNING:
+        # the twenty-ninth set, scored on a machine file three hours older than its sweep: ×0.69, headline 62.2 %
+        print(
+            f"WARNING: the host ran its compute at ×{statistics.median(compute):.2f} the calibration's during the "
+            f"sweep, more than {DRIFT_WARNING * 100:.0f} % off: the headline carries the drift of the host, not "
+            "only the model's error. Calibrate in the sweep's hour (leave out --machine) and measure again."
+        )
     return {
         "time_accuracy": time_adjusted,
         "configurations": len(chosen),
