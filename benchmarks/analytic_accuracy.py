@@ -213,7 +213,7 @@ def second_calibration(
 
 
 # a host drift (the sweep's probes against the calibration's, median compute ratio) past which the headline is
-# flagged: the sets calibrated in their own hour read ×0.94-1.08 (docs/analytic.md), the twenty-ninth ×0.69
+# flagged: most scoring sets read ×0.93-1.09; the tenth, thirteenth and twenty-ninth ×1.32, ×0.69, ×0.69
 DRIFT_WARNING = 0.10
 
 
