@@ -244,17 +244,19 @@ def judge(
         if code != 0 and not stopped and not reported & set(ranks):
             who = f"rank {ranks[0]}" if len(ranks) == 1 else f"the launcher of ranks {ranks[0]}-{ranks[-1]}"
             reason = f"{who} ended with {describe_returncode(code)} without reporting an error"
-            if code == -signal.SIGKILL and outcome.host_oom_kills:
-                killed = outcome.host_oom_kills
+            killed = outcome.host_oom_kills
+            if code == -signal.SIGKILL and killed:
                 reason += (
                     f": the kernel's out-of-memory killer ended {killed} process{'es' if killed > 1 else ''} on this "
                     "host while the ranks ran (/proc/vmstat oom_kill)"
                 )
                 return Verdict(status="oom", reason=reason, metrics=None)
-            if code == -signal.SIGKILL and outcome.host_oom_kills is None:
-                reason += " (possibly the kernel's out-of-memory killer)"
-            elif code == -signal.SIGKILL:
-                reason += " (not the kernel's out-of-memory killer: it ended no process on this host meanwhile)"
+            if code == -signal.SIGKILL:
+                reason += (
+                    " (possibly the kernel's out-of-memory killer)"
+                    if killed is None
+                    else " (not the kernel's out-of-memory killer: it ended no process on this host meanwhile)"
+                )
             return Verdict(status="failed", reason=reason, metrics=None)
     if failures:
         return Verdict(status="failed", reason=_failure_reason(failures[0]), metrics=None)
