@@ -100,6 +100,8 @@ SETS = {
     "scoring-29": "scoring29_sweep.yaml",  # the twenty-ninth, frozen (2026-12-05), run on the model of a941ede (seen)
     "scoring-30": "scoring30_sweep.yaml",  # the thirtieth, frozen (2026-12-05), run on the model of a941ede (seen)
     "scoring-31": "scoring31_sweep.yaml",  # the thirty-first, frozen (2026-12-05) before anything was run on it
+    # made after the thirty-first was frozen: transformers on the thirtieth's and twenty-ninth's (seen) points
+    "token-development": "token_sweep.yaml",
 }
 
 
@@ -350,9 +352,10 @@ def main() -> int:
         choices=tuple(SETS),
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development, "
-        "allocator-development, volume-development: developed on; scoring to scoring-31: the scoring sets, each "
-        "frozen before the change it scored and seen since, but scoring-31, frozen and unrun (2026-12-05): run it on "
-        "the next change to the transformers' costs, and freeze the next before the change after",
+        "allocator-development, volume-development, token-development: developed on; scoring to scoring-31: the "
+        "scoring sets, each frozen before the change it scored and seen since, but scoring-31, frozen and unrun "
+        "(2026-12-05): run it on the next change to the transformers' costs, and freeze the next before the change "
+        "after",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     parser.add_argument(

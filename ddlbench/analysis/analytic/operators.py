@@ -343,9 +343,7 @@ def call_of_sample(sample: Mapping[str, Any]) -> OpCall:
             kernel_elements=k ** (3 if kind in VOLUME_KINDS else 2),
             input_grad=c_in != FIRST_LAYER_CHANNELS.get(kind),  # the kernel's first-layer inputs
         )
-    if kind == "linear":
-        return OpCall(kind=kind, in_channels=c_in, out_channels=int(sample["out_channels"]), in_pixels=1, out_pixels=1)
-    if kind in TENSOR_PARALLEL_KINDS:  # height: tokens, the rows per sample
+    if kind in LINEAR_KINDS:  # height: tokens, the rows per sample (1: a head's)
         return OpCall(
             kind=kind, in_channels=c_in, out_channels=int(sample["out_channels"]), in_pixels=1, out_pixels=1, rows=h
         )

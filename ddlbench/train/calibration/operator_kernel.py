@@ -147,8 +147,8 @@ def _input(shape: OperatorShape, generator: torch.Generator, device: torch.devic
     if shape.kind in TOKEN_KINDS or shape.kind in TENSOR_PARALLEL_KINDS:
         x = torch.randn(shape.batch, shape.height, shape.in_channels, generator=generator)
         return x.to(device).requires_grad_()
-    if shape.kind == "linear":
-        size = (shape.batch, shape.in_channels)
+    if shape.kind == "linear":  # a head's (batch, features), or a transformer's (batch, tokens, features)
+        size = (shape.batch, shape.in_channels) if shape.height == 1 else (shape.batch, shape.height, shape.in_channels)
     elif shape.kind in VOLUME_KINDS:
         size = (shape.batch, shape.in_channels, shape.depth, shape.height, shape.width)
     else:

@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass
 # (batch, tokens, features), column-wise and row-wise (torch's ColwiseParallel and RowwiseParallel, as
 # ddlbench.train.strategies.tensor shards a block), on a mesh of the rank alone: DTensor's dispatch on every
 # call with no peer to wait for. Each is drawn after the kinds that came before it, so that their draws from
-# the seeded generator are what they were before it came. The volume kinds (VOLUME_KINDS) come last of all.
+# the seeded generator are what they were before it came. The volume kinds (VOLUME_KINDS) come after them, then
+# linear shapes over a transformer's tokens (_draw_token_linear), last of all.
 OPERATOR_KINDS = (
     "conv2d",
     "batch_norm2d",
@@ -69,8 +70,9 @@ class OperatorShape:
     """One operator call: `batch` samples of `in_channels` × height × width in (× depth for VOLUME_KINDS, 1
     otherwise); for conv2d `out_channels` filters of kernel × kernel (conv3d: kernel³) at `stride` with
     'same'-style padding kernel // 2 (depthwise_conv2d: one filter per channel, groups = in_channels =
-    out_channels); for linear, in_channels → out_channels features (height = width = 1); elementwise kinds
-    keep the shape; pools halve every side."""
+    out_channels); for linear, in_channels → out_channels features over `height` rows per sample (1: an
+    image model's head, a (batch, features) input; more: a transformer's tokens, (batch, tokens, features)),
+    width 1; elementwise kinds keep the shape; pools halve every side."""
 
     kind: str
     batch: int
@@ -119,9 +121,7 @@ class OperatorShape:
             return 2 * self.in_channels * self.out_channels * self.kernel**3 * self.out_pixels * self.batch
         if self.kind == "depthwise_conv2d":
             return 2 * self.in_channels * self.kernel**2 * self.out_height * self.out_width * self.batch
-        if self.kind == "linear":
-            return 2 * self.in_channels * self.out_channels * self.batch
-        if self.kind in TENSOR_PARALLEL_KINDS:
+        if self.kind == "linear" or self.kind in TENSOR_PARALLEL_KINDS:  # over `height` tokens (1: a head's)
             return 2 * self.in_channels * self.out_channels * self.batch * self.height
         if self.kind == "attention":  # two T×T products (the scores, then the weighted sum), as FlopCounterMode
             return 4 * self.height**2 * self.in_channels * self.batch
@@ -152,7 +152,9 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     WIDE_CONV_SHARE × `per_kind` wide conv2d shapes (_draw_wide_conv), up to WIDE_CONV_FLOP × `max_flop`; then
     large_count(`per_kind`) shapes of each of LARGE_KINDS on large maps (_draw_large), their largest tensor
     above `max_elements` and at most LARGE_ELEMENTS × `max_elements` (a conv2d up to WIDE_CONV_FLOP ×
-    `max_flop`); last the VOLUME_KINDS, within the bounds and then on large volumes (_draw_volume)."""
+    `max_flop`); then the VOLUME_KINDS, within the bounds and then on large volumes (_draw_volume); last
+    TOKEN_LINEAR_SHARE × `per_kind` linear shapes over tokens (_draw_token_linear), up to WIDE_CONV_FLOP ×
+    `max_flop`."""
     rng = random.Random(seed)
     shapes: list[OperatorShape] = []
     for kind in OPERATOR_KINDS:
@@ -208,7 +210,34 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
             ):
                 shapes.append(shape)
                 drawn += 1
+    # last, TOKEN_LINEAR_SHARE × `per_kind` more linear shapes over a transformer's tokens (_draw_token_linear):
+    # a transformer calls its Linears on batch × tokens rows (1,024 on the twenty-ninth and thirtieth sets), the
+    # linear draws above hold 1-256, and a fit of those extrapolated a forward of 214-292 GFLOP/s where the fastest
+    # shape timed 155 (docs/analytic.md, "What the twenty-ninth and thirtieth sets show")
+    drawn = 0
+    while drawn < round(TOKEN_LINEAR_SHARE * per_kind):
+        shape = _draw_token_linear(rng)
+        if _within(shape, WIDE_CONV_FLOP * max_flop, max_elements):
+            shapes.append(shape)
+            drawn += 1
     return shapes
+
+
+TOKEN_LINEAR_SHARE = 1.0  # linear shapes over tokens, times per_kind
+
+
+def _draw_token_linear(rng: random.Random) -> OperatorShape:
+    """A transformer's Linear over (batch, tokens, features): features 64-5120 in and out, each drawn apart (a
+    block's projections keep the width, its MLP widens 4× and narrows back: GPT-2 large's 1,280 → 5,120), tokens
+    64-1024, batch 1-16."""
+    return OperatorShape(
+        kind="linear",
+        batch=max(1, round(_log_uniform(rng, 1, 16))),
+        in_channels=_channels(rng, 64, 5120),
+        out_channels=_channels(rng, 64, 5120),
+        height=max(64, round(_log_uniform(rng, 64, 1024))),
+        width=1,
+    )
 
 
 def _draw_volume(rng: random.Random, kind: str, *, large: bool = False) -> OperatorShape:
