@@ -99,7 +99,7 @@ SETS = {
     "volume-development": "volume_sweep.yaml",
     "scoring-29": "scoring29_sweep.yaml",  # the twenty-ninth, frozen (2026-12-05), run on the model of a941ede (seen)
     "scoring-30": "scoring30_sweep.yaml",  # the thirtieth, frozen (2026-12-05), run on the model of a941ede (seen)
-    "scoring-31": "scoring31_sweep.yaml",  # the thirty-first, frozen (2026-12-05) before anything was run on it
+    "scoring-31": "scoring31_sweep.yaml",  # the thirty-first, frozen (2026-12-05), run on the model of f6b619b (seen)
     # made after the thirty-first was frozen: transformers on the thirtieth's and twenty-ninth's (seen) points
     "token-development": "token_sweep.yaml",
 }
@@ -353,9 +353,8 @@ def main() -> int:
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development, "
         "allocator-development, volume-development, token-development: developed on; scoring to scoring-31: the "
-        "scoring sets, each frozen before the change it scored and seen since, but scoring-31, frozen and unrun "
-        "(2026-12-05): run it on the next change to the transformers' costs, and freeze the next before the change "
-        "after",
+        "scoring sets, each frozen before the change it scored and seen since: freeze the next before the next "
+        "change",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     parser.add_argument(
