@@ -15,7 +15,12 @@ import torch
 from ddlbench.analysis.analytic.operators import call_of_sample, fit_kind, layer_call
 from ddlbench.analysis.analytic.table_cache import find_table
 from ddlbench.train.calibration import operator_shapes
-from ddlbench.train.calibration.operator_shapes import OperatorShape, largest_elements, sample_shapes
+from ddlbench.train.calibration.operator_shapes import (
+    OperatorShape,
+    largest_elements,
+    sample_shapes,
+    token_linear_count,
+)
 from tests.test_analytic_operators import _timed
 
 BOUNDS = {"max_flop": 1.5e9, "max_elements": 2**23}
@@ -23,7 +28,7 @@ PER_KIND = 40
 
 
 def _token_linears(seed: int) -> list[OperatorShape]:
-    return sample_shapes(seed=seed, per_kind=PER_KIND, **BOUNDS)[-PER_KIND:]
+    return sample_shapes(seed=seed, per_kind=PER_KIND, **BOUNDS)[-token_linear_count(PER_KIND) :]
 
 
 def test_token_linears_are_drawn_last_within_bounds_and_leave_every_other_draw_as_it_was(monkeypatch):
@@ -31,6 +36,7 @@ def test_token_linears_are_drawn_last_within_bounds_and_leave_every_other_draw_a
     with monkeypatch.context() as patch:
         patch.setattr(operator_shapes, "TOKEN_LINEAR_SHARE", 0.0)
         before = operator_shapes.sample_shapes(seed=0, per_kind=PER_KIND, **BOUNDS)
+    assert token_linear_count(PER_KIND) == PER_KIND
     assert drawn[: len(before)] == before and len(drawn) == len(before) + PER_KIND
     tail = drawn[len(before) :]
     assert all(s.kind == "linear" and s.height >= 64 and s.width == 1 for s in tail)
@@ -76,9 +82,9 @@ def _tiled_law(call, batch: int) -> tuple[float, float]:
     flop = 2.0 * weights * rows
     efficiency = min(1.0, math.sqrt(rows / 256))
     traffic = (call.in_channels + call.out_channels) * rows + weights
-    return 20e-6 + flop / (150e9 * efficiency) + traffic * 1e-9, 40e-6 + 2 * flop / (
-        140e9 * efficiency
-    ) + 2 * traffic * 1e-9
+    forward = 20e-6 + flop / (150e9 * efficiency) + traffic * 1e-9
+    backward = 40e-6 + 2 * flop / (140e9 * efficiency) + 2 * traffic * 1e-9
+    return forward, backward
 
 
 def test_a_linear_fit_given_token_rows_predicts_token_calls_it_never_timed():
@@ -86,18 +92,12 @@ def test_a_linear_fit_given_token_rows_predicts_token_calls_it_never_timed():
     heads = [s for s in drawn if s.height == 1]
     unseen = [s for s in _token_linears(seed=7) if s.batch * s.height >= 512]
     assert len(unseen) >= 8
+    calls = [(call_of_sample(s.to_dict()), s.batch) for s in unseen]
     for direction, index in (("forward", 0), ("backward", 1)):
         errors = {}
         for name, calibrated in (("heads", heads), ("all", drawn)):
             fit = fit_kind("linear", direction, _timed(calibrated, _tiled_law, noise=0.05, seed=1))
-            errors[name] = [
-                abs(
-                    fit.seconds(call_of_sample(s.to_dict()), s.batch)
-                    / _tiled_law(call_of_sample(s.to_dict()), s.batch)[index]
-                    - 1
-                )
-                for s in unseen
-            ]
+            errors[name] = [abs(fit.seconds(call, batch) / _tiled_law(call, batch)[index] - 1) for call, batch in calls]
         # given the token rows: the noise (± 5 %) in the median; the heads alone extrapolate past it
         assert float(np.median(errors["all"])) < 0.05 and max(errors["all"]) < 0.15, direction
         assert float(np.median(errors["heads"])) > 0.10, direction
@@ -115,7 +115,7 @@ def test_the_calibration_times_a_linear_over_tokens_as_a_transformer_holds_it():
         op, params = build_operator(shape)
         x = _input(shape, torch.Generator().manual_seed(0), cpu)
         y = op(x, None)
-        expected = (shape.batch, shape.out_channels) if shape.height == 1 else (2, 40, 96)
+        expected = (shape.batch, shape.out_channels) if shape.height == 1 else (2, 40, 96)  # (batch, tokens, out)
         assert tuple(y.shape) == expected and x.requires_grad
         assert sum(p.numel() for p in params) == shape.in_channels * shape.out_channels + shape.out_channels
         timed = time_operator(shape, cpu, Timer(cpu), warmup=1, iterations=2, autocast=contextlib.nullcontext)

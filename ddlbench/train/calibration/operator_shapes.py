@@ -215,7 +215,7 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     # linear draws above hold 1-256, and a fit of those extrapolated a forward of 214-292 GFLOP/s where the fastest
     # shape timed 155 (docs/analytic.md, "What the twenty-ninth and thirtieth sets show")
     drawn = 0
-    while drawn < round(TOKEN_LINEAR_SHARE * per_kind):
+    while drawn < token_linear_count(per_kind):
         shape = _draw_token_linear(rng)
         if _within(shape, WIDE_CONV_FLOP * max_flop, max_elements):
             shapes.append(shape)
@@ -224,6 +224,11 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
 
 
 TOKEN_LINEAR_SHARE = 1.0  # linear shapes over tokens, times per_kind
+
+
+def token_linear_count(per_kind: int) -> int:
+    """How many linear shapes over tokens sample_shapes draws last: TOKEN_LINEAR_SHARE × `per_kind`."""
+    return round(TOKEN_LINEAR_SHARE * per_kind)
 
 
 def _draw_token_linear(rng: random.Random) -> OperatorShape:
