@@ -34,7 +34,7 @@ from ddlbench.launch.slurm import (
 )
 from ddlbench.launch.status import sweep_status
 from ddlbench.sweep import plan_sweep
-from ddlbench.train.faults import planned_fault
+from ddlbench.train.faults import delay_s, planned_fault, stretch
 
 SITE = Site(partition="gpu", account="proj42", gpus_per_rank=1, mem_per_rank_mb=8000, time_margin_s=300)
 
@@ -343,6 +343,15 @@ def test_faults_can_target_points_and_first_runs_only():
     assert planned_fault("m-d-s-n4x1-b8", env) is None
     with pytest.raises(ValueError, match="unknown fault 'hang~later'"):
         planned_fault("x", {"DDLBENCH_INJECT_FAULT": "hang~later"})
+
+
+@pytest.mark.parametrize("bad", ["slower:", "slower:-0.3", "slower:nan", "slower:x", "slow:0"])
+def test_a_slowdown_in_proportion_is_planned_as_its_fraction_and_a_bad_one_is_refused(bad):
+    planned = planned_fault("m-d-s-n1x1-b8", {"DDLBENCH_INJECT_FAULT": "slower:0.3@n1x1"})
+    assert planned == "slower:0.3" and stretch(planned) == 0.3 and delay_s(planned) == 0.0
+    assert stretch("slow:0.3") == 0.0 and stretch(None) == 0.0
+    with pytest.raises(ValueError, match=f"unknown fault '{bad}'.*slower:<fraction>"):
+        planned_fault("x", {"DDLBENCH_INJECT_FAULT": bad})
 
 
 def test_the_lost_fault_exits_the_job_once_and_leaves_a_marker(tmp_path):

@@ -19,6 +19,7 @@ from ddlbench.analysis.verdicts import (
     holm,
     judge,
     judge_cell,
+    power,
 )
 from ddlbench.statistics import student_t_quantile
 
@@ -81,6 +82,40 @@ def test_a_thirty_percent_slowdown_is_found_at_three_launches_when_launches_are_
     found = [judge([contrast(_launches(rng, 3, 100, 0.03), _launches(rng, 3, 100 / 1.3, 0.03))])[0] for _ in range(200)]
     assert sum(v.direction == "lower" for v in found) >= 190
     assert all(v.direction in ("lower", None) for v in found)
+
+
+def _spread_exactly(n: int, cv: float) -> list[float]:
+    """n launches whose log values have sample standard deviation exactly cv, about 100."""
+    offsets = [i - (n - 1) / 2 for i in range(n)]
+    sd = math.sqrt(sum(x * x for x in offsets) / (n - 1))
+    return [100 * math.exp(cv * x / sd) for x in offsets]
+
+
+@pytest.mark.parametrize(("n", "cv", "ratio"), [(6, 0.12, 1 / 1.3), (8, 0.2, 1.3), (10, 0.15, 1 / 1.3), (12, 0.1, 0.9)])
+def test_the_power_at_measured_spreads_is_the_rate_at_which_such_launches_are_called_different(n, cv, ratio):
+    # launches whose spread is cv on both sides: power() against the rate at which Welch's test calls
+    # lognormal launches of that spread and that ratio different (4,000 draws: binomial SD ≤ 0.8 %). The
+    # shifted-t approximation and the draws' own varying spreads are within 3 % of it at these sizes
+    stated = power(_spread_exactly(n, cv), _spread_exactly(n, cv), ratio=ratio)
+    assert stated is not None and 0.3 < stated < 0.99  # a size where a wrong power shows
+    rng = random.Random(11)
+    draws = 4000
+    called = sum(
+        judge([contrast(_launches(rng, n, 100, cv), _launches(rng, n, 100 * ratio, cv))])[0].direction is not None
+        for _ in range(draws)
+    )
+    assert abs(called / draws - stated) < 0.03, (called / draws, stated)
+
+
+def test_the_power_grows_with_launches_and_falls_with_spread_and_needs_three_launches():
+    power_at = [power(_spread_exactly(n, 0.1), _spread_exactly(n, 0.1), ratio=1 / 1.3) for n in (3, 4, 6, 10)]
+    assert power_at == sorted(power_at) and power_at[0] < 0.8 < 0.99 < power_at[-1]
+    assert power(_spread_exactly(6, 0.05), _spread_exactly(6, 0.05), ratio=1 / 1.3) > power_at[2]
+    # the smaller side's spread counts as the larger's does
+    assert power(_spread_exactly(6, 0.3), _spread_exactly(6, 0.1), ratio=1 / 1.3) < power_at[2]
+    assert power([100.0, 101.0], _spread_exactly(6, 0.1), ratio=1 / 1.3) is None
+    with pytest.raises(ValueError, match="ratio 1"):
+        power(_spread_exactly(3, 0.1), _spread_exactly(3, 0.1), ratio=1)
 
 
 def test_identical_launches_agree_and_distinct_steady_ones_differ():

@@ -117,14 +117,11 @@ def contrast(a: Sequence[float], b: Sequence[float], *, cv_floor: float = CV_FLO
             n_a=n_a, n_b=n_b, ratio=ratio, ci_low=None, ci_high=None, p_value=None, dof=None, why_no_test=why
         )
     log_a, log_b = [math.log(v) for v in a], [math.log(v) for v in b]
-    floor = math.log1p(cv_floor) ** 2
-    var_a, var_b = max(_variance(log_a), floor) / n_a, max(_variance(log_b), floor) / n_b
     difference = math.fsum(log_b) / n_b - math.fsum(log_a) / n_a
-    se = math.sqrt(var_a + var_b)
+    se, dof = _welch(log_a, log_b, cv_floor)
     if se == 0:  # only with cv_floor 0: both sides without spread
-        p_value, dof, half = (1.0 if difference == 0 else 0.0), math.inf, 0.0
+        p_value, half = (1.0 if difference == 0 else 0.0), 0.0
     else:
-        dof = (var_a + var_b) ** 2 / (var_a**2 / (n_a - 1) + var_b**2 / (n_b - 1))
         p_value = student_t_two_sided_p(difference / se, dof)
         half = student_t_quantile(0.975, dof) * se
     return Contrast(
@@ -136,6 +133,29 @@ def contrast(a: Sequence[float], b: Sequence[float], *, cv_floor: float = CV_FLO
         p_value=p_value,
         dof=dof,
     )
+
+
+def power(
+    a: Sequence[float], b: Sequence[float], *, ratio: float, alpha: float = ALPHA, cv_floor: float = CV_FLOOR
+) -> float | None:
+    """How likely `contrast`'s test, at these launch counts and these sides' spreads, calls a true ratio
+    `ratio` (B ÷ A, ≠ 1) different at two-sided level `alpha`: with se and ν as `contrast` computes them from
+    the launches (each side's variance of log values, floored) and δ = |log ratio| ÷ se, the power is
+    P(T > t₁₋α/₂,ν) for T noncentral t(ν, δ), taken as 1 − F_ν(t₁₋α/₂,ν − δ) (a central t shifted by δ, the
+    usual approximation; the far tail, a call the wrong way, neglected). It reads the spreads only, never
+    the sides' means: under normal launch-to-launch variation the sample variances are independent of the
+    difference of the means, so deciding on it to add launches does not bias that difference. None where
+    either side has fewer than MIN_LAUNCHES launches or a value that is not positive."""
+    if min(len(a), len(b)) < MIN_LAUNCHES or not (_positive(a) and _positive(b)):
+        return None
+    if not ratio > 0 or ratio == 1:
+        raise ValueError(f"ratio {ratio!r}: the power is to call a ratio other than 1, and a ratio is positive")
+    se, dof = _welch([math.log(v) for v in a], [math.log(v) for v in b], cv_floor)
+    if se == 0:
+        return 1.0
+    shortfall = student_t_quantile(1 - alpha / 2, dof) - abs(math.log(ratio)) / se
+    beyond = student_t_two_sided_p(abs(shortfall), dof) / 2  # P(T > |shortfall|) for a central t
+    return beyond if shortfall > 0 else 1 - beyond
 
 
 def holm(p_values: Sequence[float | None]) -> list[float | None]:
@@ -259,6 +279,17 @@ def _positive(values: Sequence[float]) -> bool:
 
 def _geometric_mean(values: Sequence[float]) -> float:
     return math.exp(math.fsum(math.log(v) for v in values) / len(values))
+
+
+def _welch(log_a: Sequence[float], log_b: Sequence[float], cv_floor: float) -> tuple[float, float]:
+    """Welch's standard error of mean(log b) − mean(log a) and its Welch–Satterthwaite degrees of freedom,
+    each side's variance floored at log(1 + cv_floor)² (module docstring); (0, inf) where both are 0."""
+    floor = math.log1p(cv_floor) ** 2
+    var_a, var_b = max(_variance(log_a), floor) / len(log_a), max(_variance(log_b), floor) / len(log_b)
+    if var_a + var_b == 0:
+        return 0.0, math.inf
+    dof = (var_a + var_b) ** 2 / (var_a**2 / (len(log_a) - 1) + var_b**2 / (len(log_b) - 1))
+    return math.sqrt(var_a + var_b), dof
 
 
 def _variance(values: Sequence[float]) -> float:

@@ -1,13 +1,18 @@
 """Fault injection for testing the failure paths for real: DDLBENCH_INJECT_FAULT=<fault>[,<fault>...],
 each <fault> being <kind>[~first][@<text>].
 
-<kind> is raise | oom | hang | nan | kill | slow:<seconds> | lost | corrupt. The fault strikes the last rank of
+<kind> is raise | oom | hang | nan | kill | slow:<seconds> | slower:<fraction> | lost | corrupt. The fault strikes
+the last rank of
 every point whose id contains <text> (all points without it); the first matching fault wins, except that
 `corrupt` is looked up on its own (it acts in the replay, after the training the others act in, so
 `slow:0.3@n1x1,corrupt@n1x1` makes one point both). raise, oom, hang, nan and kill strike once, at the
 first measured step; slow:<seconds> makes that rank a straggler: it sleeps
 that long at the start of every measured step, inside the step, outside every phase (so its record counts
-the delay as busy time, and its peers wait for it in their collectives). `~first` limits a fault to a
+the delay as busy time, and its peers wait for it in their collectives). slower:<fraction> makes every measured
+step of that rank (1 + fraction) times as long as its work: at the step's end, inside it and outside every
+phase, the rank sleeps fraction × the time the step took so far (after a device synchronisation), so the
+slowdown is that fraction whatever the host's speed at the moment (slow:<seconds> is a fixed time, a smaller
+share of a step that a busy host lengthens). `~first` limits a fault to a
 job's first run (SLURM_RESTART_COUNT unset or 0), so a requeued job runs clean. Nothing happens when the
 variable is unset. `lost` strikes no rank: the job `ddlbench submit` made for the point exits at once with
 status 1, before the point runs and without a record (a job lost to the machine), the first time only
@@ -30,7 +35,7 @@ import torch
 from torch import nn
 
 ENV_VAR = "DDLBENCH_INJECT_FAULT"
-KINDS = ("raise", "oom", "hang", "nan", "kill", "slow:<seconds>", "lost", "corrupt")
+KINDS = ("raise", "oom", "hang", "nan", "kill", "slow:<seconds>", "slower:<fraction>", "lost", "corrupt")
 CORRUPT = "corrupt"
 LOST_MARKER = "lost.struck"
 
@@ -67,12 +72,13 @@ def _matching(point_id: str, environ: dict[str, str] | None) -> list[str]:
 
 
 def _known(kind: str) -> bool:
-    if kind.startswith("slow:"):
-        try:
-            seconds = float(kind.removeprefix("slow:"))
-        except ValueError:
-            return False
-        return math.isfinite(seconds) and seconds > 0
+    for prefix in ("slow:", "slower:"):
+        if kind.startswith(prefix):
+            try:
+                amount = float(kind.removeprefix(prefix))
+            except ValueError:
+                return False
+            return math.isfinite(amount) and amount > 0
     return kind in KINDS
 
 
@@ -110,8 +116,14 @@ def delay_s(kind: str | None) -> float:
     return float(kind.removeprefix("slow:")) if kind and kind.startswith("slow:") else 0.0
 
 
+def stretch(kind: str | None) -> float:
+    """The fraction a `slower:<fraction>` fault lengthens every measured step of its rank by; 0 for other faults."""
+    return float(kind.removeprefix("slower:")) if kind and kind.startswith("slower:") else 0.0
+
+
 def strike(kind: str, model: nn.Module) -> None:
-    """The one-off faults, at the first measured step (slow:<seconds> acts at every step: delay_s)."""
+    """The one-off faults, at the first measured step (slow:<seconds> and slower:<fraction> act at every step:
+    delay_s, stretch)."""
     if kind == "raise":
         raise InjectedFault(f"fault injected by {ENV_VAR}")
     if kind == "oom":

@@ -22,7 +22,7 @@ from ddlbench.train.data import BatchSource, open_dataset
 from ddlbench.train.data.loader import LOADER_MEMORY_NOTE, open_point_loader, reads_through_loader
 from ddlbench.train.energy import open_energy_window, rank_provenance
 from ddlbench.train.execution import Execution, configure_execution
-from ddlbench.train.faults import delay_s, planned_fault, strike
+from ddlbench.train.faults import delay_s, planned_fault, stretch, strike
 from ddlbench.train.host_probe import probe_all_at_once
 from ddlbench.train.losses import loss_for
 from ddlbench.train.memory import MemoryProbe, storage_bytes
@@ -162,6 +162,11 @@ def anatomy_note(on_cuda: bool, completions: dict[str, int], fault: str | None, 
         )
     if fault and fault.startswith("slow:"):
         note += f"; injected straggler: this rank slept {fault.removeprefix('slow:')} s in every measured step"
+    elif fault and fault.startswith("slower:"):
+        note += (
+            f"; injected slowdown: this rank slept {fault.removeprefix('slower:')} × each measured step's own time "
+            "at its end"
+        )
     return note
 
 
@@ -208,7 +213,7 @@ def train_point(
     batches = [(execution.prepare_inputs(x), y) for x, y in batches]  # NHWC once, outside the timed steps
     pool_bytes = storage_bytes(t for batch in batches for t in batch)
     fault = planned_fault(point.point_id) if ctx.rank == ctx.world_size - 1 else None
-    delay = delay_s(fault)
+    delay, stretched = delay_s(fault), stretch(fault)
     clock_group = host_group(ctx.backend)
     clock = estimate_offset(ctx.rank, ctx.world_size, clock_group)
     loader = (
@@ -242,8 +247,9 @@ def train_point(
     timer.open_window(point.steps)
     recorder.open_window()
     for step in range(point.warmup_steps, point.warmup_steps + point.steps):
-        if fault and not delay and step == point.warmup_steps:
+        if fault and not (delay or stretched) and step == point.warmup_steps:
             strike(fault, model)
+        began = time.perf_counter()
         if loader is None:
             inputs, targets = batches[step % len(batches)]
             timer.start()
@@ -258,6 +264,9 @@ def train_point(
         if delay:
             time.sleep(delay)  # an injected straggler (DDLBENCH_INJECT_FAULT=slow:<seconds>)
         loss = trainer.step(inputs, targets)
+        if stretched:  # an injected slowdown in proportion (DDLBENCH_INJECT_FAULT=slower:<fraction>)
+            synchronize()
+            time.sleep(stretched * (time.perf_counter() - began))
         recorder.end_step()
         timer.end()
         losses.append(loss)
