@@ -14,6 +14,7 @@ from ddlbench.analysis.machine.fit import bus_factor, fit_alpha_beta
 from ddlbench.analysis.machine.machine_file import REFERENCE_MACHINES, read_machine
 from ddlbench.calibrate.suite import DEFAULT_SUITE, load_suite
 from ddlbench.errors import ConfigError, DdlbenchError
+from ddlbench.train.calibration.kernels import UPDATE_TENSORS
 from ddlbench.train.calibration.point import CalibrationPoint
 from ddlbench.train.calibration.records import read_calibration_record
 from tests.conftest import run_cli, run_snakemake, tiny_operator_suite
@@ -139,6 +140,12 @@ def test_calibrate_writes_a_machine_file_from_real_runs(tmp_path):
     # mmap threshold, is mapped anew at every allocation (4 of the 8 iterations each way, twice)
     touch = compute["first_touch_s_per_byte"]
     assert touch["bytes_filled"] == 64 << 20 and touch["n"] == 8 and touch["value"] > 0
+    # the optimizer's step per parameter element: each iteration's time ÷ the elements, median over iterations
+    update = compute["update_s_per_param"]
+    assert (update["elements"], update["tensors"], update["n"]) == ((1 << 20) // 4, UPDATE_TENSORS, 8)
+    records = [read_calibration_record(path) for path in (folder / "points").glob("*/record.json")]
+    (raw,) = [m for r in records for m in r.ranks[0].measurements if m.get("kind") == "update"]
+    assert update["value"] == pytest.approx(statistics.median(t / raw["elements"] for t in raw["times_s"]), rel=1e-12)
     libraries = {entry["library"] for entry in machine["collectives"]}
     assert "gloo" in libraries and (len(backends) == 1 or any(lib.startswith("mpi (") for lib in libraries))
     link = machine["links"]["intra_node"]  # one host: the link within a node

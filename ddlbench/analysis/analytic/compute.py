@@ -25,9 +25,14 @@ Layers without FLOPs (activations, norms, pools) are pure memory traffic. Rates 
 machine's threads per rank; a point with other threads scales them linearly (a note says so).
 - loss: the last block's output × b read and written about 3 times, forward and backward (bytes / bw;
   with operator fits: two elementwise passes over the logits forward and two backward);
-- update: SGD with momentum, `torch.optim.SGD(momentum=0.9)` as ddlbench trains: per parameter the
-  momentum buffer is read, scaled, added to the gradient and written, then the parameter read and
-  written: 6 × 4 B = 24 B per parameter element, at the memory bandwidth.
+- update: SGD with momentum, `torch.optim.SGD(momentum=0.9)` as ddlbench trains, per parameter element:
+  the calibration's own time of that step (the machine file's `update_s_per_param`: the step timed over
+  64 MiB of parameters in 16 tensors, ddlbench.train.calibration.kernels), and where a machine file lacks
+  it (a datasheet, a file from before it), the momentum buffer read, scaled, added to the gradient and
+  written, then the parameter read and written: 6 × 4 B = 24 B per element at the memory bandwidth. That
+  rule is off by the step's own passes and the copy probe's spread: on this 2-core host the probe read
+  6.4 and 11.8 GB/s an hour apart (2.0-3.8 ns per element at 24 B), and the step itself ran at
+  1.5-1.75 ns per element over 67-268 M parameters in 16-400 tensors (2026-12-05).
 """
 
 from __future__ import annotations
@@ -197,7 +202,7 @@ def _from_rates(
         forward_s=tuple(t * f for t, f in zip(forward, factors, strict=True)),
         backward_s=tuple(t * f for t, f in zip(backward, factors, strict=True)),
         loss_s=loss,
-        update_per_param_s=UPDATE_BYTES_PER_PARAM / bandwidth,
+        update_per_param_s=update_per_param_s(machine),
         source=f"rates ({', '.join(sorted(used))}, memory bandwidth)",
         notes=tuple(notes),
     )
@@ -310,10 +315,18 @@ def _from_operators(
         forward_s=tuple(forward),
         backward_s=tuple(backward),
         loss_s=loss,
-        update_per_param_s=UPDATE_BYTES_PER_PARAM / bandwidth,
+        update_per_param_s=update_per_param_s(machine),
         source=source,
         notes=tuple(notes),
     )
+
+
+def update_per_param_s(machine: MachineModel) -> float:
+    """Seconds of the optimizer's step per parameter element (the module docstring's update): the
+    calibration's time of the step where the machine file has it, else 24 B at the memory bandwidth."""
+    if machine.update_s_per_param:
+        return machine.update_s_per_param
+    return UPDATE_BYTES_PER_PARAM / (machine.memory_bandwidth_bytes_per_s or math.inf)
 
 
 def _with_layers(table: ModelTable, layers: Sequence[LayerRow]) -> ModelTable:

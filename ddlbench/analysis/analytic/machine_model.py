@@ -360,6 +360,9 @@ class MachineModel:
     # CPU: seconds per byte of memory the host maps and zeroes on first use (ddlbench.train.calibration.kernels,
     # _first_touch); None where not measured (a GPU, a datasheet, an older machine file): no such term
     first_touch_s_per_byte: float | None = None
+    # seconds per parameter element of the optimizer's step as training runs it (ddlbench.train.calibration.kernels,
+    # `update`); None where not measured (a datasheet, an older machine file): the model's 24 B ÷ bandwidth then
+    update_s_per_param: float | None = None
     # the ranks' host allocator the calibration ran with (its suite's `host_allocator`: retain, system, mixed);
     # None for a file from before the key (its ranks had the environment's allocator, glibc's defaults unless set)
     host_allocator: str | None = None
@@ -396,6 +399,7 @@ class MachineModel:
             cuda_memory=CudaMemoryTerms.from_dict(data.get("cuda_memory")),
             cuda_host=CudaHostTerms.from_dict(data.get("cuda_host")),
             first_touch_s_per_byte=_figure(compute.get("first_touch_s_per_byte")),
+            update_s_per_param=_figure(compute.get("update_s_per_param")) or None,
             host_allocator=str(data["host_allocator"]) if data.get("host_allocator") else None,
         )
 

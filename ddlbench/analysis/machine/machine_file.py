@@ -10,6 +10,7 @@ and unit in its key's name, measured ones with their statistics and sample size.
       conv_flop_per_s:   {<precision>: {value, ...}}
       memory_bandwidth_bytes_per_s: {value, ...}
       first_touch_s_per_byte: {value, ..., bytes_filled}   # CPU: memory mapped and zeroed on first use
+      update_s_per_param: {value, ..., elements, tensors}   # the optimizer's step, per parameter element
     links: {intra_node | inter_node: {alpha_s, beta_s_per_byte, bandwidth_bytes_per_s, ...}}
     collectives: [{library, link, op, ranks, nodes, alpha_s, beta_s_per_byte, bandwidth_bytes_per_s,
                    rel_error_median, rel_error_max, curve: [{bytes, time_s: {value, ci_low, ci_high, n}}],
@@ -54,6 +55,8 @@ Figures from measurements (one calibration's records; formulas here and in ddlbe
 - FLOP/s of a size = its operations ÷ each iteration's time; the figure is the median over iterations
   with its 95 % CI (records.Stats); `value` is that of the size with the highest median;
 - memory bandwidth = bytes moved (read + write) ÷ time, the same way;
+- update per parameter = the optimizer step's time ÷ its parameter elements, the same way (its figure's
+  `elements` and `tensors` say what it was timed over);
 - a collective's time at a size: per iteration the slowest rank's time (they start together after a
   barrier), median over iterations; send_recv: rank 0's round trip ÷ 2;
 - α–β per collective, library and link: fitted to those medians (ddlbench.analysis.machine.fit);
@@ -185,6 +188,11 @@ def compute_figures(record: CalibrationRecord) -> dict[str, Any]:
         if entry["kind"] == "copy":
             bandwidth = [entry["bytes"] / t for t in entry["times_s"]]
             figures["memory_bandwidth_bytes_per_s"] = stats_figure(bandwidth, bytes_moved=entry["bytes"])
+        elif entry["kind"] == "update":
+            per_param = [t / entry["elements"] for t in entry["times_s"]]
+            figures["update_s_per_param"] = stats_figure(
+                per_param, elements=entry["elements"], tensors=entry["tensors"]
+            )
         elif entry["kind"] == "first_touch":
             # seconds per byte of memory filled for the first time, beyond filling it again: (fresh − kept) ÷
             # bytes for each pair of order statistics of the two timings (the k-th fastest of each), at least 0

@@ -9,6 +9,9 @@ compute (one rank):
 - conv [N, C, H, k]: forward of a k×k convolution, C channels in and out, stride 1, 'same' padding, on
   an N×C×H×H input; 2·N·C·C·k²·H² operations (multiply and add per weight per output element).
 - copy B: dst.copy_(src) of B bytes of float32; 2B bytes moved (read and write, STREAM's "copy"); none for B = 0.
+- update B: the optimizer's step as training runs it (torch.optim.SGD with kernel.MOMENTUM), over B bytes of
+  float32 parameters in UPDATE_TENSORS tensors, each with a gradient, the momentum buffers made by an untimed
+  first step; its time ÷ the parameter elements is the analytic model's update term (none for B = 0).
 A precision the device cannot run (tf32 off CUDA Ampere+, fp16 or bf16 where matmul refuses it) is
 recorded with the reason instead of times.
 
@@ -34,6 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddlbench.train.calibration.point import CalibrationPoint
+from ddlbench.train.kernel import MOMENTUM
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -94,9 +98,30 @@ def run_compute(point: CalibrationPoint, device: torch.device) -> list[dict[str,
         src, dst = torch.ones(elements, device=device), torch.empty(elements, device=device)
         times = timer.times(lambda: dst.copy_(src), warmup=point.warmup, iterations=point.iterations)
         out.append({"kind": "copy", "bytes": 2 * elements * 4, "times_s": times})
+        del src, dst
+        out.append(_optimizer_step(elements, device, timer, point))
         if device.type == "cpu":
             out.append(_first_touch(FIRST_TOUCH_BYTES // 4, timer, point))
     return out
+
+
+# the parameters the optimizer step is timed over, in as many tensors: a large model's are 1-50 M elements each
+# (gpt_medium's 4 M-element MLP weights, its 51 M-element embedding); 16 of a 64 MiB probe are 1 M elements
+UPDATE_TENSORS = 16
+UPDATE_LEARNING_RATE = 1e-3  # any small rate: the step is timed, the parameters are never read
+
+
+def _optimizer_step(elements: int, device: torch.device, timer: Timer, point: CalibrationPoint) -> dict[str, Any]:
+    """The optimizer's step as ddlbench trains (kernels' docstring, `update`) over `elements` parameters in
+    UPDATE_TENSORS tensors (fewer when there are fewer elements): its times, elements and tensors."""
+    sizes = [elements // UPDATE_TENSORS + (i < elements % UPDATE_TENSORS) for i in range(UPDATE_TENSORS)]
+    parameters = [torch.nn.Parameter(torch.zeros(n, device=device)) for n in sizes if n]
+    for parameter in parameters:
+        parameter.grad = torch.ones_like(parameter)
+    optimizer = torch.optim.SGD(parameters, lr=UPDATE_LEARNING_RATE, momentum=MOMENTUM)
+    optimizer.step()  # makes the momentum buffers: a training step's later updates find them made
+    times = timer.times(optimizer.step, warmup=point.warmup, iterations=point.iterations)
+    return {"kind": "update", "elements": sum(sizes), "tensors": len(parameters), "times_s": times}
 
 
 # above glibc's largest mmap threshold (32 MiB on 64-bit): each allocation of it is mapped anew, whatever the
