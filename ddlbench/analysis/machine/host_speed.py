@@ -13,8 +13,8 @@ keeps each calibration point's, per turn (rank 0 alone, or all its ranks at once
 (dimensionless; above 1: the host was slower during the point). Three ratios:
 - compute: compute_s's, for every compute figure of the machine file (operator and layer timings, FLOP rates,
   FSDP2's per-unit and per-tensor costs);
-- memory: copy_s's, for memory bandwidth, first touch, collectives' and links' per-byte cost (ranks on one host
-  exchange through its memory) and FSDP2's per-byte cost;
+- memory: copy_s's, for memory bandwidth, first touch, the optimizer step per parameter, collectives' and
+  links' per-byte cost (ranks on one host exchange through its memory) and FSDP2's per-byte cost;
 - latency: all_reduce_s's, for collectives' and links' per-call cost α; only between probes of as many ranks in
   all (a one-rank point has none).
 A section of the machine file is set against the probes of the calibration point that measured it (its
@@ -190,8 +190,9 @@ def rescaled(machine: Mapping[str, Any], probe: Mapping[str, Any]) -> tuple[dict
     bandwidth = compute.get("memory_bandwidth_bytes_per_s")
     if isinstance(bandwidth, Mapping) and bandwidth.get("value"):
         compute["memory_bandwidth_bytes_per_s"] = {**bandwidth, "value": float(bandwidth["value"]) / s.factor("memory")}
-    if compute.get("first_touch_s_per_byte") is not None:
-        compute["first_touch_s_per_byte"] = _times(compute["first_touch_s_per_byte"], s.factor("memory"))
+    for key in ("first_touch_s_per_byte", "update_s_per_param"):  # seconds of passes over memory
+        if compute.get(key) is not None:
+            compute[key] = _times(compute[key], s.factor("memory"))
 
     for entry in out.get("collectives") or ():
         s = speed_of(entry.get("point_id"), "collectives")
