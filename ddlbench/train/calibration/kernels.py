@@ -108,7 +108,7 @@ def run_compute(point: CalibrationPoint, device: torch.device) -> list[dict[str,
 # the parameters the optimizer step is timed over, in as many tensors: a large model's are 1-50 M elements each
 # (gpt_medium's 4 M-element MLP weights, its 51 M-element embedding); 16 of a 64 MiB probe are 1 M elements
 UPDATE_TENSORS = 16
-UPDATE_LEARNING_RATE = 1e-3  # any small rate: the step is timed, the parameters are never read
+UPDATE_LEARNING_RATE = 1e-3  # any small rate: the step is timed, what it leaves in the parameters is never used
 
 
 def _optimizer_step(elements: int, device: torch.device, timer: Timer, point: CalibrationPoint) -> dict[str, Any]:
