@@ -85,6 +85,7 @@ for _name, _length, _vocab, _what in (
     ("tokens_small", 64, 512, "small, for tests and quick sweeps"),
     ("tokens_medium", 128, 2048, "between the two: attention over 128 tokens"),
     ("tokens_long", 512, 8192, "attention over 512 tokens, a vocabulary of 8,192"),
+    ("tokens_768", 768, 4096, "attention over 768 tokens, a vocabulary of 4,096"),
 ):
     DATASETS.register(
         DatasetSpec(
