@@ -10,11 +10,15 @@ import random
 import numpy as np
 import pytest
 
+from ddlbench.analysis.analytic.compute import operator_layer_s
 from ddlbench.analysis.analytic.layer_splits import window_rows
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.operators import (
+    DEFAULT_HEAD_FEATURES,
     WEIGHTED_TERMS,
     OpCall,
+    OperatorModel,
+    OpFit,
     basis,
     call_of_sample,
     fit_kind,
@@ -373,11 +377,14 @@ def test_a_models_depthwise_layers_are_depthwise_calls_with_the_tables_flops():
 
 
 def _token_law(call: OpCall, batch: int) -> tuple[float, float]:
-    """A transformer layer's cost: a call, its traffic, an embedding's table in backward, attention's FLOPs."""
+    """A transformer layer's cost: a call, its traffic, an embedding's table in backward, attention's FLOPs and
+    its scores (4·N·H·T²: 2 ns a score forward, 4 backward, whatever a head's width: as much as 32 features'
+    FLOPs at the rates here, so heads of 16 features run at half the FLOP rate of heads of 64)."""
     traffic = 2 * call.in_channels * call.in_pixels * batch
     flop = 4.0 * batch * call.in_pixels**2 * call.in_channels if call.kind == "attention" else 0.0
-    forward = 15e-6 + traffic * 1e-9 + flop / 30e9
-    backward = 30e-6 + 2 * traffic * 1e-9 + 2 * flop / 25e9 + call.weight_elements * 4e-10
+    scores = flop / call.head_features / 4 if call.kind == "attention" else 0.0
+    forward = 15e-6 + traffic * 1e-9 + flop / 30e9 + scores * 2e-9
+    backward = 30e-6 + 2 * traffic * 1e-9 + 2 * flop / 25e9 + call.weight_elements * 4e-10 + scores * 4e-9
     return forward, backward
 
 
@@ -393,12 +400,34 @@ def test_a_transformers_rows_are_token_calls_with_the_tables_attention_flops():
     table = find_table("gpt_tiny", "tokens_small")
     kinds = {}
     for layer in table.layers:
-        call = layer_call(layer.type, layer.input_shape, layer.output_shape, layer.weight_shape)
+        call = layer_call(
+            layer.type, layer.input_shape, layer.output_shape, layer.weight_shape, head_features=layer.head_features
+        )
         assert call is not None, layer.name  # every row of the model has a fitted kind
         kinds.setdefault(call.kind, []).append((layer, call))
     assert set(kinds) == {"embedding", "layer_norm", "linear", "attention", "gelu"}
     for layer, call in kinds["attention"]:
         assert basis(call, 1, "forward")[2] == layer.forward_flops, layer.name  # F: FlopCounterMode's count
+        # the model's heads (64 features, 4 heads): 16 features each, and F/D counts 4 per score (N·H·T²)
+        assert layer.head_features == call.head_features == 16, layer.name
+        assert basis(call, 1, "forward")[-2] == 4 * 4 * layer.input_shape[0] ** 2, layer.name
+    # a row with no head width (a table written before rows kept it) is costed at DEFAULT_HEAD_FEATURES
+    attention = kinds["attention"][0][0]
+    unknown = layer_call(attention.type, attention.input_shape, attention.output_shape, attention.weight_shape)
+    assert basis(unknown, 1, "forward")[-2] == attention.forward_flops / DEFAULT_HEAD_FEATURES
+    # and the step's compute (compute.operator_layer_s) costs the row at its own heads: a fit that charges
+    # 1 s per unit of F/D only gives 4·H·T² a sample, times the batch
+    only_scores = tuple(1.0 if index == 6 else 0.0 for index in range(len(basis(unknown, 1, "forward"))))
+    fits = {
+        ("attention", direction): OpFit(
+            kind="attention", direction=direction, coefficients=only_scores, scale=(1.0,) * len(only_scores),
+            samples=4, loo_error_median=0.0, loo_error_mean=0.0,
+        )
+        for direction in ("forward", "backward")
+    }  # fmt: skip
+    operators = OperatorModel(precision="fp32", threads=1, ranks_per_node=1, fits=fits)
+    tokens = attention.input_shape[0]
+    assert operator_layer_s(operators, attention, 3) == (3 * 4 * 4 * tokens**2, 3 * 4 * 4 * tokens**2)
     for layer, call in kinds["embedding"]:
         assert call.weight_elements == layer.params and call.in_pixels == layer.output_shape[0]
 
@@ -669,8 +698,9 @@ def test_tensor_parallelism_costs_each_rank_its_shards_and_each_sharded_linear_i
             elif inner in ROWWISE:
                 assert row.input_shape[-1] * 2 == layer.input_shape[-1] and row.output_shape == layer.output_shape
                 assert row.type == ("TpRowwiseLinear" if dtensor else "Linear")
-            elif layer.name in split:  # the attention, the activation
+            elif layer.name in split:  # the attention (its heads whole: half of them), the activation
                 assert row.input_shape[-1] * 2 == layer.input_shape[-1] and row.type == layer.type
+                assert row.head_features == layer.head_features
             else:
                 assert row == layer
         runs[dtensor] = run_strategy(ctx)

@@ -41,6 +41,9 @@ class LayerRow:
     kernel_size: Shape = ()  # pooling windows (an adaptive pool's effective one); () otherwise
     calls: int = 1  # forward calls per step (a shared ReLU is called several times; figures are summed)
     leaf: bool = True  # False: the own operations of a module with children
+    # an attention's features per head (a module's `head_dim`), which its cost per score depends on; 0 for every
+    # other row, and then left out of the JSON (so tables without attention read and write as before)
+    head_features: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +107,9 @@ class ModelTable:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["options"] = dict(self.options)
+        for row in data["layers"]:
+            if not row["head_features"]:
+                del row["head_features"]
         return {"schema_version": self.SCHEMA_VERSION, **data}
 
     @classmethod

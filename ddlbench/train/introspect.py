@@ -352,6 +352,7 @@ def _layer_rows(net: nn.Module, small: _Pass, large: _Pass) -> list[LayerRow]:
                 kernel_size=_kernel_size(module, input_shape, output_shape) if leaf else (),
                 calls=small.calls[name],
                 leaf=leaf,
+                head_features=int(getattr(module, "head_dim", 0) or 0),
             )
         )
     return rows

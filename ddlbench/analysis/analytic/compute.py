@@ -228,7 +228,14 @@ def operator_layer_s(operators: OperatorModel, layer: LayerRow, batch: float) ->
         return 0.0, 0.0
     # a layer whose backward computes no input gradient (a model's first) counts its weights' FLOPs only
     input_grad = layer.backward_flops >= 1.5 * layer.forward_flops if layer.forward_flops else True
-    call = layer_call(layer.type, layer.input_shape, layer.output_shape, layer.weight_shape, input_grad=input_grad)
+    call = layer_call(
+        layer.type,
+        layer.input_shape,
+        layer.output_shape,
+        layer.weight_shape,
+        input_grad=input_grad,
+        head_features=layer.head_features,
+    )
     if call is None:
         return None
     times = operators.seconds(call, batch)

@@ -19,12 +19,13 @@ its layers' errors weighted by their time, and the many small draws had set the 
                          + c11·F·(⌈C_in⌉_L·⌈C_out⌉_L / (C_in·C_out) − 1)   (L: conv2d's lanes)
     elementwise:     t = c0 + c1·E_in + c2·E_out + c3·N·C + c4·C
     layer_norm, gelu, embedding:  the same + c5·W (an embedding's table: its backward writes a gradient as large)
-    attention:       t = c0 + c0'·[N > 1] + c1·F + c2·F/T + c3·E_in + c4·E_out,  F = 4·N·T²·C
+    attention:       t = c0 + c0'·[N > 1] + c1·F + c2·F/T + c3·E_in + c4·E_out + c5·F/D,  F = 4·N·T²·C
     every kind, last:    + [A > K_A]·c_A·A   (A: the elements the pass allocates, K_A: the kind's page knot)
 
 with F the FLOPs of the pass (backward: the input gradient's where autograd computes one, plus the
 weights'), C channels (features), P output pixels per sample, N the batch (a linear layer: the rows),
-E elements of the input and output, W weight elements. Each F/x term is an efficiency lost as x
+E elements of the input and output, W weight elements, D an attention head's features (F/D = 4·N·H·T²: its
+scores, whose softmax costs the same at any head width). Each F/x term is an efficiency lost as x
 shrinks (a vector lane, a blocked tile or a batch loop left part empty); the E and W terms are the
 traffic of reading and writing them; c0 the call; K a weight size past which each weight and FLOP cost
 more (a convolution's weights outgrowing a cache), one of KNOTS or none, whichever fits the calibration's
@@ -108,6 +109,9 @@ KINDS = OPERATOR_KINDS  # what the calibration times (ddlbench.train.calibration
 # the kinds fitted on the FLOP and weight regressors
 WEIGHTED = ("conv2d", "linear", "depthwise_conv2d", *TENSOR_PARALLEL_KINDS, "conv3d")
 LINEAR_KINDS = ("linear", *TENSOR_PARALLEL_KINDS)
+# an attention's features per head where its table row does not say (a table written before rows kept them):
+# GPT-2's and most models' 64
+DEFAULT_HEAD_FEATURES = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +127,7 @@ class OpCall:
     rows: int = 1  # a linear layer's rows per sample (tokens), 1 for images
     input_grad: bool = True  # whether backward computes the input's gradient (not a model's first layer)
     weight_elements: int = 0  # an embedding's table (its backward writes a gradient as large)
+    head_features: int = 0  # an attention's features per head (0: unknown, costed as DEFAULT_HEAD_FEATURES)
 
 
 # weight sizes (elements: 4, 8, 16, 32 and 64 MiB in fp32) one of which a weighted kind's fit may take as the
@@ -245,7 +250,11 @@ def _basis(call: OpCall, batch: float, direction: str, knot: float, threads: int
         return own + [0.0] * WEIGHTED_TERMS
     if call.kind == "attention":  # tokens T = in_pixels, features C: F = 4·N·T²·C, two T×T products
         flop = 4.0 * n * call.in_pixels**2 * call.in_channels
-        return [1.0, 1.0 if n > 1 else 0.0, flop, flop / call.in_pixels, e_in, e_out]
+        # F/D = 4·N·H·T², four per score of H = C/D heads: a score's softmax (its exponential, the running
+        # maximum and sum, the causal mask) costs the same whatever a head's width D, so narrow heads pay more
+        # per FLOP
+        scores = flop / (call.head_features or DEFAULT_HEAD_FEATURES)
+        return [1.0, 1.0 if n > 1 else 0.0, flop, flop / call.in_pixels, e_in, e_out, scores]
     if call.kind in TOKEN_KINDS:
         return [1.0, e_in, e_out, n * call.in_channels, float(call.in_channels), float(call.weight_elements)]
     return [1.0, e_in, e_out, n * call.in_channels, float(call.in_channels)]
@@ -349,7 +358,16 @@ def call_of_sample(sample: Mapping[str, Any]) -> OpCall:
         )
     if kind in TOKEN_KINDS:  # height: tokens; out_channels: an embedding's rows (or attention's heads)
         table = int(sample.get("out_channels") or 0) * c_in if kind == "embedding" else 0
-        return OpCall(kind=kind, in_channels=c_in, out_channels=c_in, in_pixels=h, out_pixels=h, weight_elements=table)
+        heads = int(sample.get("out_channels") or 0) if kind == "attention" else 0
+        return OpCall(
+            kind=kind,
+            in_channels=c_in,
+            out_channels=c_in,
+            in_pixels=h,
+            out_pixels=h,
+            weight_elements=table,
+            head_features=c_in // heads if heads else 0,
+        )
     pixels = {"in_pixels": shape.in_pixels, "out_pixels": shape.out_pixels}  # a pool halves every side
     return OpCall(kind=kind, in_channels=c_in, out_channels=c_in, **pixels)
 
@@ -548,8 +566,10 @@ def layer_call(
     weight_shape: Sequence[int],
     *,
     input_grad: bool = True,
+    head_features: int = 0,
 ) -> OpCall | None:
-    """The OpCall of a model-table layer (one sample's shapes), or None for a type without a kind."""
+    """The OpCall of a model-table layer (one sample's shapes), or None for a type without a kind;
+    `head_features`: an attention's features per head (the table row's)."""
     kind = KIND_OF_TYPE.get(layer_type)
     if kind is None:
         return None
@@ -574,6 +594,7 @@ def layer_call(
             in_pixels=int(tokens),
             out_pixels=int(tokens),
             weight_elements=math.prod(weight_shape) if kind == "embedding" else 0,
+            head_features=head_features if kind == "attention" else 0,
         )
     # a volume's layer, (C, D, H, W); or an activation on a head's features, (C,)
     if kind in VOLUME_KINDS or (kind == "relu" and len(input_shape) in (1, 4)):
