@@ -102,8 +102,8 @@ SETS = {
     "scoring-31": "scoring31_sweep.yaml",  # the thirty-first, frozen (2026-12-05), run on the model of f6b619b (seen)
     # made after the thirty-first was frozen: transformers on the thirtieth's and twenty-ninth's (seen) points
     "token-development": "token_sweep.yaml",
-    "scoring-32": "scoring32_sweep.yaml",  # the thirty-second, frozen (2026-12-05) before anything was run on it
-    "scoring-33": "scoring33_sweep.yaml",  # the thirty-third, frozen (2026-12-06) before anything was run on it
+    "scoring-32": "scoring32_sweep.yaml",  # the thirty-second, frozen (2026-12-05), run on the model of 0835e98 (seen)
+    "scoring-33": "scoring33_sweep.yaml",  # the thirty-third, frozen (2026-12-06), run on the model of 8c893b2 (seen)
 }
 
 
@@ -355,9 +355,8 @@ def main() -> int:
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development, "
         "allocator-development, volume-development, token-development: developed on; scoring to scoring-33: the "
-        "scoring sets, each frozen before the change it scored and seen since, but scoring-32 (2026-12-05, for the "
-        "timed update) and scoring-33 (2026-12-06, for attention's cost), frozen and unrun: run each once on its "
-        "change, and freeze the next before the change after",
+        "scoring sets, each frozen before the change it scored and seen since (none is frozen and unrun: freeze the "
+        "next before the next change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     parser.add_argument(
