@@ -357,16 +357,15 @@ def call_of_sample(sample: Mapping[str, Any]) -> OpCall:
             kind=kind, in_channels=c_in, out_channels=int(sample["out_channels"]), in_pixels=1, out_pixels=1, rows=h
         )
     if kind in TOKEN_KINDS:  # height: tokens; out_channels: an embedding's rows (or attention's heads)
-        table = int(sample.get("out_channels") or 0) * c_in if kind == "embedding" else 0
-        heads = int(sample.get("out_channels") or 0) if kind == "attention" else 0
+        rows = int(sample.get("out_channels") or 0)  # an embedding's table rows, or attention's heads
         return OpCall(
             kind=kind,
             in_channels=c_in,
             out_channels=c_in,
             in_pixels=h,
             out_pixels=h,
-            weight_elements=table,
-            head_features=c_in // heads if heads else 0,
+            weight_elements=rows * c_in if kind == "embedding" else 0,
+            head_features=c_in // rows if kind == "attention" and rows else 0,
         )
     pixels = {"in_pixels": shape.in_pixels, "out_pixels": shape.out_pixels}  # a pool halves every side
     return OpCall(kind=kind, in_channels=c_in, out_channels=c_in, **pixels)
