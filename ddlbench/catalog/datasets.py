@@ -44,6 +44,18 @@ DATASETS.register(
 )
 DATASETS.register(
     DatasetSpec(
+        name="stl10",
+        input_kind="image2d",
+        sample_shape=(3, 96, 96),
+        task="classify",
+        num_outputs=10,
+        description="STL-10-shaped images, 3×96×96, 10 classes",
+        real_data=_IMAGE_FOLDER + ", resized and centre-cropped to 96×96",
+        train_samples=5_000,  # STL-10's labelled training set: 500 images of each of 10 classes
+    )
+)
+DATASETS.register(
+    DatasetSpec(
         name="imagenet",
         input_kind="image2d",
         sample_shape=(3, 224, 224),
