@@ -225,7 +225,8 @@ def test_bad_names_and_options_are_refused_with_the_choices(capsys):
     assert main(["-q", "model-table", "resnet8", "cifar10", "--option", "depth=3"]) == 2
     assert "depth" in (err := capsys.readouterr().err) and "accepted: norm" in err
     assert main(["-q", "model-table", "resnet8", "tokens_small"]) == 2
-    assert "image2d" in (err := capsys.readouterr().err) and "cifar10, highres, imagenet, mnist, stl10, tinyimagenet" in err
+    err = capsys.readouterr().err
+    assert "image2d" in err and "cifar10, highres, imagenet, mnist, stl10, tinyimagenet" in err
     with pytest.raises(SystemExit):
         main(["-q", "model-table", "resnet8", "cifar10", "--format", "xml"])
     assert "table, csv, net, json" in capsys.readouterr().err.replace("'", "")
