@@ -36,6 +36,7 @@ from ddlbench.train.calibration.operator_shapes import (
     largest_elements,
     sample_shapes,
     token_linear_count,
+    wide_linear_count,
 )
 
 
@@ -442,10 +443,12 @@ def _linear_law(call: OpCall, batch: int) -> tuple[float, float]:
 
 @pytest.mark.parametrize("kind", ["tp_colwise_linear", "tp_rowwise_linear"])
 def test_tensor_parallel_linears_are_drawn_last_fitted_apart_and_predict_shapes_never_timed(kind):
-    drawn = sample_shapes(seed=0, per_kind=40, max_flop=1.5e9, max_elements=2**23)[: -token_linear_count(40)]
+    drawn = sample_shapes(seed=0, per_kind=40, max_flop=1.5e9, max_elements=2**23)[
+        : -token_linear_count(40) - wide_linear_count(40)
+    ]
     # the kinds before them are drawn as they were before they came (they are drawn last)
     # (then only the wide convolutions and the large maps, drawn after every kind, after those the volumes, and
-    # last the token rows' linears, left out above)
+    # last the token rows' linears and the classifier Linears, left out above)
     volumes = sum(s.kind in VOLUME_KINDS for s in drawn)
     assert all(s.kind in VOLUME_KINDS for s in drawn[-volumes:])
     drawn = drawn[:-volumes]

@@ -20,6 +20,7 @@ from ddlbench.train.calibration.operator_shapes import (
     largest_elements,
     sample_shapes,
     token_linear_count,
+    wide_linear_count,
 )
 from tests.test_analytic_operators import _timed
 
@@ -28,11 +29,16 @@ PER_KIND = 40
 
 
 def _token_linears(seed: int) -> list[OperatorShape]:
-    return sample_shapes(seed=seed, per_kind=PER_KIND, **BOUNDS)[-token_linear_count(PER_KIND) :]
+    # drawn last but for the classifier Linears (tests/test_wide_linears.py)
+    wide = wide_linear_count(PER_KIND)
+    return sample_shapes(seed=seed, per_kind=PER_KIND, **BOUNDS)[-token_linear_count(PER_KIND) - wide : -wide]
 
 
 def test_token_linears_are_drawn_last_within_bounds_and_leave_every_other_draw_as_it_was(monkeypatch):
-    drawn = sample_shapes(seed=0, per_kind=PER_KIND, **BOUNDS)
+    every = sample_shapes(seed=0, per_kind=PER_KIND, **BOUNDS)
+    monkeypatch.setattr(operator_shapes, "wide_linear_count", lambda per_kind: 0)  # drawn after them
+    drawn = operator_shapes.sample_shapes(seed=0, per_kind=PER_KIND, **BOUNDS)
+    assert drawn == every[: -wide_linear_count(PER_KIND)]
     with monkeypatch.context() as patch:
         patch.setattr(operator_shapes, "TOKEN_LINEAR_SHARE", 0.0)
         before = operator_shapes.sample_shapes(seed=0, per_kind=PER_KIND, **BOUNDS)

@@ -27,6 +27,7 @@ from ddlbench.train.calibration.operator_shapes import (
     largest_elements,
     sample_shapes,
     token_linear_count,
+    wide_linear_count,
 )
 from tests.test_analytic_operators import _assert_fit_recovers, _conv_law, _paged_law, _timed
 
@@ -35,8 +36,8 @@ BOUNDS = {"max_flop": 1.5e9, "max_elements": 2**23}
 
 def test_volumes_are_drawn_last_within_bounds_and_leave_every_other_draw_as_it_was(monkeypatch):
     drawn = sample_shapes(seed=0, per_kind=40, **BOUNDS)[
-        : -token_linear_count(40)
-    ]  # less the token rows' linears, last
+        : -token_linear_count(40) - wide_linear_count(40)
+    ]  # less the token rows' linears and the classifier Linears, last
     volumes = [s for s in drawn if s.kind in VOLUME_KINDS]
     large = large_count(40)
     assert len(volumes) == 2 * 40 + 40 + 2 * large
@@ -45,7 +46,9 @@ def test_volumes_are_drawn_last_within_bounds_and_leave_every_other_draw_as_it_w
     with monkeypatch.context() as patch:
         patch.setattr(operator_shapes, "OPERATOR_KINDS", tuple(k for k in OPERATOR_KINDS if k not in VOLUME_KINDS))
         patch.setattr(operator_shapes, "VOLUME_KINDS", ())
-        before = operator_shapes.sample_shapes(seed=0, per_kind=40, **BOUNDS)[: -token_linear_count(40)]
+        before = operator_shapes.sample_shapes(seed=0, per_kind=40, **BOUNDS)[
+            : -token_linear_count(40) - wide_linear_count(40)
+        ]
     assert drawn[: len(before)] == before and len(drawn) == len(before) + len(volumes)
     conv3d = [s for s in volumes if s.kind == "conv3d"]
     within, past = conv3d[: 2 * 40], conv3d[2 * 40 :]

@@ -54,6 +54,7 @@ from ddlbench.train.calibration.operator_shapes import (
     TENSOR_PARALLEL_KINDS,
     TOKEN_KINDS,
     VOLUME_KINDS,
+    WIDE_LINEAR_LEAST_WEIGHTS,
     OperatorShape,
     largest_elements,
     sample_shapes,
@@ -68,6 +69,28 @@ ROUNDS = 2  # passes over every shape (run_operators)
 # point took 12.1 min against 11.3-13 before)
 PROBE_EVERY = 24
 LARGE_ITERATIONS_SHARE = 0.4
+# a Linear of this many weights or more is timed with the caches emptied before each call: a step reads such
+# weights from memory (between a layer's calls the rest of the pass and the update move hundreds of MB), where a
+# shape timed over and over keeps them in this host's 300 MiB last-level cache (a 4,096² weight at 8 rows:
+# forward 10 ms repeated, 18 ms after other work, as alexnet's classifier runs in its step)
+COLD_LINEAR_WEIGHTS = WIDE_LINEAR_LEAST_WEIGHTS
+EVICT_BYTES = 1 << 29  # written before a cold call: past this host's last-level cache (300 MiB) 1.7 times
+_evict: list[Tensor] = []
+
+
+def evict_caches(device: torch.device) -> None:
+    """Write EVICT_BYTES of a host buffer kept for it, pushing everything else out of the CPU's caches (on a
+    GPU the operators' weights are in device memory: nothing to do)."""
+    if device.type != "cpu":
+        return
+    if not _evict:
+        _evict.append(torch.empty(EVICT_BYTES // 4))
+    _evict[0].fill_(0.0)
+
+
+def cold_call(shape: OperatorShape) -> bool:
+    """Whether `shape` is timed with the caches emptied before each call (COLD_LINEAR_WEIGHTS)."""
+    return shape.kind == "linear" and shape.in_channels * shape.out_channels >= COLD_LINEAR_WEIGHTS
 
 
 def build_operator(
@@ -191,8 +214,18 @@ def time_operator(
     def backward() -> None:
         held[0].backward(grad)
 
-    forward_s = timer.times(forward, warmup=warmup, iterations=iterations)
-    backward_s = timer.times(backward, warmup=warmup, iterations=iterations, before=clear)
+    evict, cleared = None, clear
+    if cold_call(shape):
+
+        def evict() -> None:
+            evict_caches(device)
+
+        def cleared() -> None:
+            clear()
+            evict_caches(device)
+
+    forward_s = timer.times(forward, warmup=warmup, iterations=iterations, before=evict)
+    backward_s = timer.times(backward, warmup=warmup, iterations=iterations, before=cleared)
     return {"kind": "operator", "shape": shape.to_dict(), "forward_s": forward_s, "backward_s": backward_s}
 
 
@@ -260,9 +293,11 @@ def run_operators(
         per_round = max(1, -(-point.iterations // ROUNDS))
         for _ in range(ROUNDS):
             for index, shape in enumerate(shapes):
-                # a shape past max_elements (operator_shapes.LARGE_KINDS) takes 0.05-0.5 s a call: one untimed
-                # call and LARGE_ITERATIONS_SHARE of the timed ones (its calls vary by a few % at that length)
-                large = largest_elements(shape) > point.operator_max_elements
+                # a shape past max_elements (operator_shapes.LARGE_KINDS; a classifier Linear's weights) takes
+                # 0.05-0.5 s a call: one untimed call and LARGE_ITERATIONS_SHARE of the timed ones (its calls vary
+                # by a few % at that length)
+                weights = shape.in_channels * shape.out_channels if shape.kind == "linear" else 0
+                large = max(largest_elements(shape), weights) > point.operator_max_elements
                 for at_once in counts:
                     if not _my_turn(at_once):
                         continue

@@ -154,7 +154,8 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     above `max_elements` and at most LARGE_ELEMENTS × `max_elements` (a conv2d up to WIDE_CONV_FLOP ×
     `max_flop`); then the VOLUME_KINDS, within the bounds and then on large volumes (_draw_volume); last
     TOKEN_LINEAR_SHARE × `per_kind` linear shapes over tokens (_draw_token_linear), up to WIDE_CONV_FLOP ×
-    `max_flop`."""
+    `max_flop`; last wide_linear_count(`per_kind`) classifier Linears whose weights are past the caches
+    (_draw_wide_linear)."""
     rng = random.Random(seed)
     shapes: list[OperatorShape] = []
     for kind in OPERATOR_KINDS:
@@ -220,7 +221,45 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
         if _within(shape, WIDE_CONV_FLOP * max_flop, max_elements):
             shapes.append(shape)
             drawn += 1
+    # last of all, wide_linear_count(`per_kind`) classifier Linears (_draw_wide_linear): weights past the caches
+    # (WIDE_LINEAR_LEAST_WEIGHTS up to LARGE_ELEMENTS × `max_elements` elements) on the few rows of a classifier's
+    # batch, which every linear draw above lacks: alexnet's 4,096² Linear at batch 8 ran its forward in 18 ms
+    # here, its fit from those draws said 13 (docs/analytic.md, "A classifier's Linear past the caches")
+    drawn = 0
+    while drawn < wide_linear_count(per_kind):
+        shape = _draw_wide_linear(rng)
+        weights = shape.in_channels * shape.out_channels
+        if WIDE_LINEAR_LEAST_WEIGHTS <= weights <= LARGE_ELEMENTS * max_elements and _within(
+            shape, WIDE_CONV_FLOP * max_flop, max_elements
+        ):
+            shapes.append(shape)
+            drawn += 1
     return shapes
+
+
+# a classifier Linear's least weights (elements, 16 MiB in fp32): the size from which the calibration times a
+# Linear with the caches emptied (operator_kernel.COLD_LINEAR_WEIGHTS)
+WIDE_LINEAR_LEAST_WEIGHTS = 1 << 22
+
+
+def wide_linear_count(per_kind: int) -> int:
+    """How many classifier Linears sample_shapes draws last: twice large_count(`per_kind`) (none for a quick
+    calibration's few shapes), so a linear fit's knot (ddlbench.analysis.analytic.operators.KNOTS) has shapes
+    past it at small and large batches."""
+    return 2 * large_count(per_kind)
+
+
+def _draw_wide_linear(rng: random.Random) -> OperatorShape:
+    """A classifier's Linear: 1,024-25,088 features in (vgg's 512×7², alexnet's 256×6²), 1,000-4,096 out, on
+    the rows of a batch, 1-64 (past 16 rows its products outweigh its weights' traffic)."""
+    return OperatorShape(
+        kind="linear",
+        batch=max(1, round(_log_uniform(rng, 1, 64))),
+        in_channels=_channels(rng, 1024, 25088),
+        out_channels=_channels(rng, 1000, 4096),
+        height=1,
+        width=1,
+    )
 
 
 TOKEN_LINEAR_SHARE = 1.0  # linear shapes over tokens, times per_kind
