@@ -1,8 +1,8 @@
 """Verdicts on real launches: the same sweep run twice on the same host (an A/A pair) is never called
 better or worse, at 1 repetition (no run-to-run interval) and at 3; a 30 % slowdown, injected into every
-measured step (DDLBENCH_INJECT_FAULT=slower:0.3: each step sleeps 0.3 × its own work), is called worse at
-the default repetitions wherever the launches' spread gives that many the power to, and at as many more as
-it takes (up to MAX_LAUNCHES) where it does not.
+measured step (DDLBENCH_INJECT_FAULT=slower:0.3: each step holds its core busy for 0.3 × its own work), is
+called worse at the default repetitions wherever the launches' spread gives that many the power to, and at
+as many more as it takes (up to MAX_LAUNCHES) where it does not.
 The runs are real local launches (one process, gloo), stored in a real results database and compared by
 `ddlbench compare`, as a user would. The sides' launches alternate, so a slow spell of the host lands on
 both. The A/A pair runs 30 steps per launch (as the issue asks); the slowdown pair runs longer windows

@@ -10,10 +10,10 @@ first measured step; slow:<seconds> makes that rank a straggler: it sleeps
 that long at the start of every measured step, inside the step, outside every phase (so its record counts
 the delay as busy time, and its peers wait for it in their collectives). slower:<fraction> makes every measured
 step of that rank (1 + fraction) times as long as its work: at the step's end, inside it and outside every
-phase, the rank sleeps fraction × the time the step took so far (after a device synchronisation), so the
-slowdown is that fraction whatever the host's speed at the moment (slow:<seconds> is a fixed time, a smaller
-share of a step that a busy host lengthens). `~first` limits a fault to a
-job's first run (SLURM_RESTART_COUNT unset or 0), so a requeued job runs clean. Nothing happens when the
+phase, the rank holds its core busy (`hold`: a spin, not a sleep) for fraction × the time the step took so far
+(after a device synchronisation), so the slowdown is that fraction whatever the host's speed at the moment
+(slow:<seconds> is a fixed time, a smaller share of a step that a busy host lengthens). `~first` limits a fault
+to a job's first run (SLURM_RESTART_COUNT unset or 0), so a requeued job runs clean. Nothing happens when the
 variable is unset. `lost` strikes no rank: the job `ddlbench submit` made for the point exits at once with
 status 1, before the point runs and without a record (a job lost to the machine), the first time only
 (a marker in the point's folder, `lost.struck`, says it struck): what submit's resubmit-once is for.
@@ -119,6 +119,16 @@ def delay_s(kind: str | None) -> float:
 def stretch(kind: str | None) -> float:
     """The fraction a `slower:<fraction>` fault lengthens every measured step of its rank by; 0 for other faults."""
     return float(kind.removeprefix("slower:")) if kind and kind.startswith("slower:") else 0.0
+
+
+def hold(seconds: float) -> None:
+    """Keep the calling thread busy for `seconds` (a spin on the monotonic clock): a `slower:` fault's extra time
+    spent as slower hardware would spend it. A sleep would give the core away, and a step after it found its
+    caches cold and the host's other work run in between: CI's launches with a sleep came out 1.44-1.53× as long
+    where 1.3 was injected (docs/testing.md)."""
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pass
 
 
 def strike(kind: str, model: nn.Module) -> None:

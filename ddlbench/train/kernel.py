@@ -22,7 +22,7 @@ from ddlbench.train.data import BatchSource, open_dataset
 from ddlbench.train.data.loader import LOADER_MEMORY_NOTE, open_point_loader, reads_through_loader
 from ddlbench.train.energy import open_energy_window, rank_provenance
 from ddlbench.train.execution import Execution, configure_execution
-from ddlbench.train.faults import delay_s, planned_fault, stretch, strike
+from ddlbench.train.faults import delay_s, hold, planned_fault, stretch, strike
 from ddlbench.train.host_probe import probe_all_at_once
 from ddlbench.train.losses import loss_for
 from ddlbench.train.memory import MemoryProbe, storage_bytes
@@ -164,8 +164,8 @@ def anatomy_note(on_cuda: bool, completions: dict[str, int], fault: str | None, 
         note += f"; injected straggler: this rank slept {fault.removeprefix('slow:')} s in every measured step"
     elif fault and fault.startswith("slower:"):
         note += (
-            f"; injected slowdown: this rank slept {fault.removeprefix('slower:')} × each measured step's own time "
-            "at its end"
+            f"; injected slowdown: this rank held its core busy {fault.removeprefix('slower:')} × each measured "
+            "step's own time at its end"
         )
     return note
 
@@ -266,7 +266,7 @@ def train_point(
         loss = trainer.step(inputs, targets)
         if stretched:  # an injected slowdown in proportion (DDLBENCH_INJECT_FAULT=slower:<fraction>)
             synchronize()
-            time.sleep(stretched * (time.perf_counter() - began))
+            hold(stretched * (time.perf_counter() - began))
         recorder.end_step()
         timer.end()
         losses.append(loss)
