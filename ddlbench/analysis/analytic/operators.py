@@ -137,8 +137,8 @@ class OpCall:
 KNOTS = (2.0**20, 2.0**21, 2.0**22, 2.0**23, 2.0**24)
 KNOT_SAMPLES = LARGE_LEAST  # the calibration draws at least as many large maps (operator_shapes.large_count)
 # the kinds whose calibration draws weights past the caches: wide convolutions (operator_shapes.WIDE_CONV_SHARE)
-# and a classifier's Linears (operator_shapes._draw_wide_linear: a 4,096² weight at 8 rows costs each weight
-# about three passes over memory, its packing included, where the fit of cached weights gave two)
+# and a classifier's Linears (operator_shapes._draw_wide_linear, timed with the caches emptied: alexnet's 4,096²
+# weight at 8 rows took 14.3 ms forward so, 10.3 ms timed over and over; docs/analytic.md)
 KNOTTED = ("conv2d", "linear")
 # fp32 lanes of a vector register (AVX2: 8, AVX-512: 16), the channel blocks of oneDNN's layouts: one of them, or
 # none, is a conv2d fit's `lanes` (the calibration draws channels in multiples of 8, so both kinds of shape occur)
