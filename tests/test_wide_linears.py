@@ -27,10 +27,6 @@ BOUNDS = {"max_flop": 1.5e9, "max_elements": 2**23}
 PER_KIND = 40
 
 
-def _weights(shape: OperatorShape) -> int:
-    return shape.in_channels * shape.out_channels
-
-
 def test_classifier_linears_are_drawn_last_past_the_caches_and_leave_every_other_draw_as_it_was(monkeypatch):
     drawn = sample_shapes(seed=0, per_kind=PER_KIND, **BOUNDS)
     with monkeypatch.context() as patch:
@@ -40,13 +36,13 @@ def test_classifier_linears_are_drawn_last_past_the_caches_and_leave_every_other
     assert count >= 16 and drawn[: len(before)] == before and len(drawn) == len(before) + count
     tail = drawn[len(before) :]
     assert all(s.kind == "linear" and s.height == 1 and s.width == 1 for s in tail)  # a head's rows: the batch
-    assert all(WIDE_LINEAR_LEAST_WEIGHTS <= _weights(s) <= LARGE_ELEMENTS * BOUNDS["max_elements"] for s in tail)
+    assert all(WIDE_LINEAR_LEAST_WEIGHTS <= s.linear_weights <= LARGE_ELEMENTS * BOUNDS["max_elements"] for s in tail)
     assert all(s.forward_flop <= operator_shapes.WIDE_CONV_FLOP * BOUNDS["max_flop"] for s in tail)
     assert all(largest_elements(s) <= BOUNDS["max_elements"] for s in tail)
     # few rows and many, so the fit sees the weights' traffic and the products past them both
     assert min(s.batch for s in tail) <= 2 and max(s.batch for s in tail) >= 16
     # the other linear draws reach these weights on a classifier's rows too seldom for a knot past them
-    others = [s for s in before if s.kind == "linear" and s.height == 1 and _weights(s) >= WIDE_LINEAR_LEAST_WEIGHTS]
+    others = [s for s in before if s.height == 1 and s.linear_weights >= WIDE_LINEAR_LEAST_WEIGHTS]
     assert len(others) < KNOT_SAMPLES <= count
     # a quick calibration's few shapes draw none
     assert wide_linear_count(8) == 0
@@ -77,9 +73,10 @@ def test_evicting_writes_a_buffer_past_the_last_level_cache():
     operator_kernel.evict_caches(torch.device("cpu"))
     (buffer,) = operator_kernel._evict
     assert buffer.numel() * buffer.element_size() == operator_kernel.EVICT_BYTES >= 300 * 2**20
-    assert float(buffer.abs().max()) == 0.0  # written, every element
+    buffer.fill_(1.0)
     operator_kernel.evict_caches(torch.device("cpu"))
     assert operator_kernel._evict == [buffer]  # kept, not allocated anew (its first touch would be timed too)
+    assert float(buffer.abs().max()) == 0.0  # and written again, every element
 
 
 def _cold_law(call, batch: int) -> tuple[float, float]:
@@ -99,7 +96,7 @@ def _cold_law(call, batch: int) -> tuple[float, float]:
     return forward, backward
 
 
-def test_a_linear_fit_given_classifier_linears_predicts_ones_it_never_timed(monkeypatch):
+def test_a_linear_fit_given_classifier_linears_predicts_ones_it_never_timed():
     def linears(seed: int) -> list[OperatorShape]:
         return [s for s in sample_shapes(seed=seed, per_kind=PER_KIND, **BOUNDS) if s.kind == "linear"]
 

@@ -90,7 +90,7 @@ def evict_caches(device: torch.device) -> None:
 
 def cold_call(shape: OperatorShape) -> bool:
     """Whether `shape` is timed with the caches emptied before each call (COLD_LINEAR_WEIGHTS)."""
-    return shape.kind == "linear" and shape.in_channels * shape.out_channels >= COLD_LINEAR_WEIGHTS
+    return shape.linear_weights >= COLD_LINEAR_WEIGHTS
 
 
 def build_operator(
@@ -214,18 +214,17 @@ def time_operator(
     def backward() -> None:
         held[0].backward(grad)
 
-    evict, cleared = None, clear
-    if cold_call(shape):
+    cold = cold_call(shape)
 
-        def evict() -> None:
-            evict_caches(device)
+    def evict() -> None:
+        evict_caches(device)
 
-        def cleared() -> None:
-            clear()
-            evict_caches(device)
+    def cleared() -> None:
+        clear()
+        evict_caches(device)
 
-    forward_s = timer.times(forward, warmup=warmup, iterations=iterations, before=evict)
-    backward_s = timer.times(backward, warmup=warmup, iterations=iterations, before=cleared)
+    forward_s = timer.times(forward, warmup=warmup, iterations=iterations, before=evict if cold else None)
+    backward_s = timer.times(backward, warmup=warmup, iterations=iterations, before=cleared if cold else clear)
     return {"kind": "operator", "shape": shape.to_dict(), "forward_s": forward_s, "backward_s": backward_s}
 
 
@@ -296,8 +295,7 @@ def run_operators(
                 # a shape past max_elements (operator_shapes.LARGE_KINDS; a classifier Linear's weights) takes
                 # 0.05-0.5 s a call: one untimed call and LARGE_ITERATIONS_SHARE of the timed ones (its calls vary
                 # by a few % at that length)
-                weights = shape.in_channels * shape.out_channels if shape.kind == "linear" else 0
-                large = max(largest_elements(shape), weights) > point.operator_max_elements
+                large = max(largest_elements(shape), shape.linear_weights) > point.operator_max_elements
                 for at_once in counts:
                     if not _my_turn(at_once):
                         continue

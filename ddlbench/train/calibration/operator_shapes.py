@@ -112,6 +112,11 @@ class OperatorShape:
         return self.out_depth * self.out_height * self.out_width
 
     @property
+    def linear_weights(self) -> int:
+        """A linear shape's weight elements (in × out features); 0 for every other kind."""
+        return self.in_channels * self.out_channels if self.kind == "linear" else 0
+
+    @property
     def forward_flop(self) -> int:
         """FlopCounterMode's count: 2 per multiply-add of a convolution or matrix product, 0 otherwise."""
         if self.kind == "conv2d":
@@ -228,8 +233,7 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     drawn = 0
     while drawn < wide_linear_count(per_kind):
         shape = _draw_wide_linear(rng)
-        weights = shape.in_channels * shape.out_channels
-        if WIDE_LINEAR_LEAST_WEIGHTS <= weights <= LARGE_ELEMENTS * max_elements and _within(
+        if WIDE_LINEAR_LEAST_WEIGHTS <= shape.linear_weights <= LARGE_ELEMENTS * max_elements and _within(
             shape, WIDE_CONV_FLOP * max_flop, max_elements
         ):
             shapes.append(shape)
