@@ -70,7 +70,7 @@ def pytest_runtest_protocol(item, nextitem):
     long a test waited as much as what it cost): with $DDLBENCH_TEST_CPU_LOG set, each test appends its
     wall seconds, the pytest process's own CPU seconds (user + system, all its threads) and those of the
     processes it started and waited for (RUSAGE_CHILDREN: the CLI, its ranks, Snakemake; not SLURM's
-    jobs, which slurmd starts), from setup to teardown."""
+    jobs, which slurmd starts), from setup to teardown; with the venv it ran in and when it ended (Unix s)."""
     path = os.environ.get(CPU_LOG_VAR)
     if not path:
         return (yield)
@@ -89,6 +89,8 @@ def pytest_runtest_protocol(item, nextitem):
         "wall_s": round(time.monotonic() - wall, 3),
         "own_cpu_s": round(cpu(resource.RUSAGE_SELF) - own, 3),
         "children_cpu_s": round(cpu(resource.RUSAGE_CHILDREN) - children, 3),
+        "venv": Path(sys.prefix).name,  # .venv or .venv-floor: CI runs some tests in both
+        "ended": round(time.time(), 1),
     }
     with open(path, "a") as log:
         log.write(json.dumps(line) + "\n")
