@@ -8,6 +8,7 @@ care which launcher started it.
 from __future__ import annotations
 
 import logging
+import random
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -95,7 +96,7 @@ def mpi_rank_env(environ: Mapping[str, str], *, keep_mpi: bool = False) -> RankE
     if world.rank == 0:
         # loopback when every rank is on this host: it needs no name resolution and no interface choice
         host = "127.0.0.1" if node.size == world.size else socket.gethostname()
-        meet = (host, free_port())
+        meet = (host, mpi_master_port())
     host, port = world.bcast(meet, root=0)
     env = RankEnv(
         rank=world.rank,
@@ -129,19 +130,13 @@ def misplacement(hosts: list[tuple[int, int, str]], expected: str | None) -> str
     )
 
 
-def free_port() -> int:
-    """A TCP port free now; torch's store binds it moments later on rank 0 (the window is short)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
-
-
 # Rendezvous ports that ddlbench derives (rather than asks the kernel for) stay below Linux's ephemeral
 # range (net.ipv4.ip_local_port_range, 32768–60999 by default), from which the kernel picks the source port
 # of every outgoing connection: a derived port inside it can be taken by any client on the host. "Free" is
 # checked where the port is chosen (the launcher; a packed allocation's dispatcher), which is the master's
 # host when the master is the allocation's first node (as srun runs the batch script and Snakemake's job
 # step there); a master elsewhere is not probed from here, and a port taken there fails the rendezvous.
+MPI_PORTS = range(10000, 20000)  # mpi_master_port: an mpirun launch's ranks meet here
 MASTER_PORTS = range(20000, 24000)  # slurm_master_port: a job's ranks meet here
 STEP_PORTS = range(24000, 32768)  # step_port: the steps of a packed allocation
 STEP_LANES = 128  # steps of one allocation running at once that never share a port
@@ -158,6 +153,16 @@ def slurm_master_port(job_id: str, *, check: bool = True) -> int:
     span, job = len(MASTER_PORTS), int(job_id)
     candidates = (MASTER_PORTS.start + (job + k * 997) % span for k in range(PORT_TRIES))
     return _first_free(candidates, check=check, what=f"job {job_id}")
+
+
+def mpi_master_port(draw: random.Random | None = None) -> int:
+    """A port for an mpirun launch's rendezvous, chosen by its rank 0 and broadcast: free on rank 0's host and
+    outside its ephemeral range. A port the kernel hands out (bind to port 0) lies inside it, where MPI's own
+    connections and every other client's take their source ports: in CI one took such a port in the moment
+    between its choice and torch's store binding it (EADDRINUSE, 2026-12-06). Candidates drawn at random
+    from MPI_PORTS, so two launches at once on one host rarely try the same."""
+    candidates = (draw or random.SystemRandom()).sample(MPI_PORTS, PORT_TRIES)
+    return _first_free(candidates, check=True, what="an mpirun launch")
 
 
 def step_port(job_id: str, lane: int, *, check: bool = True) -> int:
