@@ -48,6 +48,7 @@ TESTED = {
     "report_speed.py",
     "sampling_accuracy.py",
     "scheduler_load.py",
+    "update_probe.py",
     "verdict_errors.py",
 }  # the two run on the test cluster (scheduler_load.py, packed_wall.py) are in test_slurm_benchmarks.py
 
@@ -345,3 +346,13 @@ def test_verdict_errors_prints_false_alarm_rates_and_power_for_every_size():
 def test_every_benchmark_script_has_a_test_here():
     scripts = {path.name for path in BENCHMARKS.glob("*.py")}
     assert scripts == TESTED, f"benchmarks without a test: {sorted(scripts - TESTED)}; gone: {sorted(TESTED - scripts)}"
+
+
+@pytest.mark.slow
+def test_update_probe_prints_the_probe_each_way_and_each_models_step():
+    output = run_benchmark("update_probe.py", "--models", "resnet8", "--dataset", "cifar10", "--rounds", "1",
+                           "--probe-mib", "4")  # fmt: skip
+    line = rf"{NUMBER} ns/element \(median of (\d+), range {NUMBER}-{NUMBER}; ×{NUMBER} the warm probe\) {NUMBER} M "
+    assert figure(output, rf"probe warm +{line}elements").group(1) == "3"
+    assert figure(output, rf"probe cold +{line}elements").group(1) == "3"
+    assert figure(output, rf"resnet8 +{line}parameters").group(1) == "2"
