@@ -1,10 +1,10 @@
 """The calibration's update probe against real models' optimizer steps, on this host's CPU.
 
-Prints nanoseconds per parameter element of SGD with momentum (as ddlbench trains, kernel.MOMENTUM):
-- `probe warm`: the calibration's probe (ddlbench.train.calibration.kernels: UPDATE_TENSORS equal tensors
-  over --probe-mib MiB of parameters), called back to back, as the compute point times it;
-- `probe cold`: the same step with EVICT_MIB MiB of another buffer written before each call, so that no
-  parameter, gradient or momentum element is left in the caches;
+Prints nanoseconds per parameter element of SGD with momentum, as ddlbench trains:
+- `probe warm`: the calibration's probe (ddlbench.train.calibration.kernels.update_probe over --probe-mib MiB of
+  parameters), called back to back, as the compute point times it;
+- `probe cold`: the same step after the operators point's eviction before each call (operator_kernel.evict_caches:
+  EVICT_BYTES of another buffer written), so that no parameter, gradient or momentum element is left in the caches;
 - one line per model: its own optimizer step right after its own forward and backward (zero_grad(set_to_none),
   cross-entropy on random inputs of the dataset's shape), as a training step runs it.
 Rounds alternate the three kinds, so a slow spell of the host weighs on each alike; each line gives the median, the
@@ -24,10 +24,9 @@ import torch
 
 from ddlbench.catalog import DATASETS
 from ddlbench.point import Point
-from ddlbench.train.calibration.kernels import UPDATE_TENSORS
-from ddlbench.train.kernel import MOMENTUM, build_model, make_optimizer_for
-
-EVICT_MIB = 512  # past the development host's 300 MiB last-level cache
+from ddlbench.train.calibration.kernels import update_probe
+from ddlbench.train.calibration.operator_kernel import evict_caches
+from ddlbench.train.kernel import build_model, make_optimizer_for
 
 
 def main() -> None:
@@ -41,12 +40,8 @@ def main() -> None:
     torch.set_num_threads(1)
 
     elements = args.probe_mib * 2**20 // 4
-    params = [torch.nn.Parameter(torch.zeros(elements // UPDATE_TENSORS)) for _ in range(UPDATE_TENSORS)]
-    for param in params:
-        param.grad = torch.ones_like(param)
-    probe = torch.optim.SGD(params, lr=1e-3, momentum=MOMENTUM)
-    probe.step()  # the momentum buffers, as the calibration makes them
-    evict = torch.empty(EVICT_MIB * 2**20 // 4)
+    cpu = torch.device("cpu")
+    probe, _ = update_probe(elements, cpu)
 
     spec = DATASETS.get(args.dataset)
     if spec.input_kind != "image2d" or spec.task != "classify":
@@ -72,7 +67,7 @@ def main() -> None:
     per_element: dict[str, list[float]] = {"probe warm": [], "probe cold": [], **{name: [] for name in models}}
     for _ in range(args.rounds):
         per_element["probe warm"] += [timed(probe.step) / elements for _ in range(3)]
-        per_element["probe cold"] += [timed(probe.step, lambda: evict.fill_(0.0)) / elements for _ in range(3)]
+        per_element["probe cold"] += [timed(probe.step, lambda: evict_caches(cpu)) / elements for _ in range(3)]
         for name, (model, optimizer, x, y, count) in models.items():
             for _ in range(2):
                 optimizer.zero_grad(set_to_none=True)

@@ -111,17 +111,25 @@ UPDATE_TENSORS = 16
 UPDATE_LEARNING_RATE = 1e-3  # any small rate: the step is timed, what it leaves in the parameters is never used
 
 
-def _optimizer_step(elements: int, device: torch.device, timer: Timer, point: CalibrationPoint) -> dict[str, Any]:
-    """The optimizer's step as ddlbench trains (kernels' docstring, `update`) over `elements` parameters in
-    UPDATE_TENSORS tensors (fewer when there are fewer elements): its times, elements and tensors."""
+def update_probe(elements: int, device: torch.device) -> tuple[torch.optim.Optimizer, int]:
+    """The optimizer the `update` probe steps (kernels' docstring): ddlbench's SGD over `elements` parameters in
+    UPDATE_TENSORS tensors (fewer when there are fewer elements), each with a gradient, its momentum buffers made
+    by a first step; with the count of its tensors."""
     sizes = [elements // UPDATE_TENSORS + (i < elements % UPDATE_TENSORS) for i in range(UPDATE_TENSORS)]
     parameters = [torch.nn.Parameter(torch.zeros(n, device=device)) for n in sizes if n]
     for parameter in parameters:
         parameter.grad = torch.ones_like(parameter)
     optimizer = torch.optim.SGD(parameters, lr=UPDATE_LEARNING_RATE, momentum=MOMENTUM)
     optimizer.step()  # makes the momentum buffers: a training step's later updates find them made
+    return optimizer, len(parameters)
+
+
+def _optimizer_step(elements: int, device: torch.device, timer: Timer, point: CalibrationPoint) -> dict[str, Any]:
+    """The optimizer's step as ddlbench trains over `elements` parameters (update_probe): its times, elements and
+    tensors."""
+    optimizer, tensors = update_probe(elements, device)
     times = timer.times(optimizer.step, warmup=point.warmup, iterations=point.iterations)
-    return {"kind": "update", "elements": sum(sizes), "tensors": len(parameters), "times_s": times}
+    return {"kind": "update", "elements": elements, "tensors": tensors, "times_s": times}
 
 
 # above glibc's largest mmap threshold (32 MiB on 64-bit): each allocation of it is mapped anew, whatever the
