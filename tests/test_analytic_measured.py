@@ -128,6 +128,22 @@ def _launches(joined: pd.DataFrame) -> dict[tuple[str, int], tuple[list[float], 
     return out
 
 
+def _in_words(joined: pd.DataFrame, predictions: pd.DataFrame) -> str:
+    """Per configuration: each launch's median step and the prediction's terms, in ms (a failure's evidence:
+    pytest cuts a data frame to its first and last rows)."""
+    lines = []
+    for (strategy, batch), rows in joined.groupby(["strategy", "batch_size"]):
+        mine = predictions[(predictions["strategy"] == strategy) & (predictions["batch_size"] == batch)]
+        (point,) = mine[["compute_s", "comm_exposed_s", "bubble_s", "step_time_s"]].drop_duplicates().to_dict("records")
+        times = " ".join(f"{1e3 * t:.2f}" for t in rows.sort_values("repetition")["step_time_s_median"])
+        lines.append(
+            f"{strategy} b{batch}: launches {times} ms; predicted {1e3 * point['step_time_s']:.2f} ms = compute "
+            f"{1e3 * point['compute_s']:.2f} + exposed comm {1e3 * point['comm_exposed_s']:.2f} + bubble "
+            f"{1e3 * point['bubble_s']:.2f}"
+        )
+    return "\n".join(lines)
+
+
 def _interval(item: Contrast, level: float) -> tuple[float, float]:
     """The `level` interval of the contrast's ratio: Welch's, exp(d ± t_ν·se), with se taken back from
     its 95 % interval."""
@@ -235,7 +251,7 @@ def test_predicted_ratios_between_configurations_hold_over_launches(measured):
     # the compute grows with the batch; by how much is the host's (the per-step fixed part weighs more on a
     # faster core: ×1.27 predicted on one CI host), and the launches judge whether it holds
     assert launches[("ddp", 16)][1] > launches[("ddp", 8)][1]
-    assert refuted_ratios(launches) == [], joined[["point_id", "step_time_s_median", "predicted_step_time_s"]]
+    assert refuted_ratios(launches) == [], _in_words(joined, predictions)
     assert refuted_ratios(_launches(_slowed(joined, 2.0))) == []  # a machine twice as slow changes nothing
 
 
@@ -250,7 +266,7 @@ def test_the_oracles_pick_is_not_beaten_by_a_strategy_it_put_behind(measured):
     (verdict,) = consult("resnet8", "cifar10", machine, nodes=[1], ranks_per_node=2, global_batch=32,
                          strategies=STRATEGIES)  # fmt: skip
     assert verdict.recommended.setting.strategy == predicted_best, verdict.reason
-    assert contradicted_picks(joined) == [], joined[["point_id", "step_time_s_median", "predicted_step_time_s"]]
+    assert contradicted_picks(joined) == [], _in_words(joined, predictions)
     assert contradicted_picks(_slowed(joined, 2.0)) == []
 
 

@@ -40,6 +40,7 @@ TESTED = {
     "empirical_accuracy.py",
     "gpu_probe.py",
     "gpu_analytic.py",  # tested in test_gpu_analytic.py: its CPU smoke run, its rescoring, and on a GPU
+    "layer_timing_order.py",
     "overhead.py",
     "packed_wall.py",
     "packing_plan.py",
@@ -356,3 +357,20 @@ def test_update_probe_prints_the_probe_each_way_and_each_models_step():
     assert figure(output, rf"probe warm +{line}elements").group(1) == "3"
     assert figure(output, rf"probe cold +{line}elements").group(1) == "3"
     assert figure(output, rf"resnet8 +{line}parameters").group(1) == "2"
+
+
+def test_layer_timing_order_prints_each_kinds_ratio_and_spread():
+    output = run_benchmark("layer_timing_order.py", "--batches", "4", "2", "--calibrations", "2", "--iterations", "3",
+                           "--warmup", "1")  # fmt: skip
+    assert figure(output, r"R = median step at batch 2 ÷ at batch 4, one per calibration; spread = exp\(sd of log R\)")
+    ratios = {}
+    for kind in ("quiet, in rounds", "spells, in rounds", "spells, one after other"):
+        line = rf"{kind} +R median ({NUMBER}) \(range ({NUMBER})-({NUMBER}) over 2\), spread ×({NUMBER})"
+        found = figure(output, line)
+        median, low, high, spread = (float(found.group(i)) for i in range(1, 5))
+        assert low <= median <= high and spread >= 1
+        ratios[kind] = median
+    # half the samples take less time than twice as many (timed in rounds, load from elsewhere weighs on both
+    # alike; one after the other, a spell during the smaller batch alone can take it past 1)
+    assert 0 < ratios["quiet, in rounds"] < 1, ratios
+    figure(output, rf"spread of log R, one after other ÷ in rounds: ×(?:{NUMBER}|inf)")

@@ -198,6 +198,47 @@ def test_the_first_blocks_backward_is_timed_without_torchs_full_hook_warning():
     assert min(small["other_s"]) >= 0  # the parts are disjoint intervals of the step
 
 
+def test_a_spell_of_load_falls_on_every_batch_size_alike(monkeypatch):
+    # A spell of load SPELL_S a step, over a third of the timed steps in a row, as a neighbour busy for a
+    # while would add: the batch sizes are timed in rounds, so each sees a share of it and its median step
+    # keeps clear of it. Timed one batch size after the other, the middle one took the whole spell.
+    import time
+
+    import torch
+
+    from ddlbench.train.calibration import layer_timing_kernel
+
+    SPELL_S, ITERATIONS, BATCHES = 0.1, 9, [1, 2, 4]
+    warmup = len(BATCHES)  # one untimed step per batch size
+    spell = range(warmup + ITERATIONS, warmup + 2 * ITERATIONS)  # the second third of the timed steps
+    calls = iter(range(10**6))
+    build = layer_timing_kernel.build_timed_model
+
+    def slowed(*args):
+        model = build(*args)
+
+        def load(*_):
+            if next(calls) in spell:
+                time.sleep(SPELL_S)
+
+        model[0].register_forward_pre_hook(load)
+        return model
+
+    monkeypatch.setattr(layer_timing_kernel, "build_timed_model", slowed)
+    point = load_suite(raw=ONLY_TIMINGS | {"layer_timings": [RESNET8 | {"batch_sizes": BATCHES}]}).points[0]
+    point = CalibrationPoint.from_dict(json.loads(point.to_json()) | {"warmup": 1, "iterations": ITERATIONS})
+    entries = layer_timing_kernel.run_layer_timings(point, torch.device("cpu"))
+    assert [entry["batch_size"] for entry in entries] == BATCHES
+    for entry in entries:
+        steps = entry["step_s"]
+        assert len(steps) == ITERATIONS
+        # a step that slept is at least SPELL_S slower than the fastest; resnet8's steps at these batches
+        # take 3-15 ms here, so half the spell separates the two kinds under any load a test run sees
+        slow = [t for t in steps if t > min(steps) + SPELL_S / 2]
+        assert 2 <= len(slow) <= 4, (entry["batch_size"], steps)  # 3 of the 9 rounds each
+        assert statistics.median(steps) < min(steps) + SPELL_S / 2, (entry["batch_size"], steps)
+
+
 @pytest.mark.slow
 def test_calibrate_writes_layer_timings_from_real_runs(tmp_path):
     suite = ONLY_TIMINGS | {

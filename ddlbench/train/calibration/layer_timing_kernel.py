@@ -7,9 +7,14 @@ pass and the loss, a gradient scaler under fp16), on synthetic samples of the da
 models get int64 ids of its vocabulary). Every model is a flat nn.Sequential; its top-level children
 are the "blocks".
 
-For each batch size: `warmup` steps untimed, then a barrier (the ranks time together, as a point's
-ranks share a node), then `iterations` steps, each stamped (host perf_counter on the CPU, CUDA events on
-the stream on a GPU, read after each step's synchronisation) at:
+Each batch size first takes `warmup` steps untimed; then a barrier (the ranks time together, as a point's
+ranks share a node); then `iterations` rounds, each one timed step of every batch size in turn, the order
+reversed every other round (4, 8, 16, 16, 8, 4, …). A spell of load on the host then falls on every batch
+size alike: timed one batch size after the other, a slow spell during one of them tilted the per-block
+fit α + β·batch and with it every ratio between micro-batch sizes (on one noisy host, calibrations timed
+that way predicted 1f1b at 4 micro-batches between ×0.92 and ×1.22 gpipe's at 2; a CI host predicted ×1.31
+and measured ×0.87). Each step is stamped (host perf_counter on the
+CPU, CUDA events on the stream on a GPU, read after each step's synchronisation) at:
 - the step's start and end; zero_grad; the optimizer step;
 - each block's forward: a forward pre-hook and a forward hook;
 - the loss function's forward, around its call;
@@ -163,31 +168,44 @@ def run_layer_timings(point: CalibrationPoint, device: torch.device) -> list[dic
         execution.optimizer_step(optimizer)
         stamps.mark("end")
 
+    def timed(batch: int) -> None:
+        step(inputs[:batch], targets[:batch])
+        t = stamps.seconds()
+        parts, forward, backward = collected[batch]
+        for index in range(len(blocks)):
+            forward[index].append(t[f"f{index}e"] - t[f"f{index}s"])
+            # a block whose output needs no gradient (none of the catalog's) has no backward
+            backward[index].append(t[f"b{index}e"] - t.get(f"b{index}s", t[f"b{index}e"]))
+        loss = (t["loss_end"] - t["loss_start"]) + (t[f"b{last}s"] - t["backward"])
+        update = (t["zero_grad"] - t["start"]) + (t["end"] - t["update_start"])
+        attributed = sum(column[-1] for column in forward + backward) + loss + update
+        parts["loss_s"].append(loss)
+        parts["update_s"].append(update)
+        parts["step_s"].append(t["end"])
+        parts["other_s"].append(t["end"] - attributed)
+
+    # per batch size: the step's parts, and each block's forward and backward times, one entry per timed step
+    collected: dict[int, tuple[dict[str, list[float]], list[list[float]], list[list[float]]]] = {
+        batch: (
+            {"loss_s": [], "update_s": [], "step_s": [], "other_s": []},
+            [[] for _ in blocks],
+            [[] for _ in blocks],
+        )
+        for batch in point.batch_sizes
+    }
+    for batch in point.batch_sizes:
+        for _ in range(point.warmup):
+            step(inputs[:batch], targets[:batch])
+            stamps.seconds()
+    if dist.is_initialized():
+        dist.barrier()
+    for round_index in range(point.iterations):
+        order = point.batch_sizes if round_index % 2 == 0 else point.batch_sizes[::-1]
+        for batch in order:
+            timed(batch)
     out = []
     for batch in point.batch_sizes:
-        x, y = inputs[:batch], targets[:batch]
-        for _ in range(point.warmup):
-            step(x, y)
-            stamps.seconds()
-        if dist.is_initialized():
-            dist.barrier()
-        parts: dict[str, list[float]] = {"loss_s": [], "update_s": [], "step_s": [], "other_s": []}
-        forward: list[list[float]] = [[] for _ in blocks]
-        backward: list[list[float]] = [[] for _ in blocks]
-        for _ in range(point.iterations):
-            step(x, y)
-            t = stamps.seconds()
-            for index in range(len(blocks)):
-                forward[index].append(t[f"f{index}e"] - t[f"f{index}s"])
-                # a block whose output needs no gradient (none of the catalog's) has no backward
-                backward[index].append(t[f"b{index}e"] - t.get(f"b{index}s", t[f"b{index}e"]))
-            loss = (t["loss_end"] - t["loss_start"]) + (t[f"b{last}s"] - t["backward"])
-            update = (t["zero_grad"] - t["start"]) + (t["end"] - t["update_start"])
-            attributed = sum(column[-1] for column in forward + backward) + loss + update
-            parts["loss_s"].append(loss)
-            parts["update_s"].append(update)
-            parts["step_s"].append(t["end"])
-            parts["other_s"].append(t["end"] - attributed)
+        parts, forward, backward = collected[batch]
         blocks_out = [
             {"name": name, "forward_s": f, "backward_s": b}
             for name, f, b in zip(blocks, forward, backward, strict=True)
