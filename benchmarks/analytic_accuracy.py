@@ -105,7 +105,8 @@ SETS = {
     "scoring-32": "scoring32_sweep.yaml",  # the thirty-second, frozen (2026-12-05), run on the model of 0835e98 (seen)
     "scoring-33": "scoring33_sweep.yaml",  # the thirty-third, frozen (2026-12-06), run on the model of 8c893b2 (seen)
     "scoring-34": "scoring34_sweep.yaml",  # the thirty-fourth, frozen (2026-12-06), run on the model of 13f54d7 (seen)
-    "scoring-35": "scoring35_sweep.yaml",  # the thirty-fifth, frozen (2026-12-06), unrun
+    # the thirty-fifth, frozen (2026-12-06), run on the model of 13f54d7 (its change was dropped; seen)
+    "scoring-35": "scoring35_sweep.yaml",
 }
 
 
@@ -356,9 +357,9 @@ def main() -> int:
         choices=tuple(SETS),
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development, "
-        "allocator-development, volume-development, token-development: developed on; scoring to scoring-34: the "
-        "scoring sets, each frozen before the change it scored and seen since; scoring-35: frozen, unrun (score the "
-        "next change on it, once)",
+        "allocator-development, volume-development, token-development: developed on; scoring to scoring-35: the "
+        "scoring sets, each frozen before the change it scored and seen since (freeze a new one before the next "
+        "change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
     parser.add_argument(
