@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -91,9 +92,9 @@ def main() -> None:
         if pinned:
             os.sched_setaffinity(neighbour.pid, {0})
         for _ in range(args.calibrations):
-            neighbour.send_signal(subprocess.signal.SIGSTOP)
+            neighbour.send_signal(signal.SIGSTOP)
             kinds["quiet, in rounds"].append(ratio(point, small, large, True))
-            neighbour.send_signal(subprocess.signal.SIGCONT)
+            neighbour.send_signal(signal.SIGCONT)
             kinds["spells, in rounds"].append(ratio(point, small, large, True))
             kinds["spells, one after other"].append(ratio(point, small, large, False))
     finally:

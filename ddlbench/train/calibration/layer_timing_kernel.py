@@ -13,8 +13,8 @@ reversed every other round (4, 8, 16, 16, 8, 4, …). A spell of load on the hos
 size alike: timed one batch size after the other, a slow spell during one of them tilted the per-block
 fit α + β·batch and with it every ratio between micro-batch sizes (on one noisy host, calibrations timed
 that way predicted 1f1b at 4 micro-batches between ×0.92 and ×1.22 gpipe's at 2; a CI host predicted ×1.31
-and measured ×0.87). Each step is stamped (host perf_counter on the
-CPU, CUDA events on the stream on a GPU, read after each step's synchronisation) at:
+and measured ×0.87). Each step is stamped (host perf_counter on the CPU, CUDA events on the stream on a
+GPU, read after each step's synchronisation) at:
 - the step's start and end; zero_grad; the optimizer step;
 - each block's forward: a forward pre-hook and a forward hook;
 - the loss function's forward, around its call;
