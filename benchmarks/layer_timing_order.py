@@ -24,6 +24,7 @@ sched_setaffinity (Linux); without it the script says so and the neighbour share
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import signal
@@ -54,13 +55,13 @@ def ratio(point: CalibrationPoint, small: int, large: int, in_rounds: bool) -> f
     if in_rounds:
         entries = run_layer_timings(point, cpu)
     else:
-        entries = [entry for batch in (small, large) for entry in run_layer_timings(_only(point, batch), cpu)]
+        entries = [
+            entry
+            for batch in (small, large)
+            for entry in run_layer_timings(dataclasses.replace(point, batch_sizes=(batch,)), cpu)
+        ]
     median = {entry["batch_size"]: statistics.median(entry["step_s"]) for entry in entries}
     return median[small] / median[large]
-
-
-def _only(point: CalibrationPoint, batch: int) -> CalibrationPoint:
-    return CalibrationPoint(**{**point.__dict__, "batch_sizes": (batch,)})
 
 
 def main() -> None:

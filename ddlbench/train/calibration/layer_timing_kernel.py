@@ -168,6 +168,16 @@ def run_layer_timings(point: CalibrationPoint, device: torch.device) -> list[dic
         execution.optimizer_step(optimizer)
         stamps.mark("end")
 
+    # per batch size: the step's parts, and each block's forward and backward times, one entry per timed step
+    collected: dict[int, tuple[dict[str, list[float]], list[list[float]], list[list[float]]]] = {
+        batch: (
+            {"loss_s": [], "update_s": [], "step_s": [], "other_s": []},
+            [[] for _ in blocks],
+            [[] for _ in blocks],
+        )
+        for batch in point.batch_sizes
+    }
+
     def timed(batch: int) -> None:
         step(inputs[:batch], targets[:batch])
         t = stamps.seconds()
@@ -184,15 +194,6 @@ def run_layer_timings(point: CalibrationPoint, device: torch.device) -> list[dic
         parts["step_s"].append(t["end"])
         parts["other_s"].append(t["end"] - attributed)
 
-    # per batch size: the step's parts, and each block's forward and backward times, one entry per timed step
-    collected: dict[int, tuple[dict[str, list[float]], list[list[float]], list[list[float]]]] = {
-        batch: (
-            {"loss_s": [], "update_s": [], "step_s": [], "other_s": []},
-            [[] for _ in blocks],
-            [[] for _ in blocks],
-        )
-        for batch in point.batch_sizes
-    }
     for batch in point.batch_sizes:
         for _ in range(point.warmup):
             step(inputs[:batch], targets[:batch])
