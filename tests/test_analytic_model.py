@@ -155,6 +155,63 @@ def test_zero2_pays_for_its_own_buffers_by_the_parameters_and_the_memory_it_maps
     assert extra == pytest.approx(5 * mapped * per_byte)
 
 
+ALONE_OPS = ("reduce_scatter", "all_gather")
+
+
+def alone_figures(per_byte: dict[str, float], sizes=(4 << 20, 384 << 20)) -> dict:
+    """A machine file's `alone_collectives`: each op at `sizes`, costing its bytes × its seconds a byte."""
+    return {op: [{"bytes": size, "value": size * rate} for size in sizes] for op, rate in per_byte.items()}
+
+
+def test_a_call_on_a_group_of_one_costs_its_bytes_at_the_rate_measured_near_its_size():
+    """The seconds a byte at the probed sizes, interpolated in log(bytes) between them (a call's cost a byte
+    changes as it leaves the caches), the nearest size's rate beyond them; nothing where not probed."""
+    mib = 1 << 20
+    figures = {"all_gather": [{"bytes": 4 * mib, "value": 4e-3}, {"bytes": 64 * mib, "value": 128e-3}]}
+    machine = cpu_machine(compute={**cpu_machine_compute(), "alone_collectives": figures})
+    assert machine.alone_collective_s("all_gather", 4 * mib) == pytest.approx(4e-3)
+    assert machine.alone_collective_s("all_gather", 64 * mib) == pytest.approx(128e-3)
+    # 16 MiB is halfway in log between 4 and 64: its rate halfway between 1 and 2 ms a MiB
+    assert machine.alone_collective_s("all_gather", 16 * mib) == pytest.approx(16 * 1.5e-3)
+    assert machine.alone_collective_s("all_gather", mib) == pytest.approx(1e-3)
+    assert machine.alone_collective_s("all_gather", 256 * mib) == pytest.approx(256 * 2e-3)
+    assert machine.alone_collective_s("reduce_scatter", 4 * mib) is None
+    assert cpu_machine().alone_collective_s("all_gather", 4 * mib) is None
+
+
+def test_zero2_on_one_rank_costs_gloos_calls_as_the_calibration_timed_them_on_a_group_of_one():
+    """With no peer the collectives' fits cost zero2's calls nothing, yet gloo still moves every bucket. Where
+    the calibration timed them on a group of one, a one-rank step pays that: the all-gathers follow the update
+    with nothing to hide them, so making the calls slower by ΔA seconds in all lengthens the step by at least
+    ΔA; the reduce-scatters run on gloo's thread beside backward (one rank leaves a core of two), so by at most
+    ΔA + ΔR. The two elementwise passes that stand for the calls where the file has no such figure are dropped,
+    and so are the first touches of gloo's two temporaries, which the calls' times hold."""
+    one = dict(model="vgg11", dataset="imagenet", ranks_per_node=1, batch_size=2)
+    table = introspected_table("vgg11", "imagenet", (("norm", "batch"),))
+
+    def step(machine) -> float:
+        return predict(setting("zero2", **one), machine, search_batch=False).step_time_s
+
+    def timed(rate: float, touch: float = 0.0):
+        compute = {**cpu_machine_compute(), "first_touch_s_per_byte": {"value": touch}}
+        return cpu_machine(compute=compute | {"alone_collectives": alone_figures(dict.fromkeys(ALONE_OPS, rate))})
+
+    slow, fast = 3e-9, 1e-9
+    grown = step(timed(slow)) - step(timed(fast))
+    gathers = (slow - fast) * table.param_bytes  # every bucket all-gathered once: the parameters' bytes
+    assert gathers * 0.99 <= grown <= 2 * gathers * 1.01
+    # priced as two passes without the figure: a group of one probed as nearly free is cheaper than that
+    assert step(cpu_machine()) > step(timed(1e-15))
+
+    # first touches: 3 of the buffers' 5 where gloo's calls were timed (their temporaries inside), 5 where not
+    def gap(machine) -> float:  # zero2's step beyond ddp's, which pays its own first touches alike
+        return step(machine) - predict(setting("ddp", **one), machine, search_batch=False).step_time_s
+
+    mapped = sum(layer.params * 4 for layer in table.layers if layer.params * 4 >= 32 * 2**20)
+    per_byte = 2.5e-10
+    assert gap(timed(fast, per_byte)) - gap(timed(fast)) == pytest.approx(3 * mapped * per_byte, rel=1e-6)
+
+
 def cpu_machine_compute() -> dict:
     return {
         "matmul_flop_per_s": {"fp32": {"value": 5e10}},

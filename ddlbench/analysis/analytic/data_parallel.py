@@ -178,7 +178,6 @@ def model_ddp(ctx: Context, times: BlockTimes, *, horovod: bool = False) -> Stra
 def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
     s, table = ctx.setting, ctx.table
     p = s.world_size
-    world = list(range(p))
     program = Program()
     blocks = range(len(table.blocks))
     _, backward, _ = add_passes(program, 0, times, blocks)
@@ -186,7 +185,7 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
     scatters = [
         program.comm(
             0,
-            ctx.collective_s("reduce_scatter", b.bytes, world),
+            zero2_collective_s(ctx, "reduce_scatter", b.bytes),
             deps=(backward[b.ready_block],),
             label=f"reduce_scatter {k}",
         )
@@ -199,7 +198,7 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
         label="update",
     )
     for k, b in enumerate(buckets):
-        program.comm(0, ctx.collective_s("all_gather", b.bytes, world), deps=(update,), label=f"all_gather {k}")
+        program.comm(0, zero2_collective_s(ctx, "all_gather", b.bytes), deps=(update,), label=f"all_gather {k}")
     saved, grads, flowing = activation_terms(ctx, s.batch_size)
     if ctx.machine.device_kind == "cpu":
         walked, launched, transient = list(grads), [0.0] * len(grads), 0.0
@@ -243,21 +242,21 @@ def block_spans(times: BlockTimes) -> list[tuple[float, float]]:
 def gloo_schedule(ctx: Context, times: BlockTimes, buckets: list[Bucket], p: int) -> list[tuple[float, float]]:
     """When each zero2 bucket's reduce-scatter on gloo runs, as (start, end) seconds from the start of
     backward. gloo runs a group's collectives one after another on its own thread: bucket k starts when its
-    ready block's backward ends or when bucket k−1's is done, whichever is later, and takes the collective's
-    fit (on one rank gloo copies the bucket, no peer: an elementwise pass) and the first touch of its
-    temporary where that is mapped anew."""
+    ready block's backward ends or when bucket k−1's is done, whichever is later, and takes zero2_collective_s
+    (on one rank without that figure, an elementwise pass: gloo copies the bucket, no peer) and the first touch
+    of its temporary where that is mapped anew."""
     s = ctx.setting
     spans = block_spans(times)
     done, schedule = 0.0, []
     for bucket in buckets:
         launched = spans[bucket.ready_block][1]
-        if p > 1:
-            seconds = ctx.collective_s("reduce_scatter", bucket.bytes, list(range(p)))
+        if p > 1 or alone_measured(ctx):
+            seconds = zero2_collective_s(ctx, "reduce_scatter", bucket.bytes)
         else:
             seconds = elementwise_s(
                 ctx.machine, bucket.bytes / FP32, precision=s.precision, threads=s.threads, sharing=ctx.sharing
             )
-        if bucket.bytes >= MAPPED_ANEW_BYTES:  # its temporary (the whole bucket) mapped anew: first touch
+        if bucket.bytes >= MAPPED_ANEW_BYTES and not (p == 1 and alone_measured(ctx)):  # its temporary mapped
             seconds += bucket.bytes * (ctx.machine.first_touch_s_per_byte or 0.0)
         begin = max(done, launched)
         done = begin + seconds
@@ -332,7 +331,9 @@ def zero2_buffers_s(ctx: Context, params: int, p: int) -> float:
     temporary (the whole bucket: gloo flattens its input, gloo_bucket_moments); after the update each shard
     cloned for the all-gather (1/p, new, a pass) and the all-gather's temporary (the whole bucket). On one rank
     gloo's reduce-scatter and all-gather copy too (no peer; the collectives' fits cost a group of one
-    nothing). Counted with the update, after backward, where the copies into the buckets really run inside it.
+    nothing): where the calibration timed them on a group of one (zero2_collective_s), they are priced there,
+    their temporaries' first touches included; else as an elementwise pass each. Counted with the update,
+    after backward, where the copies into the buckets really run inside it.
 
     Only allocations of MAPPED_ANEW_BYTES or more are mapped anew each step; smaller ones reuse the heap
     (compute.mapped_anew_bytes). A bucket is at most bucket_cap_mb (25 MB) unless one parameter is larger
@@ -344,9 +345,28 @@ def zero2_buffers_s(ctx: Context, params: int, p: int) -> float:
     eleventh scoring sets, seen since)."""
     s = ctx.setting
     one_pass = elementwise_s(ctx.machine, params, precision=s.precision, threads=s.threads, sharing=ctx.sharing)
-    passes = 3 + 1 / p + (2 if p == 1 else 0)
-    touched = mapped_anew_bytes(ctx.table.layers) * (3 + 2 / p) * (ctx.machine.first_touch_s_per_byte or 0.0)
+    measured = alone_measured(ctx)
+    passes = 3 + 1 / p + (2 if p == 1 and not measured else 0)
+    touches = 3 + 2 / p - (2 if measured else 0)  # the two temporaries' first touches, timed within the calls
+    touched = mapped_anew_bytes(ctx.table.layers) * touches * (ctx.machine.first_touch_s_per_byte or 0.0)
     return one_pass * passes + touched
+
+
+def alone_measured(ctx: Context) -> bool:
+    """Whether zero2's collectives run on a group of one and the machine file timed them there."""
+    return ctx.setting.world_size == 1 and bool(ctx.machine.alone_collectives)
+
+
+def zero2_collective_s(ctx: Context, op: str, nbytes: float) -> float:
+    """Seconds of one zero2 reduce-scatter or all-gather of a bucket of `nbytes`: the collectives' fit over the
+    ranks; on one rank, the calibration's calls on a group of one (MachineModel.alone_collective_s): gloo with
+    no peer flattens the input into a temporary and copies the result out, 0.29-0.36 ms a MB for the
+    reduce-scatter and 0.32-0.67 for the all-gather of 10-151 MB buckets on one 2-core rank (alexnet,
+    wide_resnet50_2 on `stl10`, 2026-12-06), and up to 2.6 ms a MB for vgg16's 411 MB bucket. Without that
+    figure (a GPU, an older machine file) nothing here: zero2_buffers_s prices them as passes."""
+    if ctx.setting.world_size > 1:
+        return ctx.collective_s(op, nbytes, list(range(ctx.setting.world_size)))
+    return ctx.machine.alone_collective_s(op, nbytes) or 0.0
 
 
 def model_fsdp(ctx: Context, times: BlockTimes) -> StrategyRun:

@@ -366,6 +366,9 @@ class MachineModel:
     # the ranks' host allocator the calibration ran with (its suite's `host_allocator`: retain, system, mixed);
     # None for a file from before the key (its ranks had the environment's allocator, glibc's defaults unless set)
     host_allocator: str | None = None
+    # CPU: zero2's reduce_scatter and all_gather on a group of one rank, per op its (bytes, seconds a call) by size
+    # (ddlbench.train.calibration.kernels, `alone_collective`); empty where not measured (a GPU, an older file)
+    alone_collectives: Mapping[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
 
     @classmethod
     def from_file(cls, path: Path) -> MachineModel:
@@ -401,7 +404,28 @@ class MachineModel:
             first_touch_s_per_byte=_figure(compute.get("first_touch_s_per_byte")),
             update_s_per_param=_figure(compute.get("update_s_per_param")) or None,
             host_allocator=str(data["host_allocator"]) if data.get("host_allocator") else None,
+            alone_collectives={
+                str(op): tuple(sorted((int(f["bytes"]), float(f["value"])) for f in figures if f.get("value")))
+                for op, figures in (compute.get("alone_collectives") or {}).items()
+            },
         )
+
+    def alone_collective_s(self, op: str, nbytes: float) -> float | None:
+        """Seconds of zero2's `op` on `nbytes` over a group of one rank, from the calibration's calls at a few
+        sizes: the seconds a byte interpolated linearly in log(bytes) between the two sizes around `nbytes`, and
+        the nearest size's beyond them (a call's cost a byte changes as its buffers leave the caches, not in
+        proportion to its size); None where the machine file has no such figure."""
+        sizes = self.alone_collectives.get(op)
+        if not sizes or nbytes <= 0:
+            return None
+        rates = [(math.log(size), seconds / size) for size, seconds in sizes]
+        at = math.log(nbytes)
+        if at <= rates[0][0]:
+            return nbytes * rates[0][1]
+        for (low, low_rate), (high, high_rate) in itertools.pairwise(rates):
+            if at <= high:
+                return nbytes * (low_rate + (high_rate - low_rate) * (at - low) / (high - low))
+        return nbytes * rates[-1][1]
 
     # compute ------------------------------------------------------------------------------------
     def flop_rate(self, layer_type: str, precision: str) -> tuple[float, str]:

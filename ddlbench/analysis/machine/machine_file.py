@@ -201,6 +201,10 @@ def compute_figures(record: CalibrationRecord) -> dict[str, Any]:
                 for fresh, kept in zip(sorted(entry["times_s"]), sorted(entry["kept_times_s"]), strict=True)
             ]
             figures["first_touch_s_per_byte"] = stats_figure(per_byte, bytes_filled=entry["bytes"])
+        elif entry["kind"] == "alone_collective":
+            # zero2's collectives on a group of one: seconds a call, per op and bytes (kernels._alone_collectives)
+            by_op = figures.setdefault("alone_collectives", {}).setdefault(entry["op"], [])
+            by_op.append(stats_figure(entry["times_s"], bytes=entry["bytes"]))
         elif "error" in entry:
             figures["refused"].append({"kind": entry["kind"], "precision": entry["precision"], "why": entry["error"]})
         else:

@@ -12,6 +12,8 @@ compute (one rank):
 - update B: the optimizer's step as training runs it (torch.optim.SGD with kernel.MOMENTUM), over B bytes of
   float32 parameters in UPDATE_TENSORS tensors, each with a gradient, the momentum buffers made by an untimed
   first step; its time ÷ the parameter elements is the analytic model's update term (none for B = 0).
+- alone_collective op B (CPU, a point of one rank): zero2's reduce_scatter and all_gather of B bytes on a group
+  of one, as its trainer calls them, at each of ALONE_COLLECTIVE_BYTES (_alone_collectives).
 A precision the device cannot run (tf32 off CUDA Ampere+, fp16 or bf16 where matmul refuses it) is
 recorded with the reason instead of times.
 
@@ -102,6 +104,8 @@ def run_compute(point: CalibrationPoint, device: torch.device) -> list[dict[str,
         out.append(_optimizer_step(elements, device, timer, point))
         if device.type == "cpu":
             out.append(_first_touch(FIRST_TOUCH_BYTES // 4, timer, point))
+            if dist.is_initialized() and dist.get_world_size() == 1:
+                out += _alone_collectives(timer, point)
     return out
 
 
@@ -153,6 +157,35 @@ def _first_touch(elements: int, timer: Timer, point: CalibrationPoint) -> dict[s
         )
         kept_s += timer.times(lambda: kept.fill_(1.0), warmup=point.warmup, iterations=max(1, point.iterations // 2))
     return {"kind": "first_touch", "bytes": elements * 4, "times_s": fresh_s, "kept_times_s": kept_s}
+
+
+# bucket sizes a one-rank zero2 hands gloo: 25 MiB buckets and single parameters of up to 411 MB (vgg's first
+# classifier layer on 224² inputs), from inside the caches to far past them
+ALONE_COLLECTIVE_BYTES = (4 << 20, 24 << 20, 96 << 20, 384 << 20)
+ALONE_COLLECTIVE_OPS = ("reduce_scatter", "all_gather")
+
+
+def _alone_collectives(timer: Timer, point: CalibrationPoint) -> list[dict[str, Any]]:
+    """zero2's reduce-scatter and all-gather on a group of one rank (ddlbench.train.strategies.sharded), as the
+    trainer calls them (async, waited at once): with no peer gloo still flattens the input into a temporary and
+    copies the result out, which the collectives' fits, measured over peers, cannot say. Per op and size, its
+    times, taken in rounds of one call of each (the order reversed every other round), so a spell of load falls
+    on every size alike. CPU only (`timer` is the host clock there)."""
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    calls: dict[tuple[str, int], Callable[[], Any]] = {}
+    for size in ALONE_COLLECTIVE_BYTES:
+        whole, other = torch.ones(size // 4), torch.empty(size // 4)
+        calls[("reduce_scatter", size)] = lambda whole=whole, other=other: scatter(other, whole, async_op=True).wait()
+        calls[("all_gather", size)] = lambda whole=whole, other=other: gather(other, whole, async_op=True).wait()
+    order = list(calls)
+    for call in order:
+        timer.times(calls[call], warmup=point.warmup, iterations=0)
+    times: dict[tuple[str, int], list[float]] = {call: [] for call in order}
+    for index in range(point.iterations):
+        for call in order if index % 2 == 0 else reversed(order):
+            times[call] += timer.times(calls[call], warmup=0, iterations=1)
+    return [{"kind": "alone_collective", "op": op, "bytes": size, "times_s": times[(op, size)]} for op, size in order]
 
 
 def _refusal(precision: str, device: torch.device) -> str | None:
