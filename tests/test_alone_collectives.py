@@ -23,7 +23,9 @@ dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["POR
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.train.calibration.kernels import Timer, _alone_collectives
 from ddlbench.train.calibration.records import stats_figure
-entries = _alone_collectives(Timer(torch.device("cpu")), types.SimpleNamespace(warmup=1, iterations=5))
+sizes = (4 << 20, 24 << 20, 96 << 20, 384 << 20)
+probe = types.SimpleNamespace(warmup=1, iterations=5, alone_collective_bytes=sizes)
+entries = _alone_collectives(Timer(torch.device("cpu")), probe)
 figures = {}
 for entry in entries:
     figures.setdefault(entry["op"], []).append(stats_figure(entry["times_s"], bytes=entry["bytes"]))

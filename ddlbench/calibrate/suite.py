@@ -110,6 +110,7 @@ def expand_suite(data: dict[str, Any]) -> tuple[CalibrationPoint, ...]:
                 matmul_sizes=tuple(data["matmul_sizes"]),
                 conv_shapes=tuple(tuple(shape) for shape in data["conv_shapes"]),
                 memory_bytes=data["memory_bytes"],
+                alone_collective_bytes=tuple(sorted(data.get("alone_collective_bytes") or ())),
                 **common,
             )
         )

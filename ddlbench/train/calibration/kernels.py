@@ -13,7 +13,7 @@ compute (one rank):
   float32 parameters in UPDATE_TENSORS tensors, each with a gradient, the momentum buffers made by an untimed
   first step; its time ÷ the parameter elements is the analytic model's update term (none for B = 0).
 - alone_collective op B (CPU, a point of one rank): zero2's reduce_scatter and all_gather of B bytes on a group
-  of one, as its trainer calls them, at each of ALONE_COLLECTIVE_BYTES (_alone_collectives).
+  of one, as its trainer calls them, at each of the suite's `alone_collective_bytes` (_alone_collectives).
 A precision the device cannot run (tf32 off CUDA Ampere+, fp16 or bf16 where matmul refuses it) is
 recorded with the reason instead of times.
 
@@ -104,7 +104,7 @@ def run_compute(point: CalibrationPoint, device: torch.device) -> list[dict[str,
         out.append(_optimizer_step(elements, device, timer, point))
         if device.type == "cpu":
             out.append(_first_touch(FIRST_TOUCH_BYTES // 4, timer, point))
-            if dist.is_initialized() and dist.get_world_size() == 1:
+            if point.alone_collective_bytes and dist.is_initialized() and dist.get_world_size() == 1:
                 out += _alone_collectives(timer, point)
     return out
 
@@ -159,9 +159,6 @@ def _first_touch(elements: int, timer: Timer, point: CalibrationPoint) -> dict[s
     return {"kind": "first_touch", "bytes": elements * 4, "times_s": fresh_s, "kept_times_s": kept_s}
 
 
-# bucket sizes a one-rank zero2 hands gloo: 25 MiB buckets and single parameters of up to 411 MB (vgg's first
-# classifier layer on 224² inputs), from inside the caches to far past them
-ALONE_COLLECTIVE_BYTES = (4 << 20, 24 << 20, 96 << 20, 384 << 20)
 ALONE_COLLECTIVE_OPS = ("reduce_scatter", "all_gather")
 
 
@@ -174,7 +171,7 @@ def _alone_collectives(timer: Timer, point: CalibrationPoint) -> list[dict[str, 
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     calls: dict[tuple[str, int], Callable[[], Any]] = {}
-    for size in ALONE_COLLECTIVE_BYTES:
+    for size in point.alone_collective_bytes:
         whole, other = torch.ones(size // 4), torch.empty(size // 4)
         calls[("reduce_scatter", size)] = lambda whole=whole, other=other: scatter(other, whole, async_op=True).wait()
         calls[("all_gather", size)] = lambda whole=whole, other=other: gather(other, whole, async_op=True).wait()
@@ -185,7 +182,10 @@ def _alone_collectives(timer: Timer, point: CalibrationPoint) -> list[dict[str, 
     for index in range(point.iterations):
         for call in order if index % 2 == 0 else reversed(order):
             times[call] += timer.times(calls[call], warmup=0, iterations=1)
-    return [{"kind": "alone_collective", "op": op, "bytes": size, "times_s": times[(op, size)]} for op, size in order]
+    return [
+        {"kind": "alone_collective", "op": op, "bytes": size // 4 * 4, "times_s": times[(op, size)]}
+        for op, size in order
+    ]
 
 
 def _refusal(precision: str, device: torch.device) -> str | None:

@@ -45,6 +45,9 @@ class CalibrationPoint:
     matmul_sizes: tuple[int, ...] = ()
     conv_shapes: tuple[tuple[int, int, int, int], ...] = ()
     memory_bytes: int = 0
+    # compute, on a CPU: zero2's collectives on a group of one at these sizes; left out of the spec when (), so
+    # the compute points of suites before the key keep their ids
+    alone_collective_bytes: tuple[int, ...] = ()
     collectives: tuple[str, ...] = ()
     message_bytes: tuple[int, ...] = ()
     # layer_timings: the model trained, on synthetic samples of the dataset, at each per-rank batch size
@@ -83,6 +86,8 @@ class CalibrationPoint:
             data = {key: value for key, value in data.items() if key not in OPERATOR_FIELDS}
         if self.host_allocator == "system":  # likewise, for the ids they had before the allocator's key
             del data["host_allocator"]
+        if not self.alone_collective_bytes:  # likewise
+            del data["alone_collective_bytes"]
         return {"kind": KIND, **data}
 
     def to_json(self) -> str:
@@ -106,7 +111,14 @@ class CalibrationPoint:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CalibrationPoint:
         fields = {key: value for key, value in data.items() if key != "kind"}
-        for name in ("precisions", "matmul_sizes", "collectives", "message_bytes", "batch_sizes"):
+        for name in (
+            "precisions",
+            "matmul_sizes",
+            "collectives",
+            "message_bytes",
+            "batch_sizes",
+            "alone_collective_bytes",
+        ):
             fields[name] = tuple(fields.get(name, ()))
         fields["conv_shapes"] = tuple(tuple(shape) for shape in fields.get("conv_shapes", ()))
         fields["model_options"] = tuple(tuple(pair) for pair in fields.get("model_options", ()))
