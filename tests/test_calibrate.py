@@ -181,6 +181,11 @@ def test_calibrate_writes_a_machine_file_from_real_runs(tmp_path):
     report = (folder / "report.html").read_text()
     assert report.count("<svg") == len(backends)  # one figure of curves and fits per library and link
     assert "dgx_h100_4ndr" in report and "abci_v100" in report
+    # the probe of zero2's calls in the report: a row per op and size, its milliseconds a MB from the median
+    for op, figures in alone.items():
+        for f in figures:
+            row = f'<td class="text">{op}</td><td>{f["bytes"]}</td>'
+            assert row in report and f"<td>{f['value'] * 1e3 / (f['bytes'] / 1e6):.3g}</td></tr>" in report
     again = run_snakemake("-s", "workflow/calibrate.smk", "--cores", "2", "--configfile", str(path))
     assert "Nothing to be done" in again.stdout + again.stderr
 

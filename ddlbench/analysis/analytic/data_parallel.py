@@ -247,16 +247,17 @@ def gloo_schedule(ctx: Context, times: BlockTimes, buckets: list[Bucket], p: int
     of its temporary where that is mapped anew."""
     s = ctx.setting
     spans = block_spans(times)
+    measured = alone_measured(ctx)  # one rank, its calls timed: their temporaries' first touches are inside
     done, schedule = 0.0, []
     for bucket in buckets:
         launched = spans[bucket.ready_block][1]
-        if p > 1 or alone_measured(ctx):
+        if p > 1 or measured:
             seconds = zero2_collective_s(ctx, "reduce_scatter", bucket.bytes)
         else:
             seconds = elementwise_s(
                 ctx.machine, bucket.bytes / FP32, precision=s.precision, threads=s.threads, sharing=ctx.sharing
             )
-        if bucket.bytes >= MAPPED_ANEW_BYTES and not (p == 1 and alone_measured(ctx)):  # its temporary mapped
+        if bucket.bytes >= MAPPED_ANEW_BYTES and not measured:  # its temporary mapped anew: first touch
             seconds += bucket.bytes * (ctx.machine.first_touch_s_per_byte or 0.0)
         begin = max(done, launched)
         done = begin + seconds
