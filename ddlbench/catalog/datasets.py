@@ -56,6 +56,18 @@ DATASETS.register(
 )
 DATASETS.register(
     DatasetSpec(
+        name="imagenette",
+        input_kind="image2d",
+        sample_shape=(3, 160, 160),
+        task="classify",
+        num_outputs=10,
+        description="Imagenette-shaped images (fast.ai's 10-class ImageNet subset, 160 px version), 3×160×160",
+        real_data=_IMAGE_FOLDER + ", resized and centre-cropped to 160×160",
+        train_samples=9_469,  # Imagenette 2's training set
+    )
+)
+DATASETS.register(
+    DatasetSpec(
         name="imagenet",
         input_kind="image2d",
         sample_shape=(3, 224, 224),
