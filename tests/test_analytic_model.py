@@ -250,6 +250,40 @@ def test_a_pipeline_stage_waits_for_its_sends_to_be_received_before_its_step_end
     assert op(f"sent B{micro - 1} s1").end_s >= posted
 
 
+def test_pipeline_stages_sharing_a_host_pay_the_shared_price_only_while_another_computes():
+    """Two stages on one host: a stage that computes while the other waits runs at its price alone. With
+    every block twice as slow shared as alone, the step lies strictly between the pipeline priced alone
+    throughout and priced shared throughout; the last stage's update (its gradients scaled, then SGD) runs
+    partly beside the first stage's next forwards."""
+    from ddlbench.analysis.analytic.compute import block_times
+    from ddlbench.analysis.analytic.pipelines import model_pipeline
+
+    machine = cpu_machine()
+    table = introspected_table("resnet20", "cifar10", (("norm", "batch"),))
+    chosen = setting("gpipe", micro_batches=4)
+    ctx = Context(setting=chosen, table=table, machine=machine, sharing=2)
+    alone = block_times(table, machine, batch=chosen.batch_size / 4, precision="fp32", threads=1, sharing=1)
+    shared = replace(
+        alone,
+        forward_s=tuple(2 * t for t in alone.forward_s),
+        backward_s=tuple(2 * t for t in alone.backward_s),
+        loss_s=2 * alone.loss_s,
+    )
+    both = model_pipeline(ctx, shared, schedule="gpipe", alone=alone).timeline
+    all_shared = model_pipeline(ctx, shared, schedule="gpipe").timeline
+    all_alone = model_pipeline(ctx, alone, schedule="gpipe").timeline
+    assert all_alone.step_s < both.step_s < all_shared.step_s
+    # stage 0's first forward runs while stage 1 waits for its input: at the price alone
+    first = next(op for op in both.ops if op.label == "F0 s0")
+    assert first.end_s - first.start_s == pytest.approx(alone.forward_of(range(*first_stage(ctx))), rel=1e-6)
+
+
+def first_stage(ctx: Context) -> tuple[int, int]:
+    from ddlbench.analysis.analytic.pipelines import cut_stages
+
+    return cut_stages(ctx, 2)[0]
+
+
 def test_more_micro_batches_shrink_the_bubble_share():
     machine = cpu_machine()
     shares = [

@@ -117,6 +117,79 @@ def test_the_gpipe_bubble_matches_the_closed_form():
     assert running.step_s == pytest.approx((micro + stages - 1) * (tf + tb) + (stages - 1) * tb)
 
 
+def test_ranks_sharing_a_host_pay_the_shared_price_only_while_both_compute():
+    """Rank 0's op (alone 1 s, 2 s with the other rank computing) runs alone for 0.5 s, until rank 1's op
+    (the same prices) starts: both then advance at half speed. Rank 0 has 0.5 of its work left, done at
+    1.5 s; rank 1 has done 0.5 of its work by then, and ends the rest alone at 2.0 s. List scheduling at the
+    shared price ends them at 2.0 and 2.5, at the alone price at 1.0 and 1.5."""
+    program = Program(hosts={0: 0, 1: 0})
+    gate = program.comm(1, 0.5, label="recv")
+    program.compute(0, 2.0, alone_s=1.0, label="rank 0's")
+    program.compute(1, 2.0, alone_s=1.0, deps=(gate,), label="rank 1's")
+    timeline = simulate(program, steps=1)
+    ends = [next(op.end_s for op in timeline.ops if op.label == label) for label in ("rank 0's", "rank 1's")]
+    assert ends == pytest.approx([1.5, 2.0])
+    assert timeline.step_s == pytest.approx(2.0)
+    # the compute a rank reports is what it paid: 1.5 s each, between the alone and shared prices
+    assert [rank.compute_s for rank in timeline.ranks] == pytest.approx([1.5, 1.5])
+    # ranks on hosts of their own never slow each other
+    program.hosts = {0: 0, 1: 1}
+    apart = simulate(program, steps=1).ops
+    assert [next(op.end_s for op in apart if op.label == label) for label in ("rank 0's", "rank 1's")] == (
+        pytest.approx([1.0, 1.5])
+    )
+
+
+def test_three_ranks_of_a_host_pay_a_price_between_alone_and_all_at_once():
+    """With k ranks on a host, j of them computing: alone + (shared − alone)·(j − 1)/(k − 1). Two of three
+    computing from the start: each at 1.5 s for its 1 s alone / 2 s shared op."""
+    program = Program(hosts={0: 0, 1: 0, 2: 0})
+    for rank in (0, 1):
+        program.compute(rank, 2.0, alone_s=1.0, label="two of three")
+    program.comm(2, 0.0)  # the third rank only waits
+    timeline = simulate(program, steps=1)
+    assert [op.end_s for op in timeline.ops if op.label == "two of three"] == pytest.approx([1.5, 1.5])
+
+
+def test_without_second_prices_the_fluid_simulation_is_list_scheduling():
+    """A program with hosts but one price per op runs exactly as before; so does one whose ops' two prices
+    are equal (the fluid path is taken and must agree with list scheduling)."""
+    from ddlbench.analysis.analytic import simulate as module
+
+    def pipeline(hosts: dict[int, int], second: bool) -> Program:
+        program = Program(hosts=hosts)
+        ops = {}
+        for s in range(3):
+            for action in single_stage_order("1f1b", s, 3, 4):
+                t = 1.0 + 0.3 * s if action.kind == "F" else 2.0 + 0.1 * action.micro
+                ops[action] = program.compute(s, t, alone_s=t if second else None)
+        for action, op in ops.items():
+            if action.kind == "F" and action.stage > 0:
+                recv = program.comm(action.stage, 0.2, deps=(ops[Action("F", action.stage - 1, action.micro)],))
+                program.ops[op].deps = (recv,)
+            if action.kind == "B" and action.stage < 2:
+                program.ops[op].deps = (ops[Action("B", action.stage + 1, action.micro)],)
+        return program
+
+    plain = simulate(pipeline({}, False))
+    fluid_program = pipeline({0: 0, 1: 0, 2: 0}, True)
+    listed, fluid = [], []
+    original = module._run
+    module._run = lambda ops: listed.append(1) or original(ops)
+    original_shared = module._run_shared
+    module._run_shared = lambda ops, hosts: fluid.append(1) or original_shared(ops, hosts)
+    try:
+        same = simulate(fluid_program)
+    finally:
+        module._run, module._run_shared = original, original_shared
+    assert listed == [1] and fluid == []  # equal prices everywhere: nothing to contend for, list scheduling
+    fluid_program.ops[0].alone_s = fluid_program.ops[0].duration_s * (1 - 1e-9)  # forces the fluid path
+    forced = simulate(fluid_program)
+    assert same.step_s == pytest.approx(plain.step_s, rel=1e-12)
+    assert forced.step_s == pytest.approx(plain.step_s, rel=1e-6)
+    assert [op.start_s for op in forced.ops] == pytest.approx([op.start_s for op in plain.ops], rel=1e-6)
+
+
 MACHINE = {
     "name": "t",
     "source": "measured",

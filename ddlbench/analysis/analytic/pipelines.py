@@ -46,6 +46,8 @@ from ddlbench.analysis.analytic.simulate import Program
 from ddlbench.catalog.model_table import ModelTable
 from ddlbench.catalog.stage_cut import partition
 
+SCALE_OF_ADD = 2 / 3  # values moved by an in-place scale (read, write) over those of an add (read two, write one)
+
 
 @dataclass(frozen=True)
 class Action:
@@ -115,9 +117,17 @@ def boundary_bytes(ctx: Context, block: int, batch: float) -> float:
 
 
 def model_pipeline(
-    ctx: Context, times: BlockTimes, *, schedule: str, stages_per_rank: int = 1, micro: int | None = None
+    ctx: Context,
+    times: BlockTimes,
+    *,
+    schedule: str,
+    stages_per_rank: int = 1,
+    micro: int | None = None,
+    alone: BlockTimes | None = None,
 ) -> StrategyRun:
-    """A pipeline of `split` ranks (replicas in dp_pp run alike; rank 0's replica stands for all)."""
+    """A pipeline of `split` ranks (replicas in dp_pp run alike; rank 0's replica stands for all). With
+    `alone` (the blocks timed with one rank on the host), ranks sharing a host pay `times` only while
+    another of them computes (ddlbench.analysis.analytic.simulate)."""
     s, table = ctx.setting, ctx.table
     ranks = s.split  # the Setting's split is Point's: the world size for a model cut over every rank
     micro = micro or s.micro_batches
@@ -125,24 +135,34 @@ def model_pipeline(
     bounds = cut_stages(ctx, stages)
     batch = s.batch_size / micro
     rank_of = {k: k % ranks for k in range(stages)}
-    stage_f = [times.forward_of(range(*bounds[k])) for k in range(stages)]
-    stage_b = [times.backward_of(range(*bounds[k])) for k in range(stages)]
-    stage_f[-1] += times.loss_s
-    # the second and later micro-batches' backward add their weight gradients into .grad (the first sets
-    # it): one read-add-write pass over the stage's parameters each; at the end the schedule divides the
-    # gradients by the number of micro-batches (scale_grads): one more pass per rank
     stage_params = [sum(table.blocks[i].params for i in range(*bounds[k])) for k in range(stages)]
-    accumulate = [
-        elementwise_s(ctx.machine, n, precision=s.precision, threads=s.threads, sharing=ctx.sharing) if n else 0.0
-        for n in stage_params
-    ]
+
+    def prices(times: BlockTimes, sharing: int) -> tuple[list[float], list[float], list[float], float]:
+        """Each stage's forward (the last with the loss), backward and gradient accumulation, and the update's
+        seconds a parameter. The second and later micro-batches' backward add their weight gradients into
+        .grad (the first sets it): one read-add-write pass over the stage's parameters each."""
+        forward = [times.forward_of(range(*bounds[k])) for k in range(stages)]
+        forward[-1] += times.loss_s
+        backward = [times.backward_of(range(*bounds[k])) for k in range(stages)]
+        add = [
+            elementwise_s(ctx.machine, n, precision=s.precision, threads=s.threads, sharing=sharing) if n else 0.0
+            for n in stage_params
+        ]
+        return forward, backward, add, times.update_per_param_s
+
+    stage_f, stage_b, accumulate, update_per_param = prices(times, ctx.sharing)
+    alone_f, alone_b, alone_accumulate, alone_update = prices(alone, 1) if alone is not None else (None,) * 4
+    program = Program(hosts={r: r // ctx.sharing for r in range(ranks)} if alone is not None else {})
+
+    def alone_of(values: list[float] | None, stage: int) -> float | None:
+        return None if values is None else values[stage]
+
     if schedule == "interleaved":
         orders = {r: interleaved_order(r, ranks, stages_per_rank, micro) for r in range(ranks)}
     elif schedule == "model_parallel":
         orders = {r: [Action("F", r, 0), Action("B", r, 0)] for r in range(ranks)}
     else:
         orders = {r: single_stage_order(schedule, r, stages, micro) for r in range(ranks)}
-    program = Program()
     op_of: dict[Action, int] = {}
     recv_of: dict[Action, int] = {}
     last_of: dict[int, int] = {}
@@ -160,12 +180,15 @@ def model_pipeline(
             if action.kind == "B" and action.stage == stages - 1:
                 deps.append(None)  # filled below: the same micro-batch's forward on this stage
             if action.kind == "F":
-                duration = stage_f[action.stage]
+                duration, solo = stage_f[action.stage], alone_of(alone_f, action.stage)
             else:
-                duration = stage_b[action.stage]
+                duration, solo = stage_b[action.stage], alone_of(alone_b, action.stage)
                 if action.micro > 0:
                     duration += accumulate[action.stage]
-            op_of[action] = program.compute(r, duration, label=f"{action.kind}{action.micro} s{action.stage}")
+                    solo = None if solo is None else solo + alone_accumulate[action.stage]
+            op_of[action] = program.compute(
+                r, duration, label=f"{action.kind}{action.micro} s{action.stage}", alone_s=solo
+            )
             program.ops[op_of[action]].deps = tuple(d for d in deps if d is not None)
             last_of[r] = op_of[action]
     # a transfer completes once the sender has computed it and the receiver has posted its recv, which the
@@ -210,8 +233,16 @@ def model_pipeline(
                         label=f"dp all_reduce {k} r{r}",
                     )
                 )
-        scaling = sum(accumulate[k] for k in range(stages) if rank_of[k] == r) if micro > 1 else 0.0
-        program.compute(r, scaling + times.update_per_param_s * params_of[r], deps=deps, label=f"update r{r}")
+        # at the end the schedule divides the gradients by the number of micro-batches (scale_grads): an
+        # in-place pass over them that reads and writes each value once, 2/3 of an accumulation's three (here
+        # alone on one core, 128 Mi values: div_ 53 ms, add_ 82 ms)
+        mine = [k for k in range(stages) if rank_of[k] == r]
+        scaling = SCALE_OF_ADD * sum(accumulate[k] for k in mine) if micro > 1 else 0.0
+        solo = None
+        if alone is not None:
+            solo = SCALE_OF_ADD * sum(alone_accumulate[k] for k in mine) if micro > 1 else 0.0
+            solo += alone_update * params_of[r]
+        program.compute(r, scaling + update_per_param * params_of[r], deps=deps, label=f"update r{r}", alone_s=solo)
     timeline = ctx.simulate(program)
     memory = max(
         (_stage_memory(ctx, r, orders[r], bounds, rank_of, batch, replicas) for r in range(ranks)),

@@ -143,12 +143,19 @@ def run_strategy(ctx: Context) -> StrategyRun:
             threads=s.threads,
             sharing=sharing,
         )
+        # each stage alone on its host's cores, as where the other stages wait (dp_pp's other replicas compute
+        # beside it: it keeps the shared prices)
+        alone = None
+        if sharing > 1 and s.replicas == 1:
+            alone = block_times(
+                ctx.table, ctx.machine, batch=s.batch_size / micro, precision=s.precision, threads=s.threads, sharing=1
+            )
         if name == "interleaved_1f1b":
-            return model_pipeline(ctx, times, schedule="interleaved", stages_per_rank=2)
+            return model_pipeline(ctx, times, schedule="interleaved", stages_per_rank=2, alone=alone)
         if name == "model_parallel":
-            return model_pipeline(ctx, times, schedule="model_parallel", micro=1)
+            return model_pipeline(ctx, times, schedule="model_parallel", micro=1, alone=alone)
         schedule = s.option("schedule") if name == "dp_pp" else name
-        return model_pipeline(ctx, times, schedule=schedule)
+        return model_pipeline(ctx, times, schedule=schedule, alone=alone)
     if name in ("tensor", "dp_tp"):
         return model_tensor(ctx, times_for)
     if name in ("filter", "channel", "dp_filter"):

@@ -9,6 +9,15 @@ its dependencies have ended (list scheduling). That is how a real step runs: a C
 process's Python thread executes in order, and gloo or NCCL runs a process group's collectives in the
 order they were issued.
 
+Ranks that share a host's cores and memory slow each other only while they compute at the same time. A
+compute op may carry two prices: `duration_s`, timed with every rank of its host computing at once (the
+calibration's operators at that many ranks a node), and `alone_s`, timed with its rank alone. Where a program
+gives the ranks' hosts and some op both prices, the step runs as a fluid simulation: between two events each
+running compute op advances at 1 / price, its price interpolated linearly from `alone_s` (its rank the only
+one of its host computing) to `duration_s` (all of them), so a pipeline stage that updates while the other
+stage waits for its gradients runs at the price of one rank alone. Communication keeps its one price. Without
+hosts or second prices, it is the list scheduling above, op for op.
+
 What it gives, per rank (seconds, summing exactly to the step):
 - compute_s: busy time of the compute lane;
 - exposed_comm_s: the part of the compute lane's idle time during which the rank's own communication
@@ -38,6 +47,7 @@ class Op:
     step: int = 0
     start_s: float = 0.0
     end_s: float = 0.0
+    alone_s: float | None = None  # a compute op's price with no other rank of its host computing
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,12 +81,21 @@ class Program:
     """The ops of one step, added in each rank's issue order."""
 
     ops: list[Op] = field(default_factory=list)
+    # rank → the host it shares with others (ranks alone on theirs may be left out); empty: no contention
+    hosts: dict[int, int] = field(default_factory=dict)
 
     def add(
-        self, rank: int, lane: Lane, duration_s: float, *, deps: tuple[int, ...] | list[int] = (), label: str = ""
+        self,
+        rank: int,
+        lane: Lane,
+        duration_s: float,
+        *,
+        deps: tuple[int, ...] | list[int] = (),
+        label: str = "",
+        alone_s: float | None = None,
     ) -> int:
-        if duration_s < 0:
-            raise ValueError(f"op {label!r} has a negative duration {duration_s}")
+        if duration_s < 0 or (alone_s is not None and alone_s < 0):
+            raise ValueError(f"op {label!r} has a negative duration {duration_s} (alone {alone_s})")
         op = Op(
             index=len(self.ops),
             rank=rank,
@@ -85,12 +104,14 @@ class Program:
             duration_s=duration_s,
             deps=tuple(d for d in deps if d is not None),
             label=label,
+            alone_s=alone_s,
         )
         self.ops.append(op)
         return op.index
 
-    def compute(self, rank: int, duration_s: float, *, deps=(), label: str = "") -> int:
-        return self.add(rank, "compute", duration_s, deps=deps, label=label)
+    def compute(self, rank: int, duration_s: float, *, deps=(), label: str = "", alone_s: float | None = None) -> int:
+        """A compute op; `alone_s`, where given, its price while no other rank of its host computes."""
+        return self.add(rank, "compute", duration_s, deps=deps, label=label, alone_s=alone_s)
 
     def comm(self, rank: int, duration_s: float, *, deps=(), label: str = "") -> int:
         return self.add(rank, "comm", duration_s, deps=deps, label=label)
@@ -140,12 +161,17 @@ def simulate(program: Program, *, steps: int = 3, overlap: bool = True) -> Timel
                     deps=(*(d + offset for d in op.deps), boundary[op.rank]),
                     label=op.label,
                     step=step,
+                    alone_s=op.alone_s,
                 )
             )
             mine[op.rank].append(index)
         previous = mine
         starts.append(boundary)
-    _run(ops)
+    contended = program.hosts and any(op.alone_s is not None and op.alone_s != op.duration_s for op in ops)
+    if contended:
+        _run_shared(ops, program.hosts)
+    else:
+        _run(ops)
     middle = min(1, len(starts) - 1)
     start = {rank: ops[starts[middle][rank]].end_s for rank in ranks}
     step_ops = [op for op in ops if op.step == middle and op.kind != "step"]
@@ -189,6 +215,72 @@ def _run(ops: list[Op]) -> None:
             raise ValueError(f"the step's ops wait on each other: {', '.join(stuck[:6])}")
 
 
+def _run_shared(ops: list[Op], hosts: dict[int, int]) -> None:
+    """Each lane in issue order, each op once its lane is free and its deps have ended, as _run; between
+    events a compute op advances at 1 / its price at the number of its host's ranks computing then."""
+    lanes: dict[tuple[int, Lane], list[Op]] = {}
+    for op in ops:
+        lanes.setdefault((op.rank, op.lane), []).append(op)
+    size: dict[int, int] = {}
+    for rank in {op.rank for op in ops}:
+        if rank in hosts:
+            size[hosts[rank]] = size.get(hosts[rank], 0) + 1
+    position = dict.fromkeys(lanes, 0)
+    running: dict[tuple[int, Lane], list] = {}  # lane → [op, fraction of its work left]
+    done = [False] * len(ops)
+    remaining, now = len(ops), 0.0
+
+    def price(op: Op, busy: int) -> float:
+        host = hosts.get(op.rank)
+        if op.kind != "compute" or op.alone_s is None or host is None:
+            return op.duration_s
+        if size[host] < 2:  # alone on its host
+            return op.alone_s
+        share = (busy - 1) / (size[host] - 1)
+        return op.alone_s + (op.duration_s - op.alone_s) * share
+
+    while remaining:
+        started = True
+        while started:  # start what can start now; ops of no length end where they start
+            started = False
+            for key, queue in lanes.items():
+                while key not in running and position[key] < len(queue):
+                    op = queue[position[key]]
+                    if not all(done[d] for d in op.deps):
+                        break
+                    op.start_s = now
+                    position[key] += 1
+                    if op.duration_s > 0 or (op.alone_s or 0.0) > 0:
+                        running[key] = [op, 1.0]
+                    else:
+                        op.end_s, done[op.index] = now, True
+                        remaining -= 1
+                    started = True
+        if not running:
+            if remaining:
+                stuck = [queue[position[key]].label for key, queue in lanes.items() if position[key] < len(queue)]
+                raise ValueError(f"the step's ops wait on each other: {', '.join(stuck[:6])}")
+            break
+        busy: dict[int, int] = {}
+        for op, _ in running.values():
+            if op.kind == "compute" and op.rank in hosts:
+                busy[hosts[op.rank]] = busy.get(hosts[op.rank], 0) + 1
+        rates = {
+            key: 1.0 / max(price(op, busy.get(hosts.get(op.rank, -1), 1)), 1e-300) for key, (op, _) in running.items()
+        }
+        step = min(left / rates[key] for key, (_, left) in running.items())
+        now += step
+        for key in list(running):
+            op, left = running[key]
+            left -= rates[key] * step
+            if left <= 1e-12:
+                op.end_s, done[op.index] = now, True
+                remaining -= 1
+                del running[key]
+            else:
+                running[key][1] = left
+
+
 def _rank_time(ops: list[Op], rank: int, start: float, step: float) -> RankTime:
     compute = sorted((op for op in ops if op.kind == "compute"), key=lambda op: op.start_s)
     comm = [op for op in ops if op.kind == "comm" and op.duration_s > 0]
@@ -204,7 +296,7 @@ def _rank_time(ops: list[Op], rank: int, start: float, step: float) -> RankTime:
     if end > previous_end:
         idle.append((previous_end, end))
     exposed = sum(_overlap(span, busy) for span in idle)
-    compute_s = sum(op.duration_s for op in compute)
+    compute_s = sum(op.end_s - op.start_s for op in compute)  # the price paid: contention may have changed it
     comm_s = sum(op.duration_s for op in comm)
     exposed = min(exposed, max(0.0, step - compute_s))
     return RankTime(
