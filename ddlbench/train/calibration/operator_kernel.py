@@ -12,7 +12,7 @@ is timed by every count k of the point's `operator_at_once` in turn (ranks 0..k�
 next barrier, idle: a gloo barrier blocks without spinning), so one rank alone and all ranks at once are timed
 seconds apart, under the same load on the host. Entries carry `at_once` = k. Per shape and count, in each of ROUNDS
 passes over all shapes, `warmup` untimed then iterations / ROUNDS timed repetitions of:
-- forward: y = op(x) with autograd recording, as in training;
+- forward: y = op(x) with autograd recording, as in training, the last RING_BYTES of outputs kept (outputs_held);
 and spatial parallelism's slab batch norm (ddlbench.train.strategies.halo.SlabBatchNorm, its statistics
 shared over a group of this rank alone: its arithmetic without a peer to wait for), and tensor parallelism's
 Linears (torch's ColwiseParallel and RowwiseParallel on a device mesh of this rank alone, the second
@@ -86,6 +86,27 @@ def evict_caches(device: torch.device) -> None:
     if not _evict:
         _evict.append(torch.empty(EVICT_BYTES // 4))
     _evict[0].fill_(0.0)
+
+
+# a forward's outputs are kept, as a network's are (autograd saves them for the backward): each call's output
+# lands in memory other outputs were written to RING_BYTES before, out of the core's own caches, as a layer's
+# output lands in memory a step's other tensors went through. Kept one at a time, an output lands in the block freed
+# two calls before, still in them. In a step of mobilenet_v2 (`stl10`, batch 4; one 2-core rank, torch 2.13, glibc
+# told to retain, 2026-12-06) the forwards of its batch norms, convolutions and ReLU6s took 1.4×, 1.4× and 1.9×
+# what timings of one output at a time fitted; alone with 32 MiB of outputs kept, a batch norm on its shapes took
+# 1.14-1.31× as long as with one, a ReLU6 1.3-2.2×, a 1×1 convolution 1.0-1.26× (more kept, 128 MiB: 5 % more).
+# Fitted from timings with the outputs kept, the step's forwards came to 1.3× instead of 1.45× (docs/analytic.md).
+RING_BYTES = 32 << 20
+RING_MOST = 64  # outputs at most (a tiny one's graph is mostly its call's)
+
+
+def outputs_held(output: Tensor, device: torch.device) -> int:
+    """How many forward outputs the timing keeps at once: RING_BYTES of them on a CPU (at least one, at most
+    RING_MOST); one on a GPU, whose caching allocator and device memory this does not model."""
+    if device.type != "cpu":
+        return 1
+    nbytes = max(1, output.numel() * output.element_size())
+    return max(1, min(RING_MOST, -(-RING_BYTES // nbytes)))
 
 
 def cold_call(shape: OperatorShape) -> bool:
@@ -200,10 +221,13 @@ def time_operator(
         y = op(x, other)
     grad = torch.randn(y.shape, generator=generator).to(device=device, dtype=y.dtype)
     held: list[Tensor] = []
+    ring = outputs_held(y, device)
 
     def forward() -> None:
         with autocast():
-            held[:] = [op(x, other)]
+            held.append(op(x, other))
+        if len(held) > ring:
+            del held[0]
 
     def clear() -> None:
         for tensor in (x, other, *params):
@@ -212,7 +236,7 @@ def time_operator(
         forward()
 
     def backward() -> None:
-        held[0].backward(grad)
+        held[-1].backward(grad)
 
     cold = cold_call(shape)
 
@@ -225,7 +249,8 @@ def time_operator(
 
     forward_s = timer.times(forward, warmup=warmup, iterations=iterations, before=evict if cold else None)
     backward_s = timer.times(backward, warmup=warmup, iterations=iterations, before=cleared if cold else clear)
-    return {"kind": "operator", "shape": shape.to_dict(), "forward_s": forward_s, "backward_s": backward_s}
+    entry = {"kind": "operator", "shape": shape.to_dict(), "forward_s": forward_s, "backward_s": backward_s}
+    return entry | ({"outputs_held": ring} if ring > 1 else {})
 
 
 def time_autograd_call(device: torch.device, timer: Timer, *, warmup: int, iterations: int) -> dict[str, list[float]]:
