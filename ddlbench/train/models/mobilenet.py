@@ -47,11 +47,13 @@ class InvertedResidual(nn.Module):
         # the projection stays linear: a ReLU on the narrow bottleneck destroys information (§3.2)
         layers += [nn.Conv2d(hidden, out_channels, 1, bias=False), make_norm(norm, out_channels)]
         self.layers = nn.Sequential(*layers)
-        self.residual = stride == 1 and in_channels == out_channels
+        # the residual as a child of its own, as ResNet's blocks hold theirs: the model table then shows the sum
+        # its forward adds (ddlbench.analysis.analytic.compute.residual_sums), which it priced at nothing before
+        self.shortcut = nn.Identity() if stride == 1 and in_channels == out_channels else None
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.layers(x)
-        return x + out if self.residual else out
+        return self.shortcut(x) + out if self.shortcut is not None else out
 
 
 def build_mobilenet_v2(*, sample_shape: tuple[int, ...], num_outputs: int, norm: str = "batch") -> nn.Sequential:
