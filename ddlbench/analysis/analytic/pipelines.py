@@ -27,7 +27,11 @@ M parameters, one sample a micro-batch) was predicted 406 + 269 ms a backward ag
 faults are real (alone on one core, its 25088 → 4096 layer's backward took 192-238 ms with glibc's defaults
 and 50-59 ms with nothing handed back, MALLOC_MMAP_MAX_=0), but the linear fit, whose draws stop at 4096 ×
 4096, already puts that layer's backward at 118-154 ms; drawing Linears of 32-512 MiB into the calibration
-made the seen sets' predictions worse (docs/analytic.md). The last stage's forward includes the loss. In dp_pp
+made the seen sets' predictions worse (docs/analytic.md). Stages that share a host pay the operator fits timed with
+every rank computing only while another stage computes, and those timed alone otherwise: the last stage accumulating
+and updating its 411 MB Linear while the first waits for its gradients (vgg11's and vgg13's pipelines, 1.19-1.30×
+over when every pass was priced shared; docs/analytic.md, "Pipeline stages on one host"). The last stage's forward
+includes the loss. In dp_pp
 the replicas of a stage all-reduce its gradients in DDP buckets during the last micro-batch's backward, then
 every rank updates.
 """
