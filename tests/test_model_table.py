@@ -23,15 +23,16 @@ from ddlbench.catalog.model_table import ModelTable
 from ddlbench.cli import main
 from ddlbench.train.introspect import build_model_table, grouped_conv_backward_flops
 
+SECOND_DATASETS = {"mnist", "highres", "tinyimagenet", "stl10", "imagenette"}
 # Every model on the datasets that change its layers' shapes; within CI's time budget the extra image sizes
-# (mnist's one channel, highres, tinyimagenet, stl10) run with one model, and the largest models on their reference
-# dataset only
+# (mnist's one channel, highres, tinyimagenet, stl10, imagenette) run with one model, and the largest models on
+# their reference dataset only
 PAIRS = [
     (model, dataset)
     for model in MODELS.names()
     for dataset in DATASETS.names()
     if MODELS.get(model).input_kind == DATASETS.get(dataset).input_kind
-    and (dataset not in {"mnist", "highres", "tinyimagenet", "stl10"} or model == "resnet18")
+    and (dataset not in SECOND_DATASETS or model == "resnet18")
     and (model not in {"resnet152", "gpt_small", "gpt_medium", "gpt_large"} or dataset in {"imagenet", "tokens"})
 ]
 # The quick set keeps each model once or twice: the image models on cifar10 (small stem) and imagenet (large
@@ -48,7 +49,6 @@ SLOW_MODELS = {
     "gpt_large",
 }
 ONE_QUICK_DATASET = {"mobilenet_v2": "cifar10", "resnet50": "imagenet"}
-SECOND_DATASETS = {"mnist", "highres", "tinyimagenet", "stl10"}
 
 
 def _marked(model: str, dataset: str):
@@ -226,7 +226,7 @@ def test_bad_names_and_options_are_refused_with_the_choices(capsys):
     assert "depth" in (err := capsys.readouterr().err) and "accepted: norm" in err
     assert main(["-q", "model-table", "resnet8", "tokens_small"]) == 2
     err = capsys.readouterr().err
-    assert "image2d" in err and "cifar10, highres, imagenet, mnist, stl10, tinyimagenet" in err
+    assert "image2d" in err and "cifar10, highres, imagenet, imagenette, mnist, stl10, tinyimagenet" in err
     with pytest.raises(SystemExit):
         main(["-q", "model-table", "resnet8", "cifar10", "--format", "xml"])
     assert "table, csv, net, json" in capsys.readouterr().err.replace("'", "")
