@@ -491,3 +491,27 @@ def test_a_setting_of_a_point_carries_its_layout(tmp_path):
     s = Setting.of_point(point)
     assert (s.split, s.micro_batches, s.world_size, s.point_id) == (2, 4, 2, point.point_id)
     assert replace(s, batch_size=64).global_batch_size == 64
+
+
+def test_mobilenet_v2s_residual_sums_are_priced_where_its_blocks_add_them():
+    """Each inverted residual that keeps its shape adds its input to its output: the model table shows that
+    sum (a `shortcut` child, as ResNet's blocks hold) and the compute prices it, one per such block of the
+    model as built."""
+    import torch
+
+    from ddlbench.analysis.analytic.compute import block_times, residual_sums
+    from ddlbench.catalog import DATASETS, MODELS, resolve_builder
+    from ddlbench.train.models.mobilenet import InvertedResidual
+
+    table = introspected_table("mobilenet_v2", "cifar10", (("norm", "batch"),))
+    spec, data = MODELS.get("mobilenet_v2"), DATASETS.get("cifar10")
+    with torch.device("meta"):
+        model = resolve_builder(spec.builder)(sample_shape=data.sample_shape, num_outputs=data.num_outputs)
+    adding = [
+        module for module in model.modules() if isinstance(module, InvertedResidual) and module.shortcut is not None
+    ]
+    assert len(adding) >= 5 and len(residual_sums(table.layers)) == len(adding)
+    priced = block_times(table, cpu_machine(), batch=8, precision="fp32", threads=1, sharing=1)
+    rows = [row for row in table.layers if row.type != "Identity"]
+    without = block_times(replace(table, layers=tuple(rows)), cpu_machine(), batch=8, precision="fp32", threads=1)
+    assert sum(priced.forward_s) > sum(without.forward_s)
