@@ -187,11 +187,22 @@ def simulate(program: Program, *, steps: int = 3, overlap: bool = True) -> Timel
     )
 
 
-def _run(ops: list[Op]) -> None:
-    """List scheduling: each lane in issue order, each op once its lane is free and its deps have ended."""
+def _lanes(ops: list[Op]) -> dict[tuple[int, Lane], list[Op]]:
+    """Each rank's lanes, their ops in issue order."""
     lanes: dict[tuple[int, Lane], list[Op]] = {}
     for op in ops:
         lanes.setdefault((op.rank, op.lane), []).append(op)
+    return lanes
+
+
+def _stuck(lanes: dict[tuple[int, Lane], list[Op]], position: dict[tuple[int, Lane], int]) -> ValueError:
+    stuck = [queue[position[key]].label for key, queue in lanes.items() if position[key] < len(queue)]
+    return ValueError(f"the step's ops wait on each other: {', '.join(stuck[:6])}")
+
+
+def _run(ops: list[Op]) -> None:
+    """List scheduling: each lane in issue order, each op once its lane is free and its deps have ended."""
+    lanes = _lanes(ops)
     position = dict.fromkeys(lanes, 0)
     free = dict.fromkeys(lanes, 0.0)
     done = [False] * len(ops)
@@ -211,16 +222,13 @@ def _run(ops: list[Op]) -> None:
                 remaining -= 1
                 progressed = True
         if not progressed:
-            stuck = [queue[position[key]].label for key, queue in lanes.items() if position[key] < len(queue)]
-            raise ValueError(f"the step's ops wait on each other: {', '.join(stuck[:6])}")
+            raise _stuck(lanes, position)
 
 
 def _run_shared(ops: list[Op], hosts: dict[int, int]) -> None:
     """Each lane in issue order, each op once its lane is free and its deps have ended, as _run; between
     events a compute op advances at 1 / its price at the number of its host's ranks computing then."""
-    lanes: dict[tuple[int, Lane], list[Op]] = {}
-    for op in ops:
-        lanes.setdefault((op.rank, op.lane), []).append(op)
+    lanes = _lanes(ops)
     size: dict[int, int] = {}
     for rank in {op.rank for op in ops}:
         if rank in hosts:
@@ -258,8 +266,7 @@ def _run_shared(ops: list[Op], hosts: dict[int, int]) -> None:
                     started = True
         if not running:
             if remaining:
-                stuck = [queue[position[key]].label for key, queue in lanes.items() if position[key] < len(queue)]
-                raise ValueError(f"the step's ops wait on each other: {', '.join(stuck[:6])}")
+                raise _stuck(lanes, position)
             break
         busy: dict[int, int] = {}
         for op, _ in running.values():
