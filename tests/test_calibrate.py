@@ -242,6 +242,8 @@ def test_operators_are_timed_by_one_rank_and_by_two_in_turn_within_one_launch(tm
     assert {s["n"] for s in alone.values()} == {2} and {s["n"] for s in both.values()} == {4}
     assert all(s["forward_s"] > 0 and s["backward_s"] > 0 for s in (*alone.values(), *both.values()))
     assert entries[0]["autograd_call_s"] is not None and entries[1]["autograd_call_s"] is not None
+    # the forwards were timed with their outputs kept, as a step keeps them, and the machine file says so
+    assert all(entry["forward_outputs_held"] > 1 for entry in entries)
     record = read_calibration_record(
         tmp_path / "results" / "turns" / "calibration" / "points" / point.point_id / "record.json"
     )

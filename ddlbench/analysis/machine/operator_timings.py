@@ -59,6 +59,7 @@ def _entry(
     """The entry of one precision and one count of ranks timing at once (None: no shape timed)."""
     chains: dict[str, list[float]] = {"chain1_s": [], "chain5_s": []}
     samples: dict[tuple, dict[str, Any]] = {}  # by shape: a shape timed in several rounds is one sample
+    held = 1  # the most forward outputs a shape's timing kept alive (operator_kernel.outputs_held; 1 before it)
     probes = {rank.rank: _probe_series(rank, len(ranks), at_once) for rank in ranks}
     pooled = [p["compute_s"] for rank in ranks for p in _probes_of(rank, len(ranks), at_once)]
     reference = statistics.median(pooled) if pooled else None
@@ -72,6 +73,7 @@ def _entry(
                     times += [t * r for t in entry.get(key, [])]
                 continue
             if "error" not in entry:
+                held = max(held, int(entry.get("outputs_held", 1)))
                 key = tuple(sorted(entry["shape"].items()))
                 sample = samples.setdefault(key, {**entry["shape"], "forward": [], "backward": []})
                 sample["forward"] += [t * r for t in entry["forward_s"]]
@@ -94,7 +96,7 @@ def _entry(
         "point_id": record.point_id,
         "autograd_call_s": _engine_figure(chains),
         "samples": rows,
-    }
+    } | ({"forward_outputs_held": held} if held > 1 else {})  # a forward's timing kept its outputs, as a step does
 
 
 def _probe_at_once(probe: dict[str, Any], ranks: int) -> int:
