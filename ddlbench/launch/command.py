@@ -37,9 +37,13 @@ def thread_env(point: Point) -> dict[str, str]:
 
 # glibc told to keep what it frees (the sweep key `host_allocator: retain`): no tensor below 4 GiB is mapped anew
 # (glibc's default maps every block of 32 MiB or more, and each of its pages faults at first touch, each time it
-# is allocated), the top of the heap is never handed back, and the heap grows 1 GiB at a time. Read by glibc once,
-# as the process starts: a launcher sets them, the worker cannot.
+# is allocated), the top of the heap is never handed back, and the heap grows 1 GiB at a time. One arena for
+# every thread: glibc gives each other thread (gloo's, a loader's) an arena of 64 MiB heaps, which maps any
+# larger block anew whatever the threshold, so gloo's buffers for zero2's 411 MB bucket (vgg11) faulted on
+# 117 thousand pages in every all-gather (docs/analytic.md, "The host allocator's other threads"). Read by glibc
+# once, as the process starts: a launcher sets them, the worker cannot.
 RETAIN_ENV = {
+    "MALLOC_ARENA_MAX": "1",
     "MALLOC_MMAP_THRESHOLD_": "4294967296",
     "MALLOC_TRIM_THRESHOLD_": "68719476736",
     "MALLOC_TOP_PAD_": "1073741824",
