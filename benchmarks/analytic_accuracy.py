@@ -112,7 +112,7 @@ SETS = {
     "zero2-development": "zero2_sweep.yaml",
     "scoring-37": "scoring37_sweep.yaml",  # the thirty-seventh, frozen (2026-12-06), run on the model of f61442f (seen)
     "scoring-38": "scoring38_sweep.yaml",  # the thirty-eighth, frozen (2026-12-06), run on the model of 41d639a (seen)
-    "scoring-39": "scoring39_sweep.yaml",  # the thirty-ninth, frozen (2026-12-06) on the model of 28659f7, unrun
+    "scoring-39": "scoring39_sweep.yaml",  # the thirty-ninth, frozen (2026-12-06), run on the model of 8ab9e58 (seen)
 }
 
 
