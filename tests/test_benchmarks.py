@@ -37,6 +37,7 @@ TESTED = {
     "analytic_accuracy.py",
     "bare_ddp.py",
     "certify_summary.py",
+    "collective_share.py",
     "empirical_accuracy.py",
     "gpu_probe.py",
     "gpu_analytic.py",  # tested in test_gpu_analytic.py: its CPU smoke run, its rescoring, and on a GPU
@@ -342,6 +343,27 @@ def test_verdict_errors_prints_false_alarm_rates_and_power_for_every_size():
             row = figure(output, rf"\s*{k}\s+{n}\s+({NUMBER}) % \[.*\]\s+({NUMBER}) % \[.*\]\s+({NUMBER}) % .*")
             assert all(0 <= float(row.group(i)) <= 100 for i in (1, 2, 3))
     figure(output, rf"largest false-alarm rate: {NUMBER} % \(alpha 5 %\): (within|ABOVE) alpha; \d+ s")
+
+
+def test_collective_share_prints_each_sizes_cost_and_share_from_two_real_ranks():
+    """Two real gloo ranks of this host: each size's line holds the all-reduce alone (ms, and ns/B of the size),
+    the compute's stretch beside it and its share of the all-reduce, and both ends against the serial sum, each
+    figure the one its neighbours imply."""
+    output = run_benchmark("collective_share.py", "--sizes-mib", "1", "2", "--rounds", "1", "--work", "pass")
+    for size in (1, 2):
+        line = figure(
+            output,
+            rf"\s*{size} MiB  alone\s+({NUMBER}) ms\s+({NUMBER}) ns/B   beside pass of\s+({NUMBER}) ms: stretched\s+"
+            rf"\+?({NUMBER}) ms, share\s+({NUMBER}); both done\s+({NUMBER}) ms, serial\s+({NUMBER}) ms \(×({NUMBER})\)",
+        )
+        alone, per_byte, compute, stretch, share, both, serial, ratio = (float(v) for v in line.groups())
+        assert alone > 0 and compute > 0 and both > 0
+        # printed to 0.1 ms and two decimals: each figure within its neighbours' rounding
+        assert per_byte == pytest.approx(alone * 1e6 / (size * 2**20), abs=0.01 + 0.05e6 / (size * 2**20))
+        assert serial == pytest.approx(compute + alone, abs=0.15)
+        assert ratio == pytest.approx(both / serial, abs=0.005 + 0.1 / serial)
+        assert share == pytest.approx(stretch / alone, abs=0.005 + 0.05 * (1 + abs(stretch)) / alone**2 + 0.05 / alone)
+    figure(output, r"done in \d+ s")
 
 
 def test_every_benchmark_script_has_a_test_here():
