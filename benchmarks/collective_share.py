@@ -4,7 +4,8 @@ the rank's core it takes while the rank computes.
 The analytic model prices a collective from the calibration's fit (α + β·S, timed at `message_bytes`, 4 MiB at
 most in the benchmark's suite) and, where no core is left over for communication, adds it to the compute
 unhidden (ddlbench.analysis.analytic.layout.Context.overlap). This prints what both rest on, per size S:
-- `alone`: the all-reduce with both ranks waiting on it, in ms and ns/B (median of --rounds);
+- `alone`: the all-reduce with both ranks waiting on it, in ms and ns/B (median of --rounds; the rounds' range
+  ends the line, beside the range of each round's both ÷ serial);
 - `beside`: the all-reduce started asynchronously, then --work of the rank's own compute (a chain of 512² matmuls
   or passes over a 128 MiB buffer, each timed alone too), then its wait: the compute's stretch, the share of the
   core the collective took while the compute ran (stretch ÷ the all-reduce alone) and the end of both against
@@ -70,11 +71,14 @@ def rank_main(rank: int, port: int, sizes_mib: list[int], rounds: int, work: str
         if rank == 0:
             compute_s, reduce_s, beside_s, both_s = (statistics.median(row[k] for row in rows) for k in range(4))
             stretch = beside_s - compute_s
+            ratios = [both / (compute + reduce) for compute, reduce, _, both in rows]  # each round's own
             print(
                 f"{size:5d} MiB  alone {reduce_s * 1e3:8.1f} ms {reduce_s / (size * 2**20) * 1e9:5.2f} ns/B   "
                 f"beside {work} of {compute_s * 1e3:6.1f} ms: stretched {stretch * 1e3:+7.1f} ms, "
                 f"share {stretch / reduce_s:4.2f}; both done {both_s * 1e3:7.1f} ms, serial "
-                f"{(compute_s + reduce_s) * 1e3:7.1f} ms (×{both_s / (compute_s + reduce_s):.2f})",
+                f"{(compute_s + reduce_s) * 1e3:7.1f} ms (×{both_s / (compute_s + reduce_s):.2f}); over the "
+                f"{len(rows)} rounds: all-reduce alone {min(r[1] for r in rows) * 1e3:.1f}-"
+                f"{max(r[1] for r in rows) * 1e3:.1f} ms, both ÷ serial {min(ratios):.2f}-{max(ratios):.2f}",
                 flush=True,
             )
     dist.destroy_process_group()

@@ -349,14 +349,18 @@ def test_collective_share_prints_each_sizes_cost_and_share_from_two_real_ranks()
     """Two real gloo ranks of this host: each size's line holds the all-reduce alone (ms, and ns/B of the size),
     the compute's stretch beside it and its share of the all-reduce, and both ends against the serial sum, each
     figure the one its neighbours imply."""
-    output = run_benchmark("collective_share.py", "--sizes-mib", "1", "2", "--rounds", "1", "--work", "pass")
+    output = run_benchmark("collective_share.py", "--sizes-mib", "1", "2", "--rounds", "3", "--work", "pass")
     for size in (1, 2):
         line = figure(
             output,
             rf"\s*{size} MiB  alone\s+({NUMBER}) ms\s+({NUMBER}) ns/B   beside pass of\s+({NUMBER}) ms: stretched\s+"
-            rf"\+?({NUMBER}) ms, share\s+({NUMBER}); both done\s+({NUMBER}) ms, serial\s+({NUMBER}) ms \(×({NUMBER})\)",
+            rf"\+?({NUMBER}) ms, share\s+({NUMBER}); both done\s+({NUMBER}) ms, serial\s+({NUMBER}) ms "
+            rf"\(×({NUMBER})\); over the 3 rounds: all-reduce alone ({NUMBER})-({NUMBER}) ms, "
+            rf"both ÷ serial ({NUMBER})-({NUMBER})",
         )
-        alone, per_byte, compute, stretch, share, both, serial, ratio = (float(v) for v in line.groups())
+        alone, per_byte, compute, stretch, share, both, serial, ratio, *ranges = (float(v) for v in line.groups())
+        low, high, ratio_low, ratio_high = ranges
+        assert low - 0.05 <= alone <= high + 0.05 and ratio_low <= ratio_high
         assert alone > 0 and compute > 0 and both > 0
         # printed to 0.1 ms and two decimals: each figure within its neighbours' rounding
         assert per_byte == pytest.approx(alone * 1e6 / (size * 2**20), abs=0.01 + 0.05e6 / (size * 2**20))
