@@ -1,8 +1,8 @@
 """gloo's all-reduce between two ranks of this host, one core each: its cost per byte by size, and how much of
 the rank's core it takes while the rank computes.
 
-The analytic model prices a collective from the calibration's fit (α + β·S, timed at `message_bytes`, 4 MiB at
-most in the benchmark's suite) and, where no core is left over for communication, adds it to the compute
+The analytic model prices a collective from the calibration's fit (α + β·S, timed at `message_bytes`: up to 4 MiB
+in the benchmark's suite until this benchmark showed the slope 20-25 % high at a bucket's size, 64 MiB since) and, where no core is left over for communication, adds it to the compute
 unhidden (ddlbench.analysis.analytic.layout.Context.overlap). This prints what both rest on, per size S:
 - `alone`: the all-reduce with both ranks waiting on it, in ms and ns/B (median of --rounds; the rounds' range
   ends the line, beside the range of each round's both ÷ serial);
