@@ -3,6 +3,7 @@ torch.distributed's functions on a real one-rank gloo group."""
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 
@@ -338,3 +339,53 @@ def test_uninstall_restores_torch_distributed(one_rank_group):
     comms.uninstall()
     assert dist.all_reduce is not wrapped and dist.all_reduce is dist.distributed_c10d.all_reduce
     comms.install()
+
+
+def test_ddps_stamping_hook_divides_a_bucket_only_where_the_group_has_peers(one_rank_group, monkeypatch):
+    """The hook averages each bucket before its all-reduce; on a group of one that is a division by 1, a pass
+    over every gradient that torch's own DDP does not make, so it is left out there, and the gradients are the
+    plain model's."""
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Divisions(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: list[int] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket is torch.ops.aten.div_:
+                self.sizes.append(args[0].numel())
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    wrapped = DistributedDataParallel(copy.deepcopy(plain), init_sync=False)
+    comms.trace_ddp(wrapped)
+    x = torch.randn(8, 64)
+    plain(x).square().sum().backward()
+    with Divisions() as counted:
+        wrapped(x).square().sum().backward()
+    assert counted.sizes == []
+    for mine, theirs in zip(wrapped.module.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(mine.grad, theirs.grad)
+    # on a group of two it divides every bucket once, before issuing its all-reduce (the equivalence tests
+    # check the average over real ranks; here, that the pass is there: the group's size and the all-reduce
+    # stood in for, as rank 0 of a group whose peer never joins could not all-reduce)
+    bucket, issued = torch.ones(10), []
+
+    class Bucket:
+        def buffer(self):
+            return bucket
+
+    def all_reduce(tensor, group=None, async_op=False):
+        issued.append(tensor.clone())
+        future = torch.futures.Future()
+        future.set_result([tensor])
+        return type("Work", (), {"get_future": lambda self: future})()
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(comms, "original", lambda name: all_reduce)
+    with Divisions() as counted:
+        comms._ddp_bucket_hook(None, Bucket()).wait()
+    assert counted.sizes == [10] and torch.equal(issued[0], torch.full((10,), 0.5))
