@@ -18,7 +18,7 @@ from ddlbench.train.calibration.kernels import UPDATE_TENSORS
 from ddlbench.train.calibration.point import CalibrationPoint
 from ddlbench.train.calibration.records import read_calibration_record
 from ddlbench.train.strategies.sharded import DEFAULT_BUCKET_CAP_MB
-from tests.conftest import run_cli, run_snakemake, tiny_operator_suite
+from tests.conftest import REPO, run_cli, run_snakemake, tiny_operator_suite
 
 
 def test_fit_recovers_latency_and_bandwidth():
@@ -98,7 +98,7 @@ def test_machine_file_figures_must_be_numbers(tmp_path):
         read_machine(path)
 
 
-@pytest.mark.parametrize("path", [DEFAULT_SUITE, Path("benchmarks/analytic/calibration.yaml")])
+@pytest.mark.parametrize("path", [DEFAULT_SUITE, REPO / "benchmarks" / "analytic" / "calibration.yaml"])
 def test_shipped_suites_time_collectives_at_a_buckets_size(path):
     # the analytic model prices a bucket by the collectives' α + β·S; β from sizes up to 4 MiB priced a
     # 25 MiB bucket 20-25 % high on this host (docs/analytic.md, "Collectives timed at a bucket's size")
