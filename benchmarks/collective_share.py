@@ -2,8 +2,9 @@
 the rank's core it takes while the rank computes.
 
 The analytic model prices a collective from the calibration's fit (α + β·S, timed at `message_bytes`: up to 4 MiB
-in the benchmark's suite until this benchmark showed the slope 20-25 % high at a bucket's size, 64 MiB since) and, where no core is left over for communication, adds it to the compute
-unhidden (ddlbench.analysis.analytic.layout.Context.overlap). This prints what both rest on, per size S:
+in the benchmark's suite until this benchmark showed the slope 20-25 % high at a bucket's size, 64 MiB since)
+and, where no core is left over for communication, adds it to the compute unhidden
+(ddlbench.analysis.analytic.layout.Context.overlap). This prints what both rest on, per size S:
 - `alone`: the all-reduce with both ranks waiting on it, in ms and ns/B (median of --rounds; the rounds' range
   ends the line, beside the range of each round's both ÷ serial);
 - `beside`: the all-reduce started asynchronously, then --work of the rank's own compute (a chain of 512² matmuls
