@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -97,10 +96,10 @@ def main() -> None:
         rank_main(args.rank, args.port, args.sizes_mib, args.rounds, args.work)
         return
     from ddlbench.launch.command import RETAIN_ENV
+    from ddlbench.launch.rendezvous import mpi_master_port
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    # free and outside the ephemeral range, where a port from bind(0) could be taken before rank 0's store binds it
+    port = mpi_master_port()
     env = {**os.environ, **RETAIN_ENV, "OMP_NUM_THREADS": "1"}
     print(
         f"gloo all_reduce, {RANKS} ranks of this host, one core each, retain allocator; median of {args.rounds} "
