@@ -115,7 +115,7 @@ SETS = {
     "scoring-39": "scoring39_sweep.yaml",  # the thirty-ninth, frozen (2026-12-06), run on the model of 8ab9e58 (seen)
     "scoring-40": "scoring40_sweep.yaml",  # the fortieth, frozen (2026-12-07), run on the model of 90324a2 (seen)
     "scoring-41": "scoring41_sweep.yaml",  # the forty-first, frozen (2026-12-07), run on the model of 90324a2 (seen)
-    "scoring-42": "scoring42_sweep.yaml",  # the forty-second, frozen (2026-12-07) on the model of 90324a2, unrun
+    "scoring-42": "scoring42_sweep.yaml",  # the forty-second, frozen (2026-12-07), run on the model of 90324a2 (seen)
 }
 
 
