@@ -18,6 +18,22 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+def pytest_configure(config):
+    """The tests' own processes (pytest and its xdist workers) compute on one intra-op thread. What they
+    compute in process (models' real backward passes, small models learning) is checked for its values,
+    never timed, and it runs beside other workers, their ranks and SLURM's jobs: with torch's default of
+    one thread per core, each parallel region waits at its barrier for a second thread the scheduler has
+    given to someone else. Under two busy processes at nice 0, a small model learning `tokens_small` at
+    nice 10 burned 37-43 CPU-s and did not end in 300 s on two threads; on one it ended in 108-116 s with
+    10-11 CPU-s (torch 2.10 and 2.13, 2026-12-07). A point's ranks are not affected: the launcher gives them
+    their point's threads (ddlbench.launch.command), and a test that needs other threads sets them."""
+    try:
+        import torch
+    except ImportError:  # torch made unimportable (make torch-free)
+        return
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _history_outside_the_repository(tmp_path_factory):
     """Sweeps that tests aggregate store their figures in a results database of the test session, never
