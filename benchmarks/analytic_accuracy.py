@@ -116,6 +116,7 @@ SETS = {
     "scoring-40": "scoring40_sweep.yaml",  # the fortieth, frozen (2026-12-07), run on the model of 90324a2 (seen)
     "scoring-41": "scoring41_sweep.yaml",  # the forty-first, frozen (2026-12-07), run on the model of 90324a2 (seen)
     "scoring-42": "scoring42_sweep.yaml",  # the forty-second, frozen (2026-12-07), run on the model of 90324a2 (seen)
+    "scoring-43": "scoring43_sweep.yaml",  # the forty-third, frozen (2026-12-07), unrun
 }
 
 
@@ -367,7 +368,7 @@ def main() -> int:
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development, "
         "allocator-development, volume-development, token-development, zero2-development: developed on; scoring to "
-        "scoring-42: the scoring sets, each frozen before the change or model it scored and seen since (freeze a "
+        "scoring-43: the scoring sets, each frozen before the change or model it scored and seen since (freeze a "
         "new one before the next change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")
