@@ -23,7 +23,8 @@ from ddlbench.analysis.analytic.accuracy import (
 from ddlbench.analysis.analytic.layout import Context, Setting
 from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.analytic.oracle import consult
-from ddlbench.analysis.analytic.predict import CSV_COLUMNS, introspected_table, predict
+from ddlbench.analysis.analytic.predict import CSV_COLUMNS, introspected_table, predict, resolved_options
+from ddlbench.train.strategies.sharded import DEFAULT_BUCKET_CAP_MB
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = REPO / "workflow" / "machines" / "dgx_h100_4ndr.yaml"
@@ -103,6 +104,39 @@ def test_a_slower_network_exposes_more_of_the_all_reduce():
     assert slow.compute_s == pytest.approx(fast.compute_s)
 
 
+def test_two_cpu_ranks_hide_their_collectives_in_part_by_the_calibrations_beside_share():
+    """Two ranks on two cores leave no core over: without the calibration's beside share the collectives run
+    unhidden in the compute stream; with it they keep their lane and slow the compute they overlap by that
+    share, so the step lies between the free overlap (share 0: a machine with cores to spare) and the
+    serial step (share 1), and meets each at its end."""
+    machine = cpu_machine()
+    spare = replace(machine, per_node=8)  # the rule without a share: a core left over hides them for free
+    for strategy in ("ddp", "zero2"):
+        point = setting(strategy, model="resnet18", batch_size=8)  # buckets reduced while backward goes on
+        serial, free = (predict(point, m, search_batch=False).step_time_s for m in (machine, spare))
+        steps = {
+            share: predict(point, replace(machine, comm_share=share), search_batch=False) for share in (0.0, 0.5, 1.0)
+        }
+        assert free < serial
+        assert steps[0.0].step_time_s == pytest.approx(free)
+        assert steps[1.0].step_time_s == pytest.approx(serial)
+        assert free < steps[0.5].step_time_s < serial
+        assert any("beside share, 0.50" in note for note in steps[0.5].notes)
+        # the collectives' own prices do not change: only what they take from the compute beside them
+        assert steps[0.5].comm_s == pytest.approx(steps[1.0].comm_s)
+
+
+def test_the_machines_comm_share_is_the_median_of_its_collectives_kept_within_0_and_1():
+    def machine(*shares):
+        entries = [{"op": "all_reduce", "beside": {"share": {"value": share, "n": 20}}} for share in shares]
+        return cpu_machine(collectives=[*entries, {"op": "broadcast"}])
+
+    assert machine(0.56, 0.8, 0.73, 1.4).comm_share == pytest.approx(0.765)
+    assert machine(0.56, 0.8, 0.73).comm_share == pytest.approx(0.73)
+    assert machine(1.2, 1.5).comm_share == 1.0 and machine(-0.1).comm_share == 0.0
+    assert machine().comm_share is None and cpu_machine().comm_share is None
+
+
 def test_zero_and_fsdp_memory_follow_the_zero_papers_per_rank_state():
     """Rajbhandari et al.: with momentum SGD (one state per parameter), per rank and p ranks, DDP keeps
     parameters, gradients and state whole, ZeRO-2 shards gradients and state, FSDP (ZeRO-3) all three."""
@@ -117,6 +151,29 @@ def test_zero_and_fsdp_memory_follow_the_zero_papers_per_rank_state():
         assert (zero2.grads_bytes, zero2.optimizer_bytes) == pytest.approx((P / p, P / p), abs=1)
         assert (fsdp.params_bytes - table.buffer_bytes, fsdp.optimizer_bytes) == pytest.approx((P / p, P / p), abs=1)
         assert fsdp.resident_memory_bytes < zero2.resident_memory_bytes < ddp.resident_memory_bytes
+
+
+@pytest.mark.parametrize(
+    ("model", "dataset"), [("alexnet", "imagenette"), ("resnet34", "imagenette"), ("wide_resnet50_2", "stl10")]
+)
+def test_zero2s_buckets_are_cut_as_its_trainer_cuts_them(model, dataset):
+    """The model's zero2 buckets (from the table) hold the elements the trainer's do (from the real model's
+    parameters, on the meta device), in the same order: alexnet's two large Linear weights each alone."""
+    import torch
+
+    from ddlbench.analysis.analytic.data_parallel import plan_zero2_buckets
+    from ddlbench.train.kernel import build_model
+    from ddlbench.train.strategies.sharded import plan_buckets
+
+    point = setting("zero2", model=model, dataset=dataset, batch_size=2)
+    with torch.device("meta"):
+        module = build_model(point, materialise=False)
+    cap = DEFAULT_BUCKET_CAP_MB * 2**20
+    trainer = [b.elements for b in plan_buckets([p for p in module.parameters()], int(cap) // 4, 1)]
+    table = introspected_table(model, dataset, resolved_options(point))
+    ctx = Context(setting=point, table=table, machine=cpu_machine())
+    assert [b.bytes // 4 for b in plan_zero2_buckets(ctx, cap)] == trainer
+    assert len(trainer) > 1 and sum(trainer) == table.params
 
 
 def test_zero2_pays_for_its_own_buffers_by_the_parameters_and_the_memory_it_maps_anew():

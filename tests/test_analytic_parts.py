@@ -34,6 +34,38 @@ def test_a_collective_issued_during_backward_hides_under_the_rest_of_it():
     assert (rank.compute_s, rank.exposed_comm_s, rank.hidden_comm_s) == pytest.approx((3.5, 0.0, 1.5))
 
 
+def test_a_collective_in_flight_slows_its_ranks_compute_by_the_measured_share():
+    """A CPU rank's collective runs on the rank's own cores: its compute advances at 1 − share while it is in
+    flight. B0 (2 s) runs beside the all-reduce (1.5 s, from 1.0 to 2.5) at 1 − share, the rest at full speed."""
+    program = Program()
+    first = program.compute(0, 1.0, label="B1")
+    program.compute(0, 2.0, label="B0")
+    reduce = program.comm(0, 1.5, deps=(first,), label="all_reduce")
+    program.compute(0, 0.5, deps=(reduce,), label="update")
+    for share in (0.0, 0.25, 0.5, 1.0):
+        timeline = simulate(program, comm_share=share)
+        # B0 gets (1 − share) × 1.5 s of work done beside the all-reduce, the rest after it
+        b0_end = 2.5 + (2.0 - (1 - share) * 1.5)
+        assert timeline.step_s == pytest.approx(b0_end + 0.5)
+        rank = timeline.ranks[0]
+        assert (rank.compute_s, rank.exposed_comm_s, rank.hidden_comm_s) == pytest.approx((b0_end + 0.5, 0.0, 1.5))
+    # the two ends: no share is the free overlap, the whole share the serial step
+    assert simulate(program, comm_share=0.0).step_s == pytest.approx(simulate(program).step_s)
+    assert simulate(program, comm_share=1.0).step_s == pytest.approx(simulate(program, overlap=False).step_s)
+    with pytest.raises(ValueError, match=r"comm_share is a share of the rank's cores, from 0 to 1, not 1\.5"):
+        simulate(program, comm_share=1.5)
+
+
+def test_a_collective_with_nothing_to_hide_behind_is_exposed_whatever_the_share():
+    program = Program()
+    backward = program.compute(0, 1.0)
+    reduce = program.comm(0, 2.0, deps=(backward,))
+    program.compute(0, 0.5, deps=(reduce,))
+    for share in (0.0, 0.7, 1.0):
+        rank = simulate(program, comm_share=share).ranks[0]
+        assert (rank.compute_s, rank.exposed_comm_s) == pytest.approx((1.5, 2.0))
+
+
 def test_a_collective_longer_than_the_compute_left_is_exposed_by_the_difference():
     program = Program()
     first = program.compute(0, 1.0)

@@ -346,19 +346,23 @@ def test_verdict_errors_prints_false_alarm_rates_and_power_for_every_size():
 
 
 def test_collective_share_prints_each_sizes_cost_and_share_from_two_real_ranks():
-    """Two real gloo ranks of this host: each size's line holds the all-reduce alone (ms, and ns/B of the size),
-    the compute's stretch beside it and its share of the all-reduce, and both ends against the serial sum, each
-    figure the one its neighbours imply."""
-    output = run_benchmark("collective_share.py", "--sizes-mib", "1", "2", "--rounds", "3", "--work", "pass")
+    """Two real gloo ranks of this host: each size's line holds the reduce-scatter alone (ms, and ns/B of the
+    size), the CPU its rank burned meanwhile, the compute's stretch beside it and its share of the collective,
+    and both ends against the serial sum, each figure the one its neighbours imply."""
+    output = run_benchmark(
+        "collective_share.py", "--sizes-mib", "1", "2", "--rounds", "3", "--work", "pass", "--op", "reduce_scatter"
+    )
+    assert "gloo reduce_scatter, 2 ranks of this host" in output
     for size in (1, 2):
         line = figure(
             output,
-            rf"\s*{size} MiB  alone\s+({NUMBER}) ms\s+({NUMBER}) ns/B   beside pass of\s+({NUMBER}) ms: stretched\s+"
-            rf"\+?({NUMBER}) ms, share\s+({NUMBER}); both done\s+({NUMBER}) ms, serial\s+({NUMBER}) ms "
-            rf"\(×({NUMBER})\); over the 3 rounds: all-reduce alone ({NUMBER})-({NUMBER}) ms, "
+            rf"\s*{size} MiB  alone\s+({NUMBER}) ms\s+({NUMBER}) ns/B cpu\s+({NUMBER})   beside pass of\s+({NUMBER}) "
+            rf"ms: stretched\s+\+?({NUMBER}) ms, share\s+({NUMBER}); both done\s+({NUMBER}) ms, serial\s+"
+            rf"({NUMBER}) ms \(×({NUMBER})\); over the 3 rounds: alone ({NUMBER})-({NUMBER}) ms, "
             rf"both ÷ serial ({NUMBER})-({NUMBER})",
         )
-        alone, per_byte, compute, stretch, share, both, serial, ratio, *ranges = (float(v) for v in line.groups())
+        alone, per_byte, cpu, compute, stretch, share, both, serial, ratio, *ranges = (float(v) for v in line.groups())
+        assert cpu >= 0  # process CPU seconds over wall seconds: none can be negative
         low, high, ratio_low, ratio_high = ranges
         assert low - 0.05 <= alone <= high + 0.05 and ratio_low <= ratio_high
         assert alone > 0 and compute > 0 and both > 0

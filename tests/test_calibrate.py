@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.analysis.machine.fit import bus_factor, fit_alpha_beta
 from ddlbench.analysis.machine.machine_file import REFERENCE_MACHINES, read_machine
 from ddlbench.calibrate.suite import DEFAULT_SUITE, load_suite
 from ddlbench.errors import ConfigError, DdlbenchError
-from ddlbench.train.calibration.kernels import UPDATE_TENSORS
+from ddlbench.train.calibration.kernels import BESIDE_OPS, UPDATE_TENSORS
 from ddlbench.train.calibration.point import CalibrationPoint
 from ddlbench.train.calibration.records import read_calibration_record
 from ddlbench.train.strategies.sharded import DEFAULT_BUCKET_CAP_MB
@@ -188,6 +189,33 @@ def test_calibrate_writes_a_machine_file_from_real_runs(tmp_path):
         assert entry["alpha_s"] == pytest.approx(fit.alpha_s) and entry["rel_error_max"] == pytest.approx(
             fit.rel_error_max
         )
+
+    # beside mode (gloo on CPUs): per size the share each rank's chain of products lost to the collective in
+    # flight, (beside − alone) ÷ the collective alone, median over both ranks' 8 iterations, from the raw records;
+    # the machine's share the median over the collectives, within [0, 1]
+    besides = [e for e in machine["collectives"] if e["library"] == "gloo" and e["op"] in BESIDE_OPS]
+    assert sorted(e["op"] for e in besides) == sorted(BESIDE_OPS)
+    for entry in besides:
+        record = read_calibration_record(folder / "points" / entry["point_id"] / "record.json")
+        (point,) = entry["beside"]["curve"]
+        assert point["bytes"] == 16777216  # the one size of BESIDE_MIN_BYTES or more
+        rows = [
+            next(m for m in rank.measurements if m["op"] == entry["op"] and m.get("mode") == "beside")
+            for rank in record.ranks
+        ]
+        shares = [
+            (beside - alone) / call
+            for row in rows
+            for alone, call, beside in zip(row["compute_s"], row["times_s"], row["beside_s"], strict=True)
+        ]
+        assert len(shares) == 16 and point["share"]["n"] == 16
+        assert point["share"]["value"] == pytest.approx(statistics.median(shares), rel=1e-12)
+        assert entry["beside"]["share"]["value"] == pytest.approx(statistics.median(shares), rel=1e-12)
+        # the chain ran the same products on both ranks, about 1.5 collectives long
+        assert rows[0]["products"] == rows[1]["products"] >= 1
+    model = MachineModel.from_dict(machine)
+    expected = statistics.median(e["beside"]["share"]["value"] for e in besides)
+    assert model.comm_share == pytest.approx(min(1.0, max(0.0, expected)))
 
     report = (folder / "report.html").read_text()
     assert report.count("<svg") == len(backends)  # one figure of curves and fits per library and link

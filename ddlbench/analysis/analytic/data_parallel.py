@@ -76,6 +76,31 @@ def plan_buckets(ctx: Context, cap_bytes: float, *, first_cap_bytes: float | Non
     return buckets
 
 
+def plan_zero2_buckets(ctx: Context, cap_bytes: float) -> list[Bucket]:
+    """zero2's buckets as its trainer cuts them (ddlbench.train.strategies.sharded.plan_buckets): parameter
+    tensors in reverse registration order (a layer's bias before its weight), a new bucket whenever the next
+    tensor would take the current one past the cap, so a tensor larger than the cap has a bucket of its own
+    (alexnet's: 5 buckets, its two large Linears' weights alone, where DDP's cut, plan_buckets, makes 3). A
+    bucket is launched when the backward of the block holding its last tensor ends."""
+    buckets: list[Bucket] = []
+    size, block = 0, -1
+    for layer in reversed(ctx.table.layers):
+        if not layer.params:
+            continue
+        weight = min(layer.params, math.prod(layer.weight_shape) if layer.weight_shape else layer.params)
+        for count in (layer.params - weight, weight):  # reversed: the bias (registered after) first
+            if count <= 0:
+                continue
+            if size and size + count * FP32 > cap_bytes:
+                buckets.append(Bucket(bytes=size, ready_block=block))
+                size = 0
+            size += count * FP32
+            block = layer.block
+    if size:
+        buckets.append(Bucket(bytes=size, ready_block=block))
+    return buckets
+
+
 def add_passes(
     program: Program, rank: int, times: BlockTimes, blocks: range, *, first_deps=(), tag: str = ""
 ) -> tuple[dict[int, int], dict[int, int], int]:
@@ -180,7 +205,7 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
     program = Program()
     blocks = range(len(table.blocks))
     _, backward, _ = add_passes(program, 0, times, blocks)
-    buckets = plan_buckets(ctx, float(s.option("bucket_cap_mb")) * 2**20)
+    buckets = plan_zero2_buckets(ctx, float(s.option("bucket_cap_mb")) * 2**20)
     scatters = [
         program.comm(
             0,

@@ -75,14 +75,35 @@ class Context:
 
     @property
     def overlap(self) -> bool:
-        """Whether communication can progress while the rank computes. On a GPU, NCCL runs beside the
-        kernels; on a CPU only when a core is left over for the communication thread: ranks × threads on
-        the node below its cores (the machine's `per_node`)."""
+        """Whether communication can progress while the rank computes, without a measured share (comm_share).
+        On a GPU, NCCL runs beside the kernels; on a CPU only when a core is left over for the communication
+        thread: ranks × threads on the node below its cores (the machine's `per_node`)."""
         if self.machine.device_kind != "cpu":
             return True
         return self.sharing * self.setting.threads < self.machine.per_node
 
+    @property
+    def comm_share(self) -> float | None:
+        """On a CPU, the share of a rank's cores its collectives in flight take from its compute: the calibration's
+        `beside` figure (MachineModel.comm_share). ddlbench pins each rank to its threads' cores
+        (ddlbench.launch.cores; SLURM's --cpu-bind does the same) and gloo's threads run there too, so a collective
+        overlaps the rank's compute and slows it by that share whether or not the node has a core to spare: the
+        rule of `overlap` (a spare core hides it for free, none leaves it unhidden) is the figure's fallback. None
+        on a GPU or without the figure."""
+        if self.machine.device_kind != "cpu":
+            return None
+        return self.machine.comm_share
+
     def simulate(self, program: Program) -> Timeline:
+        share = self.comm_share
+        if share is not None:
+            note = (
+                f"communication runs on the ranks' own cores: their compute runs at {1 - share:.2f} of its speed "
+                f"while a collective is in flight (the calibration's beside share, {share:.2f})"
+            )
+            if note not in self.notes:
+                self.notes.append(note)
+            return simulate(program, comm_share=share)
         if not self.overlap:
             note = "no core is left for communication: it runs in the ranks' compute streams, unhidden"
             if note not in self.notes:

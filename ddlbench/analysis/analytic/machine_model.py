@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -331,6 +331,23 @@ class CudaHostTerms:
         return cls(per_layer_s=float(data["per_layer_s"]))
 
 
+def _comm_share(collectives: Iterable[Mapping[str, Any]]) -> float | None:
+    """The machine's share of a rank's cores that a collective in flight takes from its compute: the median of
+    the collectives' `beside` shares (one per collective and layout), kept within [0, 1] (a negative share is a
+    chain that ran faster beside the collective, noise; above 1 the collective slowed the chain more than its
+    own length, which the simulation cannot give: it stops a rank's compute at most). None without any."""
+    shares = sorted(
+        float(c["beside"]["share"]["value"])
+        for c in collectives
+        if isinstance(c.get("beside"), Mapping) and (c["beside"].get("share") or {}).get("value") is not None
+    )
+    if not shares:
+        return None
+    middle = len(shares) // 2
+    median = shares[middle] if len(shares) % 2 else (shares[middle - 1] + shares[middle]) / 2
+    return min(1.0, max(0.0, median))
+
+
 @dataclass(frozen=True, kw_only=True)
 class MachineModel:
     """A machine file read for prediction."""
@@ -369,6 +386,10 @@ class MachineModel:
     # CPU: zero2's reduce_scatter and all_gather on a group of one rank, per op its (bytes, seconds a call) by size
     # (ddlbench.train.calibration.kernels, `alone_collective`); empty where not measured (a GPU, an older file)
     alone_collectives: Mapping[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    # CPU: the share of a rank's cores a collective in flight takes from the compute beside it (the calibration's
+    # `beside` figures: the median over its collectives and layouts, kept within [0, 1]); None where not measured
+    # (a GPU, a datasheet, an older machine file): communication is then hidden or not by Context.overlap's rule
+    comm_share: float | None = None
 
     @classmethod
     def from_file(cls, path: Path) -> MachineModel:
@@ -408,6 +429,7 @@ class MachineModel:
                 str(op): tuple(sorted((int(f["bytes"]), float(f["value"])) for f in figures if f.get("value")))
                 for op, figures in (compute.get("alone_collectives") or {}).items()
             },
+            comm_share=_comm_share(data.get("collectives") or ()),
         )
 
     def alone_collective_s(self, op: str, nbytes: float) -> float | None:

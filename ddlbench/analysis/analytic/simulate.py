@@ -18,6 +18,12 @@ one of its host computing) to `duration_s` (all of them), so a pipeline stage th
 stage waits for its gradients runs at the price of one rank alone. Communication keeps its one price. Without
 hosts or second prices, it is the list scheduling above, op for op.
 
+A CPU rank's communication runs on the rank's own cores (gloo's threads beside its compute, the rank pinned to
+its threads' cores). Where the machine measured how much of them a collective in flight takes (`comm_share`,
+the calibration's beside figure), communication keeps its own lane and the rank's compute advances at
+(1 − comm_share) × its rate while the rank's communication lane is busy: 0 hides it for free, 1 stops the
+compute until it is done. Without that figure, `overlap` False puts communication on the compute lane.
+
 What it gives, per rank (seconds, summing exactly to the step):
 - compute_s: busy time of the compute lane;
 - exposed_comm_s: the part of the compute lane's idle time during which the rank's own communication
@@ -117,7 +123,7 @@ class Program:
         return self.add(rank, "comm", duration_s, deps=deps, label=label)
 
 
-def simulate(program: Program, *, steps: int = 3, overlap: bool = True) -> Timeline:
+def simulate(program: Program, *, steps: int = 3, overlap: bool = True, comm_share: float | None = None) -> Timeline:
     """Runs `steps` copies of the program back to back and describes the middle one.
 
     A rank starts its next step as soon as it has finished its own previous one (its step() returned:
@@ -125,8 +131,11 @@ def simulate(program: Program, *, steps: int = 3, overlap: bool = True) -> Timel
     start its step while the first stage still finishes the last one. The step's time is what ddlbench
     measures: the latest end minus the earliest start over ranks. With `overlap` False a rank's
     communication runs on its compute lane, in issue order: a CPU whose cores are all busy computing has
-    none left for the communication thread to progress on its own.
+    none left for the communication thread to progress on its own. With `comm_share` (0 to 1) communication
+    keeps its lane whatever `overlap` says and slows the rank's compute while it runs (the module's doc).
     """
+    if comm_share is not None and not 0.0 <= comm_share <= 1.0:
+        raise ValueError(f"comm_share is a share of the rank's cores, from 0 to 1, not {comm_share}")
     base_ops = program.ops
     ranks = sorted({op.rank for op in base_ops})
     ops: list[Op] = []
@@ -155,7 +164,7 @@ def simulate(program: Program, *, steps: int = 3, overlap: bool = True) -> Timel
                 Op(
                     index=index,
                     rank=op.rank,
-                    lane=op.lane if overlap else "compute",
+                    lane=op.lane if overlap or comm_share is not None else "compute",
                     kind=op.kind,
                     duration_s=op.duration_s,
                     deps=(*(d + offset for d in op.deps), boundary[op.rank]),
@@ -168,8 +177,8 @@ def simulate(program: Program, *, steps: int = 3, overlap: bool = True) -> Timel
         previous = mine
         starts.append(boundary)
     contended = program.hosts and any(op.alone_s is not None and op.alone_s != op.duration_s for op in ops)
-    if contended:
-        _run_shared(ops, program.hosts)
+    if contended or comm_share is not None:
+        _run_shared(ops, program.hosts, comm_share=comm_share)
     else:
         _run(ops)
     middle = min(1, len(starts) - 1)
@@ -225,9 +234,10 @@ def _run(ops: list[Op]) -> None:
             raise _stuck(lanes, position)
 
 
-def _run_shared(ops: list[Op], hosts: dict[int, int]) -> None:
+def _run_shared(ops: list[Op], hosts: dict[int, int], comm_share: float | None = None) -> None:
     """Each lane in issue order, each op once its lane is free and its deps have ended, as _run; between
-    events a compute op advances at 1 / its price at the number of its host's ranks computing then."""
+    events a compute op advances at 1 / its price at the number of its host's ranks computing then, times
+    (1 − comm_share) while its rank's communication lane is busy (where comm_share is given)."""
     lanes = _lanes(ops)
     size: dict[int, int] = {}
     for rank in {op.rank for op in ops}:
@@ -272,10 +282,13 @@ def _run_shared(ops: list[Op], hosts: dict[int, int]) -> None:
         for op, _ in running.values():
             if op.kind == "compute" and op.rank in hosts:
                 busy[hosts[op.rank]] = busy.get(hosts[op.rank], 0) + 1
+        talking = {op.rank for op, _ in running.values() if op.kind == "comm"} if comm_share else set()
         rates = {
-            key: 1.0 / max(price(op, busy.get(hosts.get(op.rank, -1), 1)), 1e-300) for key, (op, _) in running.items()
+            key: (1.0 - comm_share if op.kind == "compute" and op.rank in talking else 1.0)
+            / max(price(op, busy.get(hosts.get(op.rank, -1), 1)), 1e-300)
+            for key, (op, _) in running.items()
         }
-        step = min(left / rates[key] for key, (_, left) in running.items())
+        step = min(left / rates[key] for key, (_, left) in running.items() if rates[key] > 0)
         now += step
         for key in list(running):
             op, left = running[key]

@@ -15,7 +15,9 @@ and unit in its key's name, measured ones with their statistics and sample size.
     collectives: [{library, link, op, ranks, nodes, alpha_s, beta_s_per_byte, bandwidth_bytes_per_s,
                    rel_error_median, rel_error_max, curve: [{bytes, time_s: {value, ci_low, ci_high, n}}],
                    busy: {alpha_s, beta_s_per_byte, wait_per_compute_s, rel_error_median, rel_error_max,
-                          curve: [{bytes, burst_s, mean_s, n}]}}]   # busy: optional (torch on CPUs)
+                          curve: [{bytes, burst_s, mean_s, n}]},   # busy: optional (torch on CPUs)
+                   beside: {share: figure, curve: [{bytes, share: figure, call_s, compute_s, beside_s}]}}]
+                   # beside: optional (torch on CPUs, all_reduce, all_gather and reduce_scatter)
     layer_timings:                   # optional ([] or absent: none); ddlbench.analysis.machine.layer_timings
       - {model, dataset, options (resolved), precision, threads, ranks_per_node (ranks that timed it at
          once on one node), batch_sizes: [b, ...], point_id,
@@ -63,6 +65,10 @@ Figures from measurements (one calibration's records; formulas here and in ddlbe
 - busy: the same collectives called after each rank's own compute instead of a barrier; per size and
   burst the mean over every rank's calls, and α + β·S + κ·(compute before the call) fitted to them
   (ddlbench.analysis.machine.fit.fit_busy): what a call costs inside a step, its peers' lateness included;
+- beside: the share of a rank's cores a collective in flight takes from the rank's compute, per iteration
+  (the chain of products run beside the collective − the chain alone) ÷ the collective alone, on each rank;
+  per size the median over every rank's iterations, and `share` the median over every size's iterations
+  (ddlbench.train.calibration.kernels._beside);
 - links: the α–β of send_recv through the first library measured on that link. A link is `intra_node`
   when every rank of the point ran on one host, else `inter_node`: named by where ranks really ran;
 - layer timings: per block and batch size the median seconds per step over every rank's timed steps
@@ -231,7 +237,7 @@ def collective_figures(record: CalibrationRecord) -> list[dict[str, Any]]:
     for op in ops:
         curve = []
         for index, entry in enumerate(ranks[0].measurements):
-            if entry["op"] != op or entry.get("mode") == "busy":
+            if entry["op"] != op or entry.get("mode") in ("busy", "beside"):
                 continue
             per_rank = [rank.measurements[index]["times_s"] for rank in ranks]
             if op == "send_recv":
@@ -263,8 +269,46 @@ def collective_figures(record: CalibrationRecord) -> list[dict[str, Any]]:
                 "curve": curve,
             }
             | ({"busy": busy} if (busy := busy_figures(ranks, op)) else {})
+            | ({"beside": beside} if (beside := beside_figures(ranks, op)) else {})
         )
     return out
+
+
+def beside_figures(ranks: list, op: str) -> dict[str, Any] | None:
+    """The beside-mode figures of one collective (ddlbench.train.calibration.kernels._beside): per iteration and
+    rank, share = (the chain beside the collective − the chain alone) ÷ the collective alone, the share of the
+    rank's cores the collective took from its compute. Per size the median share with the medians of the three
+    times; `share` over every size. None when the point has no beside entries."""
+    curve, every = [], []
+    for index, entry in enumerate(ranks[0].measurements):
+        if entry["op"] != op or entry.get("mode") != "beside":
+            continue
+        rows = [rank.measurements[index] for rank in ranks]
+        shares = [
+            (beside - alone) / call
+            for row in rows
+            for alone, call, beside in zip(row["compute_s"], row["times_s"], row["beside_s"], strict=True)
+            if call > 0
+        ]
+        if not shares:
+            continue
+        every += shares
+
+        def median_of(key: str, rows=rows) -> float:
+            return stats_figure([t for row in rows for t in row[key]])["value"]
+
+        curve.append(
+            {
+                "bytes": entry["bytes"],
+                "share": stats_figure(shares),
+                "call_s": median_of("times_s"),
+                "compute_s": median_of("compute_s"),
+                "beside_s": median_of("beside_s"),
+            }
+        )
+    if not curve:
+        return None
+    return {"share": stats_figure(every), "curve": curve}
 
 
 def busy_figures(ranks: list, op: str) -> dict[str, Any] | None:

@@ -25,6 +25,12 @@ Then (torch on CPUs) the same again in busy mode: each call after a burst of the
 products (about 0.5 ms, then about 4 ms) and no barrier, as a step's ranks reach their collectives, each
 call timed on every rank (`mode: busy`, with each burst's seconds): on a shared CPU a call then also
 waits for a peer still computing or not yet scheduled, which a barrier hides.
+Then (torch on CPUs) the all-reduce, all-gather and reduce-scatter beside compute (`mode: beside`), at each
+message size of BESIDE_MIN_BYTES or more (the largest, where none is): per iteration a chain of matrix products
+timed alone, the collective timed alone, then the collective started asynchronously, the same chain run while
+it progresses, and its wait. The chain's stretch beside the collective ÷ the collective alone is the share of
+the rank's cores the collective took from its compute: a rank is pinned to its threads' cores, and gloo's
+threads run there too (_beside).
 """
 
 from __future__ import annotations
@@ -238,7 +244,11 @@ def _conv(shape: tuple[int, ...], precision: str, device: torch.device) -> Calla
 def run_collectives_torch(point: CalibrationPoint, device: torch.device) -> list[dict[str, Any]]:
     timer, rank, world = Timer(device), dist.get_rank(), dist.get_world_size()
     make = functools.partial(_torch_op, rank=rank, world=world, device=device)
-    return _over_sizes(point, world, make, timer, before=dist.barrier) + _busy(point, world, make, device)
+    return (
+        _over_sizes(point, world, make, timer, before=dist.barrier)
+        + _busy(point, world, make, device)
+        + _beside(point, world, make, device)
+    )
 
 
 # the compute a rank runs before each collective in busy mode, as a step computes between its collectives
@@ -284,6 +294,76 @@ def _busy(point: CalibrationPoint, world: int, make: Callable[..., Callable[[], 
     return out
 
 
+BESIDE_OPS = ("all_reduce", "reduce_scatter", "all_gather")  # what data-parallel steps overlap with backward
+BESIDE_MIN_BYTES = 16 * 2**20  # a bucket's size (DDP's and zero2's default cap: 25 MiB)
+BESIDE_CHAIN = 1.5  # the chain runs this many times the collective alone, so the collective ends inside it
+BESIDE_SIDE = 256  # the chain's products: 256 × 256 matrices, 33.5 MFLOP each
+
+
+def _beside(point: CalibrationPoint, world: int, make: Callable[..., Callable[[], Any]], device: torch.device):
+    """The share of a rank's cores a collective takes from the compute it runs beside (CPU only). Each rank is
+    pinned to its threads' cores and gloo's own threads run there too, so a collective in flight during
+    backward slows it: by nothing if gloo only waited, by the whole collective if it computed all along. Per
+    size, iterations of: the chain alone, the collective alone (both after a barrier), and the collective
+    started asynchronously with the chain run at once, then waited for; each rank keeps its own three times.
+    The chain's length is rank 0's estimate of BESIDE_CHAIN × the collective alone, the same on every rank."""
+    ops = [op for op in point.collectives if op in BESIDE_OPS]
+    if device.type != "cpu" or not ops or not point.message_bytes:
+        return []
+    sizes = [size for size in point.message_bytes if size >= BESIDE_MIN_BYTES] or [max(point.message_bytes)]
+    a, b = torch.randn(BESIDE_SIDE, BESIDE_SIDE), torch.randn(BESIDE_SIDE, BESIDE_SIDE)
+    out_mm = torch.empty(BESIDE_SIDE, BESIDE_SIDE)
+
+    def chain(products: int) -> float:
+        began = time.perf_counter()
+        for _ in range(products):
+            torch.mm(a, b, out=out_mm)
+        return time.perf_counter() - began
+
+    out = []
+    for op in ops:
+        for size in sizes:
+            elements = max(world, (size // 4) // world * world)
+            call, started = make(op, elements), make(op, elements, async_op=True)
+            for _ in range(max(1, point.warmup)):
+                call()
+            dist.barrier()
+            per_product = chain(20) / 20
+            began = time.perf_counter()
+            call()
+            estimate = torch.tensor([BESIDE_CHAIN * (time.perf_counter() - began) / per_product], dtype=torch.float64)
+            dist.broadcast(estimate, src=0)
+            products = max(1, round(float(estimate)))
+            alone, calls, beside = [], [], []
+            for index in range(point.warmup + point.iterations):
+                dist.barrier()
+                chain_s = chain(products)
+                dist.barrier()
+                began = time.perf_counter()
+                call()
+                call_s = time.perf_counter() - began
+                dist.barrier()
+                work = started()
+                beside_s = chain(products)
+                work.wait()
+                if index >= point.warmup:
+                    alone.append(chain_s)
+                    calls.append(call_s)
+                    beside.append(beside_s)
+            out.append(
+                {
+                    "op": op,
+                    "bytes": elements * 4,
+                    "mode": "beside",
+                    "products": products,
+                    "compute_s": alone,
+                    "times_s": calls,
+                    "beside_s": beside,
+                }
+            )
+    return out
+
+
 def _over_sizes(
     point: CalibrationPoint, world: int, make: Callable[..., Callable[[], Any]], timer: Timer, *, before: Callable
 ) -> list[dict[str, Any]]:
@@ -297,17 +377,23 @@ def _over_sizes(
     return out
 
 
-def _torch_op(op: str, elements: int, *, rank: int, world: int, device: torch.device) -> Callable[[], Any]:
+def _torch_op(
+    op: str, elements: int, *, rank: int, world: int, device: torch.device, async_op: bool = False
+) -> Callable[[], Any]:
+    """One call of `op` on `elements` float32 values; with async_op, a call that returns its Work unwaited
+    (not for send_recv)."""
     whole = torch.ones(elements, device=device)
     part = torch.ones(elements // world, device=device)
     if op == "all_reduce":
-        return lambda: dist.all_reduce(whole)
+        return lambda: dist.all_reduce(whole, async_op=async_op)
     if op == "all_gather":  # all_gather_single: torch ≥ 2.11's name of all_gather_into_tensor
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        return lambda: gather(whole, part)
+        return lambda: gather(whole, part, async_op=async_op)
     if op == "reduce_scatter":
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        return lambda: scatter(part, whole)
+        return lambda: scatter(part, whole, async_op=async_op)
+    if async_op:
+        raise ValueError(f"collective {op!r} is timed blocking only")
     if op == "broadcast":
         return lambda: dist.broadcast(whole, src=0)
     if op == "send_recv":
