@@ -116,7 +116,7 @@ SETS = {
     "scoring-40": "scoring40_sweep.yaml",  # the fortieth, frozen (2026-12-07), run on the model of 90324a2 (seen)
     "scoring-41": "scoring41_sweep.yaml",  # the forty-first, frozen (2026-12-07), run on the model of 90324a2 (seen)
     "scoring-42": "scoring42_sweep.yaml",  # the forty-second, frozen (2026-12-07), run on the model of 90324a2 (seen)
-    "scoring-43": "scoring43_sweep.yaml",  # the forty-third, frozen (2026-12-07), unrun
+    "scoring-43": "scoring43_sweep.yaml",  # the forty-third, frozen (2026-12-07), run on the model of dec4a4b (seen)
 }
 
 
