@@ -361,8 +361,7 @@ def test_collective_share_prints_each_sizes_cost_and_share_from_two_real_ranks()
             rf"({NUMBER}) ms \(×({NUMBER})\); over the 3 rounds: alone ({NUMBER})-({NUMBER}) ms, "
             rf"both ÷ serial ({NUMBER})-({NUMBER})",
         )
-        alone, per_byte, cpu, compute, stretch, share, both, serial, ratio, *ranges = (float(v) for v in line.groups())
-        assert cpu >= 0  # process CPU seconds over wall seconds: none can be negative
+        alone, per_byte, _cpu, compute, stretch, share, both, serial, ratio, *ranges = (float(v) for v in line.groups())
         low, high, ratio_low, ratio_high = ranges
         assert low - 0.05 <= alone <= high + 0.05 and ratio_low <= ratio_high
         assert alone > 0 and compute > 0 and both > 0

@@ -225,6 +225,11 @@ def test_calibrate_writes_a_machine_file_from_real_runs(tmp_path):
         for f in figures:
             row = f'<td class="text">{op}</td><td>{f["bytes"]}</td>'
             assert row in report and f"<td>{f['value'] * 1e3 / (f['bytes'] / 1e6):.3g}</td></tr>" in report
+    # the beside shares in the report: a row per collective and size, the share as the machine file has it
+    for entry in besides:
+        (point,) = entry["beside"]["curve"]
+        row = f'<td class="text">{entry["op"]}</td><td>{point["bytes"]}</td>'
+        assert row in report and f"<td>{point['share']['value']:.2g} [" in report
     again = run_snakemake("-s", "workflow/calibrate.smk", "--cores", "2", "--configfile", str(path))
     assert "Nothing to be done" in again.stdout + again.stderr
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -336,16 +337,12 @@ def _comm_share(collectives: Iterable[Mapping[str, Any]]) -> float | None:
     the collectives' `beside` shares (one per collective and layout), kept within [0, 1] (a negative share is a
     chain that ran faster beside the collective, noise; above 1 the collective slowed the chain more than its
     own length, which the simulation cannot give: it stops a rank's compute at most). None without any."""
-    shares = sorted(
+    shares = [
         float(c["beside"]["share"]["value"])
         for c in collectives
         if isinstance(c.get("beside"), Mapping) and (c["beside"].get("share") or {}).get("value") is not None
-    )
-    if not shares:
-        return None
-    middle = len(shares) // 2
-    median = shares[middle] if len(shares) % 2 else (shares[middle - 1] + shares[middle]) / 2
-    return min(1.0, max(0.0, median))
+    ]
+    return min(1.0, max(0.0, statistics.median(shares))) if shares else None
 
 
 @dataclass(frozen=True, kw_only=True)

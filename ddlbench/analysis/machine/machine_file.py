@@ -82,6 +82,7 @@ Figures from measurements (one calibration's records; formulas here and in ddlbe
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -293,17 +294,11 @@ def beside_figures(ranks: list, op: str) -> dict[str, Any] | None:
         if not shares:
             continue
         every += shares
-
-        def median_of(key: str, rows=rows) -> float:
-            return stats_figure([t for row in rows for t in row[key]])["value"]
-
         curve.append(
-            {
-                "bytes": entry["bytes"],
-                "share": stats_figure(shares),
-                "call_s": median_of("times_s"),
-                "compute_s": median_of("compute_s"),
-                "beside_s": median_of("beside_s"),
+            {"bytes": entry["bytes"], "share": stats_figure(shares)}
+            | {
+                name: statistics.median(t for row in rows for t in row[key])
+                for name, key in (("call_s", "times_s"), ("compute_s", "compute_s"), ("beside_s", "beside_s"))
             }
         )
     if not curve:
