@@ -32,6 +32,7 @@ from ddlbench.train.calibration.operator_shapes import (
     LARGE_KINDS,
     VOLUME_KINDS,
     WIDE_CONV_SHARE,
+    broad_map_count,
     large_count,
     largest_elements,
     sample_shapes,
@@ -167,7 +168,10 @@ def test_one_glitch_of_a_long_shape_is_left_out_and_does_not_set_the_fit(monkeyp
         return float(np.median(errors))
 
     clean, robust = fit_kind("conv2d", "forward", samples), fit_kind("conv2d", "forward", glitched)
-    assert robust.left_out == 1 and robust.samples == len(samples) - 1
+    # the glitch and at most one more: the glitch's pull on the fit can put another shape's leave-one-out error past
+    # the spread first (with the full-resolution draws, a 3×3 of 8 channels on 3×6 at batch 1), so two are left out
+    assert 1 <= robust.left_out <= int(operators.OUTLIER_SHARE * len(samples))
+    assert robust.samples == len(samples) - robust.left_out
     assert median_error(robust) < 0.05 and abs(median_error(robust) - median_error(clean)) < 0.01
     monkeypatch.setattr(operators, "OUTLIER_SHARE", 0.0)  # nothing left out
     assert median_error(fit_kind("conv2d", "forward", glitched)) > 2 * median_error(robust)
@@ -342,7 +346,7 @@ def _depthwise_law(call: OpCall, batch: int) -> tuple[float, float]:
 
 
 def test_depthwise_shapes_are_drawn_fitted_apart_and_predict_shapes_never_timed():
-    drawn = sample_shapes(seed=0, per_kind=40, max_flop=3e8, max_elements=2**22)
+    drawn = sample_shapes(seed=0, per_kind=40, max_flop=3e8, max_elements=2**22)[: -broad_map_count(40)]
     depthwise = [s for s in drawn if s.kind == "depthwise_conv2d"]
     assert sum(largest_elements(s) <= 2**22 for s in depthwise) == 40  # and the large maps' (LARGE_KINDS)
     assert all(s.out_channels == s.in_channels and s.kernel in (3, 5) for s in depthwise)
@@ -444,7 +448,7 @@ def _linear_law(call: OpCall, batch: int) -> tuple[float, float]:
 @pytest.mark.parametrize("kind", ["tp_colwise_linear", "tp_rowwise_linear"])
 def test_tensor_parallel_linears_are_drawn_last_fitted_apart_and_predict_shapes_never_timed(kind):
     drawn = sample_shapes(seed=0, per_kind=40, max_flop=1.5e9, max_elements=2**23)[
-        : -token_linear_count(40) - wide_linear_count(40)
+        : -token_linear_count(40) - wide_linear_count(40) - broad_map_count(40)
     ]
     # the kinds before them are drawn as they were before they came (they are drawn last)
     # (then only the wide convolutions and the large maps, drawn after every kind, after those the volumes, and

@@ -17,6 +17,7 @@ from ddlbench.analysis.analytic.table_cache import find_table
 from ddlbench.train.calibration import operator_shapes
 from ddlbench.train.calibration.operator_shapes import (
     OperatorShape,
+    broad_map_count,
     largest_elements,
     sample_shapes,
     token_linear_count,
@@ -31,10 +32,12 @@ PER_KIND = 40
 def _token_linears(seed: int) -> list[OperatorShape]:
     # drawn last but for the classifier Linears (tests/test_wide_linears.py)
     wide = wide_linear_count(PER_KIND)
-    return sample_shapes(seed=seed, per_kind=PER_KIND, **BOUNDS)[-token_linear_count(PER_KIND) - wide : -wide]
+    drawn = sample_shapes(seed=seed, per_kind=PER_KIND, **BOUNDS)[: -broad_map_count(PER_KIND)]  # drawn after them
+    return drawn[-token_linear_count(PER_KIND) - wide : -wide]
 
 
 def test_token_linears_are_drawn_last_within_bounds_and_leave_every_other_draw_as_it_was(monkeypatch):
+    monkeypatch.setattr(operator_shapes, "broad_map_count", lambda per_kind: 0)  # drawn after them
     every = sample_shapes(seed=0, per_kind=PER_KIND, **BOUNDS)
     monkeypatch.setattr(operator_shapes, "wide_linear_count", lambda per_kind: 0)  # drawn after them
     drawn = operator_shapes.sample_shapes(seed=0, per_kind=PER_KIND, **BOUNDS)

@@ -28,6 +28,7 @@ PER_KIND = 40
 
 
 def test_classifier_linears_are_drawn_last_past_the_caches_and_leave_every_other_draw_as_it_was(monkeypatch):
+    monkeypatch.setattr(operator_shapes, "broad_map_count", lambda per_kind: 0)  # drawn after them
     drawn = sample_shapes(seed=0, per_kind=PER_KIND, **BOUNDS)
     with monkeypatch.context() as patch:
         patch.setattr(operator_shapes, "wide_linear_count", lambda per_kind: 0)

@@ -54,8 +54,12 @@ rank pays on every sharded Linear (ddlbench.analysis.analytic.splits.tensor_para
 volume's LeakyReLU or ReLU is a relu over D·H·W pixels. Until they came (2026-12-05) the roofline costed every
 volume layer, and cosmoflow's steps were predicted at 0.72-0.76 of the measured (the third scoring set).
 
-Each fit reports its leave-one-out error over the calibration's own shapes (what a shape it did not
-time is predicted to), which a prediction's notes repeat. Torch-free; numpy only when fitting.
+Last, each fit carries a local correction (ddlbench.analysis.analytic.operator_residuals): its residuals at the
+calibration's shapes, of which those near a call (in e-folds of batch, channels, pixels and kernel) correct the
+call's time, where the one law over every shape misses a region of them alike (resnet56's 16-64-channel layers on
+3×160², fitted 1.2-1.5× their timings by the law alone). Each fit reports its leave-one-out error over the
+calibration's own shapes (what a shape it did not time is predicted to), which a prediction's notes repeat.
+Torch-free; numpy only when fitting.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ddlbench.analysis.analytic.operator_residuals import LocalCorrection, fit_correction, shape_features
 from ddlbench.analysis.machine.fit import nnls
 from ddlbench.train.calibration.operator_shapes import (
     CONV_KINDS,
@@ -279,13 +284,17 @@ class OpFit:
     threads: int = 1  # per rank, as the calibration timed it (a convolution's kernel depends on it)
     lanes: int = 0  # the channel block the padding regressor rounds to (0: none; LANES)
     left_out: int = 0  # shapes left out as far outliers (fit_kind)
+    # what the fit missed near each shape, which corrects a call near them (operator_residuals; None: nothing
+    # lowered the leave-one-out error)
+    correction: LocalCorrection | None = None
 
     def seconds(self, call: OpCall, batch: float, *, allocates: bool = True) -> float:
         """`allocates=False`: the pass writes into memory already held (a copy into a bucket, an add into
         .grad), so the page term, the faults of a fresh allocation's first touch, is left out."""
         page_knot = self.page_knot if allocates else 0.0
         x = basis(call, batch, self.direction, self.knot, page_knot, self.threads, self.lanes)
-        return sum(c * v / s for c, v, s in zip(self.coefficients, x, self.scale, strict=True))
+        seconds = sum(c * v / s for c, v, s in zip(self.coefficients, x, self.scale, strict=True))
+        return seconds * self.correction.factor(call, batch) if self.correction is not None else seconds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,11 +314,18 @@ class OperatorModel:
         return forward.seconds(call, batch, allocates=allocates), backward.seconds(call, batch, allocates=allocates)
 
     def describe(self) -> str:
-        worst = max(self.fits.values(), key=lambda fit: fit.loo_error_median)
+        """The fits' leave-one-out median errors (a kind's with its local correction where it has one), in words."""
+
+        def error(fit: OpFit) -> float:
+            return fit.correction.loo_error_median if fit.correction is not None else fit.loo_error_median
+
+        worst = max(self.fits.values(), key=error)
+        corrected = sum(fit.correction is not None for fit in self.fits.values())
         return (
             f"operator fits ({self.ranks_per_node} rank(s) × {self.threads} thread(s) at once, {self.precision}): "
-            f"leave-one-out median error {_pct(_median([f.loo_error_median for f in self.fits.values()]))}, "
-            f"worst {worst.kind} {worst.direction} {_pct(worst.loo_error_median)}"
+            f"leave-one-out median error {_pct(_median([error(f) for f in self.fits.values()]))}, "
+            f"worst {worst.kind} {worst.direction} {_pct(error(worst))}; {corrected} of {len(self.fits)} fits "
+            "corrected locally"
         )
 
 
@@ -418,6 +434,7 @@ def fit_kind(
     offset_s: float = 0.0,
     floor_s: float = 1e-6,
     threads: int = 1,
+    local: bool = True,
 ) -> OpFit | None:
     """The NNLS fit of one kind and direction over the samples of that kind (None with fewer than 4).
     `offset_s` is taken off every time first (the autograd engine's cost per backward() call), leaving
@@ -433,12 +450,12 @@ def fit_kind(
     rows = [s for s in samples if s["kind"] == kind and s.get(f"{direction}_s") is not None]
     if len(rows) < 4:
         return None
-    fit, far = _fit_rows(kind, direction, rows, offset_s=offset_s, floor_s=floor_s, threads=threads)
+    fit, far = _fit_rows(kind, direction, rows, offset_s=offset_s, floor_s=floor_s, threads=threads, local=local)
     left_out = 0
     while far is not None and left_out < int(OUTLIER_SHARE * len(rows)):
         rows = rows[:far] + rows[far + 1 :]
         left_out += 1
-        fit, far = _fit_rows(kind, direction, rows, offset_s=offset_s, floor_s=floor_s, threads=threads)
+        fit, far = _fit_rows(kind, direction, rows, offset_s=offset_s, floor_s=floor_s, threads=threads, local=local)
     return fit if not left_out else replace(fit, left_out=left_out)
 
 
@@ -449,7 +466,14 @@ OUTLIER_SHARE = 0.02
 
 
 def _fit_rows(
-    kind: str, direction: str, rows: list[Mapping[str, Any]], *, offset_s: float, floor_s: float, threads: int
+    kind: str,
+    direction: str,
+    rows: list[Mapping[str, Any]],
+    *,
+    offset_s: float,
+    floor_s: float,
+    threads: int,
+    local: bool = True,
 ) -> tuple[OpFit, int | None]:
     """fit_kind's fit over `rows`, and the index of the row its leave-one-out errors put farthest past
     OUTLIER_SPREADS robust spreads (None: none is)."""
@@ -517,6 +541,11 @@ def _fit_rows(
     farthest = int(np.argmax(distance))
     far = farthest if spread > 0 and distance[farthest] > OUTLIER_SPREADS * spread else None
     coefficients = solve(x, y)
+    correction = None
+    if local:
+        residuals = np.log(y / np.maximum(x @ coefficients, 1e-12))
+        features = [shape_features(c, b) for c, b in zip(calls, batches, strict=True)]
+        correction = fit_correction(features, residuals, -np.array(logs))
     fit = OpFit(
         kind=kind,
         direction=direction,
@@ -529,12 +558,14 @@ def _fit_rows(
         page_knot=page_knot,
         threads=threads,
         lanes=lanes,
+        correction=correction,
     )
     return fit, far
 
 
-def fit_operator_model(entry: Mapping[str, Any]) -> OperatorModel:
-    """Every kind's forward and backward fit from one `operator_timings` entry of a machine file."""
+def fit_operator_model(entry: Mapping[str, Any], *, local: bool = True) -> OperatorModel:
+    """Every kind's forward and backward fit from one `operator_timings` entry of a machine file (`local`: with
+    each fit's local correction, operator_residuals)."""
     samples = entry.get("samples") or []
     engine = entry.get("autograd_call_s") or {}
     offset = float(engine.get("value") or 0.0)
@@ -548,7 +579,13 @@ def fit_operator_model(entry: Mapping[str, Any]) -> OperatorModel:
         for direction in ("forward", "backward"):
             backward = direction == "backward"
             fit = fit_kind(
-                kind, direction, samples, offset_s=offset if backward else 0.0, floor_s=node, threads=threads
+                kind,
+                direction,
+                samples,
+                offset_s=offset if backward else 0.0,
+                floor_s=node,
+                threads=threads,
+                local=local,
             )
             if fit is not None:
                 fits[(kind, direction)] = fit

@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass
 # ddlbench.train.strategies.tensor shards a block), on a mesh of the rank alone: DTensor's dispatch on every
 # call with no peer to wait for. Each is drawn after the kinds that came before it, so that their draws from
 # the seeded generator are what they were before it came. The volume kinds (VOLUME_KINDS) come after them, then
-# linear shapes over a transformer's tokens (_draw_token_linear), last of all.
+# linear shapes over a transformer's tokens (_draw_token_linear), classifier Linears, and full-resolution maps of
+# few channels (_draw_broad_map), last of all.
 OPERATOR_KINDS = (
     "conv2d",
     "batch_norm2d",
@@ -159,8 +160,9 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     above `max_elements` and at most LARGE_ELEMENTS × `max_elements` (a conv2d up to WIDE_CONV_FLOP ×
     `max_flop`); then the VOLUME_KINDS, within the bounds and then on large volumes (_draw_volume); last
     TOKEN_LINEAR_SHARE × `per_kind` linear shapes over tokens (_draw_token_linear), up to WIDE_CONV_FLOP ×
-    `max_flop`; last wide_linear_count(`per_kind`) classifier Linears whose weights are past the caches
-    (_draw_wide_linear)."""
+    `max_flop`; then wide_linear_count(`per_kind`) classifier Linears whose weights are past the caches
+    (_draw_wide_linear); last broad_map_count(`per_kind`) layers at full resolution on few channels
+    (_draw_broad_map), within the bounds."""
     rng = random.Random(seed)
     shapes: list[OperatorShape] = []
     for kind in OPERATOR_KINDS:
@@ -226,7 +228,7 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
         if _within(shape, WIDE_CONV_FLOP * max_flop, max_elements):
             shapes.append(shape)
             drawn += 1
-    # last of all, wide_linear_count(`per_kind`) classifier Linears (_draw_wide_linear): weights past the caches
+    # then wide_linear_count(`per_kind`) classifier Linears (_draw_wide_linear): weights past the caches
     # (WIDE_LINEAR_LEAST_WEIGHTS up to LARGE_ELEMENTS × `max_elements` elements) on the few rows of a classifier's
     # batch, which every linear draw above lacks: alexnet's 4,096² Linear at batch 8 ran its forward in 18 ms
     # here, its fit from those draws said 13 (docs/analytic.md, "A classifier's Linear past the caches")
@@ -238,7 +240,64 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
         ):
             shapes.append(shape)
             drawn += 1
+    # after those, broad_map_count(`per_kind`) layers at full resolution on few channels (_draw_broad_map): the
+    # sides of the large maps (56-224) within `max_elements`, where a CIFAR ResNet's first stage runs on a larger
+    # image (16 channels on 160² at batch 2: 0.8 M elements), which no draw above has (the draws within the bounds
+    # stop at 64 a side, the large maps start past `max_elements`): the forty-third set's resnet56 on 3×160² was
+    # predicted 1.19-1.24× its measured step on every strategy (docs/analytic.md, "Full-resolution maps")
+    for kind in BROAD_MAP_KINDS:
+        drawn = 0
+        while drawn < broad_map_count(per_kind) // len(BROAD_MAP_KINDS):
+            shape = _draw_broad_map(rng, kind)
+            if _within(shape, max_flop, max_elements):
+                shapes.append(shape)
+                drawn += 1
     return shapes
+
+
+def broad_map_count(per_kind: int) -> int:
+    """How many full-resolution shapes of few channels sample_shapes draws last of all: large_count(`per_kind`)
+    of each of BROAD_MAP_KINDS (none for a quick calibration's few shapes). A fit's local correction
+    (ddlbench.analysis.analytic.operator_residuals) needs shapes near a model's layers to correct them."""
+    return len(BROAD_MAP_KINDS) * large_count(per_kind)
+
+
+def _draw_broad_map(rng: random.Random, kind: str) -> OperatorShape:
+    """A layer at full resolution on few channels: side 56-224 (rows fewer one time in three: a spatial slab),
+    channels 8-64, batch 1-8 (conv2d: output channels the input's, half or twice, one in ten a first layer of
+    FIRST_LAYER_CHANNELS; 3×3, one in four 1×1; stride 2 one in five, as a stage's first convolution;
+    depthwise_conv2d: 3×3, stride 2 one in five)."""
+    width = max(2, round(_log_uniform(rng, 56, 224)))
+    height = max(2, round(width * _log_uniform(rng, 0.25, 1.0))) if rng.random() < 1 / 3 else width
+    batch = max(1, round(_log_uniform(rng, 1, 8)))
+    channels = _channels(rng, 8, 64)
+    if kind == "conv2d":
+        first = rng.random() < 0.1
+        out = max(8, int(channels * rng.choice((0.5, 1, 1, 2))))
+        return OperatorShape(
+            kind=kind,
+            batch=batch,
+            in_channels=FIRST_LAYER_CHANNELS["conv2d"] if first else channels,
+            height=height,
+            width=width,
+            out_channels=out,
+            kernel=1 if rng.random() < 0.25 else 3,
+            stride=2 if rng.random() < 0.2 else 1,
+        )
+    if kind == "depthwise_conv2d":
+        return OperatorShape(
+            kind=kind,
+            batch=batch,
+            in_channels=channels,
+            height=height,
+            width=width,
+            out_channels=channels,
+            kernel=3,
+            stride=2 if rng.random() < 0.2 else 1,
+        )
+    if kind == "max_pool2d":
+        height, width = max(2, height - height % 2), max(2, width - width % 2)
+    return OperatorShape(kind=kind, batch=batch, in_channels=channels, height=height, width=width)
 
 
 # a classifier Linear's least weights (elements, 16 MiB in fp32): the size from which the calibration times a
@@ -327,6 +386,7 @@ def _draw_volume(rng: random.Random, kind: str, *, large: bool = False) -> Opera
 
 
 LARGE_KINDS = ("conv2d", "batch_norm2d", "relu", "max_pool2d", "add", "depthwise_conv2d")
+BROAD_MAP_KINDS = LARGE_KINDS  # the kinds drawn at full resolution on few channels too (_draw_broad_map)
 LARGE_SHARE = 0.25
 LARGE_ELEMENTS = 4  # their largest tensor: at most this many times max_elements
 LARGE_LEAST = 8  # the fit's page knot needs this many shapes past it (ddlbench.analysis.analytic.operators)
