@@ -86,6 +86,20 @@ def test_finishing_an_unprobed_run_still_stops_the_profiler():
     assert figures.peak_bytes is None
 
 
+def test_the_profiler_stops_only_after_other_threads_had_the_settle_time(monkeypatch):
+    """A collective's worker thread frees the step's last buffers just after the step: the profiler stops only
+    SETTLE_S after the probed step ends, and the figures stay those of the step."""
+    events: list[str] = []
+    sleep, stop = memory.time.sleep, MemoryProbe._stop
+    monkeypatch.setattr(memory.time, "sleep", lambda seconds: (events.append(f"sleep {seconds}"), sleep(seconds)))
+    monkeypatch.setattr(MemoryProbe, "_stop", lambda self: (events.append("stop"), stop(self))[1])
+    probe, pool = probe_linear_steps()
+    events.append("step ended")
+    figures = probe.finish(pool)
+    assert events[events.index("step ended") :] == ["step ended", f"sleep {memory.SETTLE_S}", "stop"]
+    assert figures.resident_bytes == 3 * 1024 * 1024 * 4 and not torch.autograd._profiler_enabled()
+
+
 def _report_the_flag(queue) -> None:
     queue.put(process_wide_accounting().value)
 

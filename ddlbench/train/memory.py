@@ -31,7 +31,9 @@ allocates or frees. The probe allocates and frees one byte at its start and at t
 and end, so the total is read at those instants too: L(t) is a reading's total less the first reading's.
 Before t0 it waits `SETTLE_S` for other threads to let go of finished work (gloo's worker thread holds a
 finished work's buffers for microseconds after wait() returns), so that the resident figure is the state
-between steps, not a backend's lag. Blocks allocated before the probe started are not in the table,
+between steps, not a backend's lag; after t1 it waits as long again before it stops the profiler, which a
+thread still freeing a finished work's buffers could otherwise meet half torn down (a rank's SIGSEGV in a third
+of the launches of one configuration). Blocks allocated before the probe started are not in the table,
 nor are their frees. Between two events of the rank's thread, a block that another thread allocates and
 frees again is not seen: the peak is low by such blocks. One probe per process (a rank's): the
 allocator's table keeps the blocks a finished probe counted and that were freed after it, and a later
@@ -216,6 +218,12 @@ class MemoryProbe:
                 self._guard(lambda: mark.__exit__(None, None, None))
 
     def finish(self, input_pool_bytes: int) -> MemoryFigures:
+        if self._profiler is not None:
+            # the collectives' threads let go of the step's last work before the profiler stops: stopped at once,
+            # resnet20 on 3x160^2 with ddp on two ranks lost a rank to SIGSEGV in 8 of 24 launches (in the walk of
+            # the profile's event tree), none of 24 after this wait (2026-12-07; docs/analytic.md, "The forty-fourth
+            # scoring set")
+            time.sleep(SETTLE_S)
         self._stop()  # whatever happened, neither the profiler nor the flag's mutex in the timed window
         if self.enabled and self._error is None and not self._probed:
             self._error = "the probed step never ran"
