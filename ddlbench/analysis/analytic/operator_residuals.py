@@ -24,10 +24,20 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from ddlbench.analysis.analytic.operators import OpCall
+
+class OpCall(Protocol):
+    """What the correction reads of a call (ddlbench.analysis.analytic.operators.OpCall; not imported: operators
+    imports this module)."""
+
+    rows: int
+    in_channels: int
+    out_channels: int
+    in_pixels: int
+    out_pixels: int
+    kernel_elements: int
+
 
 # (h, λ) tried for each kind and direction: bandwidths of a third of an e-fold to 1.4 (a shape 2× another in one
 # dimension is 0.69 e-folds from it), priors of a quarter of one shape at distance 0 to four
