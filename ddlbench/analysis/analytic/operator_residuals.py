@@ -1,14 +1,14 @@
 """A local correction of an operator fit: what the fit missed at the calibration's shapes nearest a call.
 
-An operator kind's fit (ddlbench.analysis.analytic.operators) is one law over every shape the calibration drew,
-from 3 to 2,048 channels and 1 to 50,000 pixels, weighted by time: its per-FLOP terms are set by the long shapes,
-and it misses whole regions of shapes the same way. On one calibration here (2026-12-07) every conv2d of 8-16
-channels on maps past 30² came out 1.3-1.7× its timing, stride-2 ones 2-4× forward, while 40-56-channel ones on
-the same maps came out at 0.9-1.1; resnet56 on 3×160² (16, 32 and 64 channels) was then predicted 1.2-1.5× its
-measured blocks (docs/analytic.md, "What the fit misses near a shape"). Such misses are smooth in the shape:
-neighbouring shapes share them. So each fit carries its residuals at the calibration's shapes, r_i = log(t_i / t̂_i),
-and a call's time is the fit's times exp(r̂), with r̂ a kernel-weighted mean of the residuals of the shapes near it
-(Nadaraya-Watson's estimator, shrunk towards 0 where no shape is near):
+An operator kind's fit (ddlbench.analysis.analytic.operators) is one law over every shape the calibration drew, from
+3 to 2,048 channels and 1 to 50,000 pixels, weighted by time: its per-FLOP terms are set by the long shapes, and it
+misses whole regions of shapes the same way. On one calibration here (2026-12-07) most 3×3 conv2d shapes of 8-16
+channels on maps past 30² came out 1.3-1.7× their timings, stride-2 ones 2.3-3.9× forward, while most 40-56-channel
+ones on the same maps came out at 0.86-1.1; resnet56 on 3×160² (16, 32 and 64 channels) was then predicted 1.2-1.5×
+its measured blocks (docs/analytic.md, "What the fit misses near a shape"). Such misses are smooth in the shape:
+neighbouring shapes share them. So each fit carries its residuals at the calibration's shapes,
+r_i = log(t_i / t̂_i), and a call's time is the fit's times exp(r̂), with r̂ a kernel-weighted mean of the
+residuals of the shapes near it (Nadaraya-Watson's estimator, shrunk towards 0 where no shape is near):
 
     r̂(x) = Σ_i w_i·r_i / (Σ_i w_i + λ),   w_i = exp(−|x − x_i|² / 2h²)
 
