@@ -7,6 +7,12 @@ One outage serves the three roads (each one alone would cost the same outage aga
 during it: Snakemake's plugin submits (through the sbatch guard) and polls; `submit` waits for room in the
 queue (squeue) and submits its next wave; the packed dispatcher starts points as srun steps; runners inside
 jobs ask scontrol for their allocation and launch their ranks' step.
+
+Snakemake submits one job every SUBMIT_EVERY_S (its own rate limit), not one after another's end: a
+submission after an end waits for the plugin's next poll, which can fall in the second between the job's
+end and the controller's stop (then the next job went in before the outage, and the one after it waited
+for that job's end, after the outage: a CI run's guard log stayed empty). With SUBMIT_EVERY_S < OUTAGE_S,
+any outage that starts before the last point's turn holds a submission.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from slurm_support import records_of, sweep, user_qos
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 OUTAGE_S = 65
+SUBMIT_EVERY_S = 30  # Snakemake's rate limit: its 4 points go in at 0, 30, 60 and 90 s
 SLURM_SH = REPO / "tests" / "cluster" / "slurm.sh"
 
 
@@ -91,7 +98,7 @@ def test_three_roads_survive_a_controller_outage(write_sweep, tmp_path):
         }
         site = ["--partition", "cpu", "--time-margin-s", "60"]
         profile = subprocess.run(
-            [str(BIN / "ddlbench"), "profile", "slurm", *site, "--status-wait", "2", "--jobs", "1"],
+            [str(BIN / "ddlbench"), "profile", "slurm", *site, "--status-wait", "2", "--jobs", "4"],
             env=env, capture_output=True, text=True, cwd=REPO, check=False,
         )  # fmt: skip
         assert profile.returncode == 0, profile.stderr
@@ -101,20 +108,16 @@ def test_three_roads_survive_a_controller_outage(write_sweep, tmp_path):
         began = time.strftime("%Y-%m-%dT%H:%M:%S")
         newest = max((job for job, _, _ in queue_of_all_states()), default=0)
         ddlbench = str(BIN / "ddlbench")
-        # one job at a time: later points are submitted during the outage
-        runs = {
-            "smk": start(
-                [str(BIN / "snakemake"), "--profile", "slurm", "--configfile", str(sweeps["smk"])],
-                env,
-                tmp_path / "smk.log",
-            )
-        }
+        # one submission every SUBMIT_EVERY_S: later points are submitted during the outage
+        limit = f"1/{SUBMIT_EVERY_S}s"
+        smk = [str(BIN / "snakemake"), "--profile", "slurm", "--configfile", str(sweeps["smk"])]
+        runs = {"smk": start([*smk, "--max-jobs-per-timespan", limit], env, tmp_path / "smk.log")}
         try:
             # the other two roads start once Snakemake's first job runs, so that when it has completed (and
             # the outage starts) each still needs the controller: `submit` waits for room for its 4th point
             # (3 fit the submit limit, none of them can have ended first) and the packed allocation has
-            # points left to start as srun steps; the plugin learns of the completion during the outage
-            # (from sacct: slurmdbd answers) and submits its next job then
+            # points left to start as srun steps; Snakemake's next turn to submit comes during the outage
+            # (it ends well before SUBMIT_EVERY_S, and the outage is longer than that)
             running = {"RUNNING", "COMPLETING", "COMPLETED"}
             wait_for(lambda: snakemake_job_in(running, newest), "Snakemake's first job running", runs)
             # its points sleep 0.3 s in each of their 30 steps (9 s in all): started after Snakemake's first
@@ -132,6 +135,10 @@ def test_three_roads_survive_a_controller_outage(write_sweep, tmp_path):
                 tmp_path / "pack.log",
             )
             wait_for(lambda: snakemake_job_in({"COMPLETED"}, newest), "Snakemake's first job completed", runs)
+            submitted = [
+                job for job, _, comment in queue_of_all_states() if job > newest and "rule_run_point" in comment
+            ]
+            assert len(submitted) < 4, f"Snakemake submitted all its points before the outage: {submitted}"
             subprocess.run([str(SLURM_SH), "ctld-stop"], check=True, timeout=60)
             stopped = time.monotonic()
             try:
