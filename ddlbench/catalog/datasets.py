@@ -80,6 +80,18 @@ DATASETS.register(
 )
 DATASETS.register(
     DatasetSpec(
+        name="imagenet128",
+        input_kind="image2d",
+        sample_shape=(3, 128, 128),
+        task="classify",
+        num_outputs=1000,
+        description="ImageNet at 128×128 (the resolution of BigGAN's ImageNet training), 3×128×128, 1000 classes",
+        real_data=_IMAGE_FOLDER + ", resized and centre-cropped to 128×128",
+        train_samples=1_281_167,  # ILSVRC-2012's training set
+    )
+)
+DATASETS.register(
+    DatasetSpec(
         name="highres",
         input_kind="image2d",
         sample_shape=(3, 512, 512),
