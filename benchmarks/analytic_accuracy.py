@@ -118,7 +118,7 @@ SETS = {
     "scoring-42": "scoring42_sweep.yaml",  # the forty-second, frozen (2026-12-07), run on the model of 90324a2 (seen)
     "scoring-43": "scoring43_sweep.yaml",  # the forty-third, frozen (2026-12-07), run on the model of dec4a4b (seen)
     "scoring-44": "scoring44_sweep.yaml",  # the forty-fourth, frozen (2026-12-07), run on the model of 13040f5 (seen)
-    "scoring-45": "scoring45_sweep.yaml",  # the forty-fifth, frozen (2026-12-07) for the model of 13040f5 (unseen)
+    "scoring-45": "scoring45_sweep.yaml",  # the forty-fifth, frozen (2026-12-07), run on the model of 13040f5 (seen)
 }
 
 
