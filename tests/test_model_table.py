@@ -226,7 +226,7 @@ def test_bad_names_and_options_are_refused_with_the_choices(capsys):
     assert "depth" in (err := capsys.readouterr().err) and "accepted: norm" in err
     assert main(["-q", "model-table", "resnet8", "tokens_small"]) == 2
     err = capsys.readouterr().err
-    assert "image2d" in err and "cifar10, highres, imagenet, imagenette, mnist, stl10, tinyimagenet" in err
+    assert "image2d" in err and "cifar10, highres, imagenet, imagenet128, imagenette, mnist, stl10, tinyimagenet" in err
     with pytest.raises(SystemExit):
         main(["-q", "model-table", "resnet8", "cifar10", "--format", "xml"])
     assert "table, csv, net, json" in capsys.readouterr().err.replace("'", "")
