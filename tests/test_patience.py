@@ -249,3 +249,28 @@ def test_status_reads_a_snakemake_jobs_point_from_a_guarded_comment():
     comment = with_key(["--comment", "rule_run_point_wildcards_resnet8-x-r0-1234abcd", "job.sh"], "k9")[1]
     job = QueuedJob(job_id="139", state="RUNNING", name="uuid", comment=comment)
     assert points_of_job(job, {}) == ["resnet8-x-r0-1234abcd"]
+
+
+def test_status_is_a_look_it_reports_from_the_records_when_the_controller_does_not_answer(
+    write_sweep, tmp_path, monkeypatch, capsys
+):
+    """`ddlbench status` tries squeue for STATUS_PATIENCE_S, not the site's patience (30 min by default: a
+    look at a sweep during an outage waited that long), then says the queue was not read and reports."""
+    from ddlbench.cli import main
+    from ddlbench.cli import sweep as sweep_cli
+
+    env = _fake_clients(
+        tmp_path / "bin",
+        sbatch="exit 1",
+        squeue="echo 'squeue: error: Unable to contact slurm controller (connect failure)' >&2; exit 1",
+    )
+    monkeypatch.setenv("PATH", env["PATH"])
+    monkeypatch.setenv(patience_module.PATIENCE_VAR, "90")
+    monkeypatch.setattr(sweep_cli, "STATUS_PATIENCE_S", 1.0)
+    sweep = write_sweep(models=["resnet8"], datasets=["cifar10"], strategies=["ddp"], nodes=[1], batch_size=[4, 8])
+    assert main(["status", "--configfile", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "queue not read" in out and "did not answer" in out and "a status's look" in out, out
+    assert "sweep 'tiny': 2 points: 2 not started" in out, out
+    # one try: its first wait (1-2 s) is past its patience of 1 s; the site's 90 s would have tried 5-7 times
+    assert (tmp_path / "bin" / "calls").read_text().split() == ["squeue"]

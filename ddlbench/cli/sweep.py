@@ -20,6 +20,9 @@ SECTION = "Run a sweep"
 # and the seconds in which every record not announced by the queue is looked at once
 WATCH_MAX_INTERVAL_S = 120.0
 WATCH_ROUND_S = 120.0
+# `status` is a look, not a wait: while the controller does not answer it tries squeue this long (the site's
+# patience, 30 min by default, is for the commands that must get through) and then reports from the records
+STATUS_PATIENCE_S = 20.0
 
 
 def add_commands(commands: Any) -> None:
@@ -269,6 +272,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace, config) -> int:
+    from ddlbench.launch.patience import Patience
     from ddlbench.launch.planned import planned_point_ids
     from ddlbench.launch.slurm import SlurmError, query_queue
     from ddlbench.launch.status import CACHE_FILE, RecordCache, summarize, sweep_status
@@ -279,9 +283,9 @@ def _status(args: argparse.Namespace, config) -> int:
     queue = []
     if not args.no_queue and shutil.which("squeue"):
         try:
-            queue = query_queue()
+            queue = query_queue(patience=Patience(patience_s=STATUS_PATIENCE_S, source="a status's look"))
         except SlurmError as exc:
-            print(f"(queue not read: {exc})")
+            print(f"(queue not read: {exc}; points in SLURM jobs show by their records alone)")
     # what the records said at the last status, kept in the sweep folder: a record is read again only
     # when it changed, so a status of a large sweep costs a stat per record, not a read
     records = RecordCache.load(config.sweep_dir / CACHE_FILE)

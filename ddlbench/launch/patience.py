@@ -68,6 +68,7 @@ class Patience:
     patience_s: float = DEFAULT_PATIENCE_S
     first_wait_s: float = 2.0
     max_wait_s: float = 60.0
+    source: str = "the site's controller_patience_s"  # where patience_s comes from, as a message names it
 
     def waits(self, rng: random.Random | None = None) -> Iterator[float]:
         rng = rng or random.Random()
@@ -173,7 +174,7 @@ def keep_trying(
                 _tell(None)
             raise OutageOver(
                 f"{what}: the SLURM controller did not answer for {elapsed:.0f} s ({tries} tries; patience "
-                f"{patience.patience_s:g} s, the site's controller_patience_s): {message}"
+                f"{patience.patience_s:g} s, {patience.source}): {message}"
             )
         line = f"the SLURM controller is not answering ({what}: {message}); trying again, {elapsed:.0f} s so far"
         log.warning("%s; next try in %.0f s", line, wait)

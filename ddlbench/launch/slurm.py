@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ddlbench.errors import DdlbenchError
+from ddlbench.launch.patience import Patience
 from ddlbench.launch.resources import MemoryDefaults, Resources
 from ddlbench.launch.slurm_call import SlurmError, run_slurm
 from ddlbench.records import SlurmJob
@@ -473,7 +474,8 @@ def parse_queue(text: str) -> list[QueuedJob]:
     return jobs
 
 
-def query_queue() -> list[QueuedJob]:
-    """This user's jobs in the queue (array tasks one by one), all in one squeue call."""
+def query_queue(*, patience: Patience | None = None) -> list[QueuedJob]:
+    """This user's jobs in the queue (array tasks one by one), all in one squeue call; tried while the
+    controller does not answer for `patience` (default: the site's, ddlbench.launch.patience)."""
     user = getpass.getuser()
-    return parse_queue(run_slurm(["squeue", "-h", "-r", "-u", user, "-o", QUEUE_FORMAT]))
+    return parse_queue(run_slurm(["squeue", "-h", "-r", "-u", user, "-o", QUEUE_FORMAT], patience=patience))
