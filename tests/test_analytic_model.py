@@ -104,6 +104,29 @@ def test_a_slower_network_exposes_more_of_the_all_reduce():
     assert slow.compute_s == pytest.approx(fast.compute_s)
 
 
+def test_ddps_buckets_are_copied_as_their_gradients_are_ready_and_reduced_under_the_rest_of_backward():
+    """DDP's reducer copies a gradient into its bucket on the backward's own thread as soon as it is ready, and the
+    bucket's all-reduce starts then: a classifier's buckets (its gradients come first) are reduced while the
+    convolutions' backward goes on. Each copy starts where its bucket's last block's backward ends, and the first
+    large bucket's all-reduce ends before the backward does (a core to spare: nothing slows either)."""
+    from ddlbench.analysis.analytic.data_parallel import model_ddp, plan_buckets
+    from ddlbench.analysis.analytic.predict import block_times
+
+    machine = replace(cpu_machine(), per_node=8)
+    point = setting("ddp", model="alexnet", dataset="imagenet128", batch_size=2)
+    table = introspected_table(point.model, point.dataset, resolved_options(point))
+    ctx = Context(setting=point, table=table, machine=machine, sharing=2)
+    times = block_times(table, machine, batch=2, precision="fp32", threads=1, sharing=2)
+    ops = {op.label: op for op in model_ddp(ctx, times).timeline.ops if op.rank == 0}
+    buckets = plan_buckets(ctx, float(point.option("bucket_cap_mb")) * 2**20, first_cap_bytes=2**20)
+    assert len(buckets) >= 3
+    for k, bucket in enumerate(buckets):
+        assert ops[f"into bucket {k}"].start_s == pytest.approx(ops[f"B{bucket.ready_block}"].end_s)
+        assert ops[f"all_reduce {k}"].start_s >= ops[f"into bucket {k}"].end_s - 1e-12
+    early = next(k for k, b in enumerate(buckets) if b.bytes >= 2**24 and b.ready_block > 0)
+    assert ops[f"all_reduce {early}"].end_s < ops["B0"].end_s
+
+
 def test_two_cpu_ranks_hide_their_collectives_in_part_by_the_calibrations_beside_share():
     """Two ranks on two cores leave no core over: without the calibration's beside share the collectives run
     unhidden in the compute stream; with it they keep their lane and slow the compute they overlap by that
@@ -135,6 +158,35 @@ def test_the_machines_comm_share_is_the_median_of_its_collectives_kept_within_0_
     assert machine(0.56, 0.8, 0.73).comm_share == pytest.approx(0.73)
     assert machine(1.2, 1.5).comm_share == 1.0 and machine(-0.1).comm_share == 0.0
     assert machine().comm_share is None and cpu_machine().comm_share is None
+
+
+def test_a_calibration_that_timed_its_collectives_beside_compute_gives_their_in_flight_share_and_stretch():
+    """Where the beside figures time the collective under the chain too, the machine's share is their
+    in_flight_share (the chain's loss per second the collective ran under it), not the share per second alone,
+    and its stretch their median stretch, at least 1; each collective keeps its own pair (the median over its
+    layouts); an older file's has no stretch and keeps its share."""
+
+    def entry(op, share, in_flight, stretch):
+        figures = {"share": {"value": share}, "in_flight_share": {"value": in_flight}, "stretch": {"value": stretch}}
+        return {"op": op, "beside": figures}
+
+    both = cpu_machine(
+        collectives=[
+            entry("all_reduce", 0.53, 0.34, 1.99),
+            entry("all_reduce", 0.74, 0.36, 2.10),
+            entry("reduce_scatter", 0.52, 0.12, 5.08),
+            {"op": "broadcast"},
+        ]
+    )
+    assert both.comm_share == pytest.approx(0.34) and both.comm_stretch == pytest.approx(2.10)
+    assert both.comm_beside["all_reduce"] == pytest.approx((0.35, 2.045))
+    assert both.comm_beside["reduce_scatter"] == pytest.approx((0.12, 5.08))
+    assert set(both.comm_beside) == {"all_reduce", "reduce_scatter"}
+    noise = cpu_machine(collectives=[entry("all_gather", 0.5, 0.4, 0.8)])  # faster beside compute: noise
+    assert noise.comm_stretch == 1.0 and noise.comm_beside["all_gather"] == pytest.approx((0.4, 1.0))
+    older = cpu_machine(collectives=[{"op": "all_reduce", "beside": {"share": {"value": 0.66}}}])
+    assert older.comm_share == pytest.approx(0.66) and older.comm_stretch is None
+    assert older.comm_beside == {"all_reduce": pytest.approx((0.66, None))}
 
 
 def test_zero_and_fsdp_memory_follow_the_zero_papers_per_rank_state():

@@ -56,6 +56,45 @@ def test_a_collective_in_flight_slows_its_ranks_compute_by_the_measured_share():
         simulate(program, comm_share=1.5)
 
 
+def test_a_collective_beside_compute_runs_stretched_and_slows_the_compute_by_its_in_flight_share():
+    """The cores go both ways: with comm_stretch k the all-reduce (1.5 s alone, from 1.0) advances at 1 / k of its
+    rate while B0 (2 s) computes, and B0 at 1 − share while the all-reduce is in flight. share 0.3, k 2: under B0
+    the all-reduce would take 3 s and B0 beside it 2 / 0.7 = 2.857 s, so B0 ends first, at 3.857, with 2.857 / 3 of
+    the all-reduce done; its last 1.5 × (1 − 2.857 / 3) s run at full speed, exposed, then the update (0.5 s)."""
+    program = Program()
+    first = program.compute(0, 1.0, label="B1")
+    program.compute(0, 2.0, label="B0")
+    reduce = program.comm(0, 1.5, deps=(first,), label="all_reduce")
+    program.compute(0, 0.5, deps=(reduce,), label="update")
+    b0 = 2.0 / 0.7
+    tail = 1.5 * (1 - b0 / 3.0)
+    timeline = simulate(program, comm_share=0.3, comm_stretch=2.0)
+    assert timeline.step_s == pytest.approx(1.0 + b0 + tail + 0.5)
+    rank = timeline.ranks[0]
+    # the collective's time is what it ran, stretched: not its price alone
+    assert (rank.compute_s, rank.exposed_comm_s, rank.comm_s) == pytest.approx((1.0 + b0 + 0.5, tail, b0 + tail))
+    # a collective named on its op takes its own figures from comm_beside; the machine's pair prices the others
+    named = Program()
+    first = named.compute(0, 1.0, label="B1")
+    named.compute(0, 2.0, label="B0")
+    reduce = named.comm(0, 1.5, deps=(first,), label="all_reduce", collective="all_reduce")
+    named.compute(0, 0.5, deps=(reduce,), label="update")
+    own = simulate(named, comm_share=0.9, comm_stretch=1.0, comm_beside={"all_reduce": (0.3, 2.0)})
+    assert own.step_s == pytest.approx(timeline.step_s)
+    other = simulate(named, comm_share=0.3, comm_stretch=2.0, comm_beside={"reduce_scatter": (0.9, 1.0)})
+    assert other.step_s == pytest.approx(timeline.step_s)
+    with pytest.raises(ValueError, match=r"comm_beside\['all_reduce'\] is a share from 0 to 1"):
+        simulate(named, comm_share=0.3, comm_beside={"all_reduce": (1.2, 2.0)})
+    # a stretch of 1 is the share alone; a stretch below 1, or without a share, is refused by name
+    assert simulate(program, comm_share=0.3, comm_stretch=1.0).step_s == pytest.approx(
+        simulate(program, comm_share=0.3).step_s
+    )
+    with pytest.raises(ValueError, match=r"comm_stretch is at least 1, and only beside a comm_share, not 0\.5"):
+        simulate(program, comm_share=0.3, comm_stretch=0.5)
+    with pytest.raises(ValueError, match=r"comm_stretch is at least 1, and only beside a comm_share, not 2\.0"):
+        simulate(program, comm_stretch=2.0)
+
+
 def test_a_collective_with_nothing_to_hide_behind_is_exposed_whatever_the_share():
     program = Program()
     backward = program.compute(0, 1.0)

@@ -211,11 +211,30 @@ def test_calibrate_writes_a_machine_file_from_real_runs(tmp_path):
         assert len(shares) == 16 and point["share"]["n"] == 16
         assert point["share"]["value"] == pytest.approx(statistics.median(shares), rel=1e-12)
         assert entry["beside"]["share"]["value"] == pytest.approx(statistics.median(shares), rel=1e-12)
-        # the chain ran the same products on both ranks, about 1.5 collectives long
+        # the chain ran the same products on both ranks, about 3 collectives long
         assert rows[0]["products"] == rows[1]["products"] >= 1
+        # the collective timed beside the chain too: from its start to its end, polled between products, so
+        # never longer than the chain and its wait, and never a negative time
+        for row in rows:
+            assert len(row["call_beside_s"]) == 8
+            assert all(along > 0 for along in row["call_beside_s"])
+        # in_flight_share = the chain's loss ÷ the time the collective ran under it; stretch = that time ÷ the
+        # collective's work alone that ran under it (the rest ran after the chain, at its alone speed)
+        flights, stretches = [], []
+        for row in rows:
+            for chain, call, beside, along in zip(
+                row["compute_s"], row["times_s"], row["beside_s"], row["call_beside_s"], strict=True
+            ):
+                overlap = min(along, beside)
+                flights.append((beside - chain) / overlap)
+                stretches.append(overlap / (call - (along - overlap)))
+        assert point["in_flight_share"]["value"] == pytest.approx(statistics.median(flights), rel=1e-12)
+        assert entry["beside"]["stretch"]["value"] == pytest.approx(statistics.median(stretches), rel=1e-12)
     model = MachineModel.from_dict(machine)
-    expected = statistics.median(e["beside"]["share"]["value"] for e in besides)
+    expected = statistics.median(e["beside"]["in_flight_share"]["value"] for e in besides)
     assert model.comm_share == pytest.approx(min(1.0, max(0.0, expected)))
+    stretch = statistics.median(e["beside"]["stretch"]["value"] for e in besides)
+    assert model.comm_stretch == pytest.approx(max(1.0, stretch))
 
     report = (folder / "report.html").read_text()
     assert report.count("<svg") == len(backends)  # one figure of curves and fits per library and link
@@ -293,6 +312,23 @@ def test_operators_are_timed_by_one_rank_and_by_two_in_turn_within_one_launch(tm
     )
     turns = [{e.get("at_once") for e in rank.measurements if e["kind"] == "operator"} for rank in record.ranks]
     assert turns == [{1, 2}, {2}]  # rank 1 timed nothing in the one-rank turns
+    # the optimizer's step by the same turns: each entry's figure the median of its turn's repetitions a parameter
+    # (one rank's alone, both ranks' at once), each set to the turn's host speed as the shapes' repetitions are
+    updates = [[e for e in rank.measurements if e["kind"] == "update"] for rank in record.ranks]
+    # before the shapes (the point's 2 iterations), then 2 steps at each probe among them, on the ranks of the turn
+    before = {0: [1, 2], 1: [2]}  # rank 1 has no one-rank turn
+    for mine, rank in zip(updates, record.ranks, strict=True):
+        first = len(before[rank.rank])
+        assert [e["at_once"] for e in mine[:first]] == before[rank.rank]
+        during = [p for p in rank.host_probe if p["when"] == "during"]
+        assert [e["at_once"] for e in mine[first:]] == [p["at_once"] for p in during] and during
+    for entry in entries:
+        count = entry["ranks_per_node"]
+        raw = [t / e["elements"] for mine in updates for e in mine if e["at_once"] == count for t in e["times_s"]]
+        figure = entry["update_s_per_param"]
+        assert figure["n"] == len(raw) > 2 * count
+        assert min(raw) / 2 < figure["value"] < 2 * max(raw)  # a host speed factor, not another quantity
+    assert MachineModel.from_file(out).update_at_once.keys() == {1, 2}
     # each entry says when it was timed, and the ranks probed the host between shapes in each of their turns
     # (operator_kernel.PROBE_EVERY), at times among their entries': what operator_timings sets each entry against
     for rank in record.ranks:

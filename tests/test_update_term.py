@@ -46,6 +46,26 @@ def _point(memory_bytes: int, iterations: int) -> CalibrationPoint:
     )  # fmt: skip
 
 
+def test_ranks_updating_at_once_pay_the_ratio_the_operators_point_timed_between_its_turns():
+    """The operators point times the step by one rank alone and by two at once (their memory bandwidth shared):
+    a rank of two updating at once pays the compute point's figure × that ratio; one alone, or a file without
+    the turns' figures, the figure itself."""
+    from dataclasses import replace
+
+    machine = _with_update(1.6e-9)
+    timed = replace(machine, update_at_once={1: 0.9e-9, 2: 1.35e-9})
+    assert update_per_param_s(timed, 2) == pytest.approx(1.6e-9 * 1.5)
+    assert update_per_param_s(timed, 1) == update_per_param_s(timed) == 1.6e-9
+    assert update_per_param_s(replace(machine, update_at_once={2: 1.35e-9}), 2) == 1.6e-9  # no one-rank turn
+    assert update_per_param_s(machine, 2) == 1.6e-9
+    # read from the machine file's operator entries, one per count of ranks at once (threads 1)
+    entries = [
+        {"precision": "fp32", "threads": 1, "ranks_per_node": k, "samples": [], "update_s_per_param": {"value": v}}
+        for k, v in ((1, 0.9e-9), (2, 1.35e-9))
+    ]
+    assert cpu_machine(operator_timings=entries).update_at_once == {1: 0.9e-9, 2: 1.35e-9}
+
+
 def test_the_compute_point_times_the_optimizers_step_over_its_bytes_in_tensors():
     entries = run_compute(_point(1 << 20, 3), torch.device("cpu"))
     (update,) = [entry for entry in entries if entry["kind"] == "update"]

@@ -322,18 +322,25 @@ def _from_operators(
         forward_s=tuple(forward),
         backward_s=tuple(backward),
         loss_s=loss,
-        update_per_param_s=update_per_param_s(machine),
+        update_per_param_s=update_per_param_s(machine, operators.ranks_per_node),
         source=source,
         notes=tuple(notes),
     )
 
 
-def update_per_param_s(machine: MachineModel) -> float:
+def update_per_param_s(machine: MachineModel, sharing: int | None = None) -> float:
     """Seconds of the optimizer's step per parameter element (the module docstring's update): the
-    calibration's time of the step where the machine file has it, else 24 B at the memory bandwidth."""
-    if machine.update_s_per_param:
-        return machine.update_s_per_param
-    return UPDATE_BYTES_PER_PARAM / (machine.memory_bandwidth_bytes_per_s or math.inf)
+    calibration's time of the step where the machine file has it, else 24 B at the memory bandwidth. With
+    `sharing` ranks of a node updating at once, times the ratio of the operators point's step timed by that
+    many ranks at once to its step timed by one alone (seconds apart, under the same load: MachineModel.
+    update_at_once), where it has both: the step streams parameters, gradients and momentum through memory, and
+    ranks at once share its bandwidth (vgg11's ddp on two ranks of the 2-core host measured its update at 1.7×
+    one rank's, alexnet's at 1.4×: the forty-fifth set, seen)."""
+    alone = machine.update_s_per_param or UPDATE_BYTES_PER_PARAM / (machine.memory_bandwidth_bytes_per_s or math.inf)
+    timed = machine.update_at_once
+    if sharing and sharing > 1 and timed.get(sharing) and timed.get(1):
+        return alone * timed[sharing] / timed[1]
+    return alone
 
 
 def _with_layers(table: ModelTable, layers: Sequence[LayerRow]) -> ModelTable:

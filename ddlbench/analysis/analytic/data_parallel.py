@@ -33,6 +33,7 @@ rank 0 stands for all. What each issues per step, as implemented (ddlbench.train
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ddlbench.analysis.analytic.compute import MAPPED_ANEW_BYTES, BlockTimes, elementwise_s, mapped_anew_bytes
@@ -102,10 +103,19 @@ def plan_zero2_buckets(ctx: Context, cap_bytes: float) -> list[Bucket]:
 
 
 def add_passes(
-    program: Program, rank: int, times: BlockTimes, blocks: range, *, first_deps=(), tag: str = ""
+    program: Program,
+    rank: int,
+    times: BlockTimes,
+    blocks: range,
+    *,
+    first_deps=(),
+    tag: str = "",
+    after_backward: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[int, int], dict[int, int], int]:
     """Forward over `blocks`, the loss, backward in reverse; returns (forward op, backward op) per block
-    and the last op."""
+    and the last op. `after_backward(block, op)`, where given, is called as each block's backward is issued,
+    so that what the backward's own thread does once a block's gradients are ready (DDP's copies into its
+    buckets) is issued there, in the compute lane's order, and not after the whole backward."""
     forward, backward = {}, {}
     deps = tuple(first_deps)
     for i in blocks:
@@ -115,6 +125,8 @@ def add_passes(
     for i in reversed(blocks):
         backward[i] = program.compute(rank, times.backward_s[i], label=f"B{i}{tag}")
         last = backward[i]
+        if after_backward is not None:
+            after_backward(i, backward[i])
     return forward, backward, last
 
 
@@ -147,7 +159,6 @@ def model_ddp(ctx: Context, times: BlockTimes, *, horovod: bool = False) -> Stra
     buffer_bytes = table.buffer_bytes
     if not horovod and buffer_bytes and s.world_size > 1:
         first = program.comm(0, ctx.collective_s("broadcast", buffer_bytes, world), label="broadcast buffers")
-    _, backward, _ = add_passes(program, 0, times, blocks, first_deps=(first,) if first is not None else ())
     if horovod:
         cap = float(s.option("fusion_threshold_mb")) * 2**20
         # a block's gradients in fused all-reduces of at most the fusion threshold each
@@ -164,17 +175,29 @@ def model_ddp(ctx: Context, times: BlockTimes, *, horovod: bool = False) -> Stra
         what = f"{len(buckets)} bucket all-reduce(s) of {table.param_bytes / 1e6:.3g} MB of gradients during backward"
         if buffer_bytes and s.world_size > 1:
             what += f"; a broadcast of {buffer_bytes} B of buffers before each forward"
-    if horovod:
-        ready = {k: backward[b.ready_block] for k, b in enumerate(buckets)}
-    else:  # the reducer copies each gradient into its bucket as it is ready (on the backward's thread)
-        ready = {
-            k: program.compute(
-                0, copy_pass_s(ctx, b.bytes / FP32), deps=(backward[b.ready_block],), label=f"into bucket {k}"
-            )
-            for k, b in enumerate(buckets)
-        }
+    ready: dict[int, int] = {}  # bucket → the op after which its all-reduce may start
+
+    def filled(block: int, op: int) -> None:
+        for k, b in enumerate(buckets):
+            if b.ready_block != block:
+                continue
+            if horovod:
+                ready[k] = op
+            else:  # the reducer copies each gradient into its bucket as it is ready, on the backward's thread:
+                # issued right after the block's backward, so that a bucket filled early (a classifier's
+                # gradients come first) is all-reduced under the rest of the backward, as DDP runs it
+                ready[k] = program.compute(0, copy_pass_s(ctx, b.bytes / FP32), deps=(op,), label=f"into bucket {k}")
+
+    first_deps = (first,) if first is not None else ()
+    _, backward, _ = add_passes(program, 0, times, blocks, first_deps=first_deps, after_backward=filled)
     reductions = [
-        program.comm(0, ctx.collective_s("all_reduce", b.bytes, world), deps=(ready[k],), label=f"all_reduce {k}")
+        program.comm(
+            0,
+            ctx.collective_s("all_reduce", b.bytes, world),
+            deps=(ready[k],),
+            label=f"all_reduce {k}",
+            collective="all_reduce",
+        )
         for k, b in enumerate(buckets)
     ]
     deps = [*reductions, backward[0]]
@@ -212,6 +235,7 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
             zero2_collective_s(ctx, "reduce_scatter", b.bytes),
             deps=(backward[b.ready_block],),
             label=f"reduce_scatter {k}",
+            collective="reduce_scatter",
         )
         for k, b in enumerate(buckets)
     ]
@@ -222,7 +246,8 @@ def model_zero2(ctx: Context, times: BlockTimes) -> StrategyRun:
         label="update",
     )
     for k, b in enumerate(buckets):
-        program.comm(0, zero2_collective_s(ctx, "all_gather", b.bytes), deps=(update,), label=f"all_gather {k}")
+        gather_s = zero2_collective_s(ctx, "all_gather", b.bytes)
+        program.comm(0, gather_s, deps=(update,), label=f"all_gather {k}", collective="all_gather")
     saved, grads, flowing = activation_terms(ctx, s.batch_size)
     if ctx.machine.device_kind == "cpu":
         walked, launched, transient = list(grads), [0.0] * len(grads), 0.0
@@ -416,6 +441,7 @@ def model_fsdp(ctx: Context, times: BlockTimes) -> StrategyRun:
                 ctx.collective_s("all_gather", params[i] * FP32, world),
                 deps=(previous,) if previous is not None else (),
                 label=f"all_gather F{i}",
+                collective="all_gather",
             )
             if host:
                 gather_f[i] = lane(0, host.blocks[i][0], deps=(gather_f[i],), label=f"FSDP2 host F{i}")
@@ -435,6 +461,7 @@ def model_fsdp(ctx: Context, times: BlockTimes) -> StrategyRun:
                 ctx.collective_s("all_gather", params[i] * FP32, world),
                 deps=(after,) if after is not None else (),
                 label=f"all_gather B{i}",
+                collective="all_gather",
             )
             deps.append(gather)
         backward[i] = program.compute(0, times.backward_s[i], deps=deps, label=f"B{i}")
@@ -445,6 +472,7 @@ def model_fsdp(ctx: Context, times: BlockTimes) -> StrategyRun:
                     ctx.collective_s("reduce_scatter", params[i] * FP32, world),
                     deps=(backward[i],),
                     label=f"reduce_scatter {i}",
+                    collective="reduce_scatter",
                 )
             )
             if host:

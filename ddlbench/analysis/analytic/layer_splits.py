@@ -203,6 +203,7 @@ def model_filter_channel_layers(ctx: Context, *, kind: str) -> StrategyRun:
                     ctx.collective_s("all_reduce", bucket.bytes * scale, dp),
                     deps=(backward_op.get(bucket.ready_block, last),),
                     label=f"dp all_reduce {k}",
+                    collective="all_reduce",
                 )
             )
     program.compute(0, update_s(ctx) * local / FP32, deps=[last, *reductions], label="update")

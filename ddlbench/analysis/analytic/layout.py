@@ -94,6 +94,14 @@ class Context:
             return None
         return self.machine.comm_share
 
+    @property
+    def comm_stretch(self) -> float | None:
+        """On a CPU, how much longer a collective runs beside the rank's compute than alone: its threads share the
+        rank's cores with it (MachineModel.comm_stretch); None on a GPU, without the figure or without a share."""
+        if self.comm_share is None:
+            return None
+        return self.machine.comm_stretch
+
     def simulate(self, program: Program) -> Timeline:
         share = self.comm_share
         if share is not None:
@@ -101,9 +109,12 @@ class Context:
                 f"communication runs on the ranks' own cores: their compute runs at {1 - share:.2f} of its speed "
                 f"while a collective is in flight (the calibration's beside share, {share:.2f})"
             )
+            stretch = self.comm_stretch
+            if stretch is not None:
+                note += f", and a collective runs {stretch:.2f}× as long beside compute as alone (its stretch)"
             if note not in self.notes:
                 self.notes.append(note)
-            return simulate(program, comm_share=share)
+            return simulate(program, comm_share=share, comm_stretch=stretch, comm_beside=self.machine.comm_beside)
         if not self.overlap:
             note = "no core is left for communication: it runs in the ranks' compute streams, unhidden"
             if note not in self.notes:

@@ -332,17 +332,47 @@ class CudaHostTerms:
         return cls(per_layer_s=float(data["per_layer_s"]))
 
 
-def _comm_share(collectives: Iterable[Mapping[str, Any]]) -> float | None:
-    """The machine's share of a rank's cores that a collective in flight takes from its compute: the median of
-    the collectives' `beside` shares (one per collective and layout), kept within [0, 1] (a negative share is a
-    chain that ran faster beside the collective, noise; above 1 the collective slowed the chain more than its
-    own length, which the simulation cannot give: it stops a rank's compute at most). None without any."""
-    shares = [
-        float(c["beside"]["share"]["value"])
+def _beside(collectives: Iterable[Mapping[str, Any]], key: str) -> list[float]:
+    return [
+        float(c["beside"][key]["value"])
         for c in collectives
-        if isinstance(c.get("beside"), Mapping) and (c["beside"].get("share") or {}).get("value") is not None
+        if isinstance(c.get("beside"), Mapping) and (c["beside"].get(key) or {}).get("value") is not None
     ]
+
+
+def _comm_share(collectives: Iterable[Mapping[str, Any]]) -> float | None:
+    """The machine's share of a rank's compute speed that a collective in flight takes: the median of the
+    collectives' `beside` figures (one per collective and layout), kept within [0, 1] (a negative share is a
+    chain that ran faster beside the collective, noise; above 1 the collective slowed the chain more than its
+    own length, which the simulation cannot give: it stops a rank's compute at most). Where the calibration timed
+    the collectives beside the compute too, their `in_flight_share` (the chain's loss ÷ the time the collective
+    ran under it, which _comm_stretch lengthens), else their `share` (÷ the collective alone: a collective as
+    long beside compute as alone). None without any."""
+    shares = _beside(collectives, "in_flight_share") or _beside(collectives, "share")
     return min(1.0, max(0.0, statistics.median(shares))) if shares else None
+
+
+def _comm_beside(collectives: Iterable[Mapping[str, Any]]) -> dict[str, tuple[float, float | None]]:
+    """Per collective (all_reduce, reduce_scatter, all_gather) its own (share, stretch): _comm_share and
+    _comm_stretch over that collective's entries alone (its layouts). gloo's reduce-scatter beside compute on the
+    2-core host ran 4.5-5.9× its time alone and took 0.12-0.15 of the compute's speed, its all-reduce 1.8-2.2×
+    and 0.34-0.35 (2026-12-07): one figure for all would misprice both."""
+    out: dict[str, tuple[float, float | None]] = {}
+    entries = [c for c in collectives if isinstance(c.get("beside"), Mapping)]
+    for op in sorted({str(c.get("op")) for c in entries}):
+        mine = [c for c in entries if str(c.get("op")) == op]
+        share = _comm_share(mine)
+        if share is not None:
+            out[op] = (share, _comm_stretch(mine))
+    return out
+
+
+def _comm_stretch(collectives: Iterable[Mapping[str, Any]]) -> float | None:
+    """How much longer a collective takes beside a rank's compute than alone (its threads share the rank's cores):
+    the median of the collectives' `beside` stretches, at least 1. None where the calibration did not time it
+    (before 2026-12-07): the collective then keeps its alone price beside compute."""
+    stretches = _beside(collectives, "stretch") if _beside(collectives, "in_flight_share") else []
+    return max(1.0, statistics.median(stretches)) if stretches else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -383,10 +413,19 @@ class MachineModel:
     # CPU: zero2's reduce_scatter and all_gather on a group of one rank, per op its (bytes, seconds a call) by size
     # (ddlbench.train.calibration.kernels, `alone_collective`); empty where not measured (a GPU, an older file)
     alone_collectives: Mapping[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
-    # CPU: the share of a rank's cores a collective in flight takes from the compute beside it (the calibration's
-    # `beside` figures: the median over its collectives and layouts, kept within [0, 1]); None where not measured
+    # CPU: the share of a rank's compute speed a collective in flight takes from it (the calibration's `beside`
+    # figures: the median over its collectives and layouts, kept within [0, 1]); None where not measured
     # (a GPU, a datasheet, an older machine file): communication is then hidden or not by Context.overlap's rule
     comm_share: float | None = None
+    # CPU: how much longer a collective runs beside the rank's compute than alone (the calibration's `beside`
+    # stretch, median, at least 1); None where not measured: it keeps its alone price
+    comm_stretch: float | None = None
+    # CPU: each collective's own (share, stretch) where the calibration ran it beside compute; the two medians
+    # above price the others (a broadcast, a send)
+    comm_beside: Mapping[str, tuple[float, float | None]] = field(default_factory=dict)
+    # the optimizer's step a parameter by how many ranks of a node ran it at once (the operators point's turns,
+    # fp32 at one thread); empty where not measured (an older file): update_s_per_param for any count
+    update_at_once: Mapping[int, float] = field(default_factory=dict)
 
     @classmethod
     def from_file(cls, path: Path) -> MachineModel:
@@ -427,6 +466,13 @@ class MachineModel:
                 for op, figures in (compute.get("alone_collectives") or {}).items()
             },
             comm_share=_comm_share(data.get("collectives") or ()),
+            comm_stretch=_comm_stretch(data.get("collectives") or ()),
+            comm_beside=_comm_beside(data.get("collectives") or ()),
+            update_at_once={
+                int(entry["ranks_per_node"]): float(entry["update_s_per_param"]["value"])
+                for entry in data.get("operator_timings") or ()
+                if (entry.get("update_s_per_param") or {}).get("value") and int(entry.get("threads") or 1) == 1
+            },
         )
 
     def alone_collective_s(self, op: str, nbytes: float) -> float | None:

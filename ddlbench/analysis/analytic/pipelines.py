@@ -235,6 +235,7 @@ def model_pipeline(
                         ctx.collective_s("all_reduce", nbytes, group),
                         deps=(last_of[r],),
                         label=f"dp all_reduce {k} r{r}",
+                        collective="all_reduce",
                     )
                 )
         # at the end the schedule divides the gradients by the number of micro-batches (scale_grads): an

@@ -22,7 +22,9 @@ A CPU rank's communication runs on the rank's own cores (gloo's threads beside i
 its threads' cores). Where the machine measured how much of them a collective in flight takes (`comm_share`,
 the calibration's beside figure), communication keeps its own lane and the rank's compute advances at
 (1 − comm_share) × its rate while the rank's communication lane is busy: 0 hides it for free, 1 stops the
-compute until it is done. Without that figure, `overlap` False puts communication on the compute lane.
+compute until it is done. The cores go both ways: where the machine measured how much longer a collective runs
+beside compute than alone (`comm_stretch`), a collective advances at 1 / comm_stretch of its rate while its
+rank computes. Without those figures, `overlap` False puts communication on the compute lane.
 
 What it gives, per rank (seconds, summing exactly to the step):
 - compute_s: busy time of the compute lane;
@@ -35,6 +37,7 @@ comm_s is the busy time of the communication lane, hidden_comm_s = comm_s − ex
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -54,6 +57,7 @@ class Op:
     start_s: float = 0.0
     end_s: float = 0.0
     alone_s: float | None = None  # a compute op's price with no other rank of its host computing
+    collective: str | None = None  # a communication op's collective (all_reduce, ...), where its figures differ
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +103,7 @@ class Program:
         deps: tuple[int, ...] | list[int] = (),
         label: str = "",
         alone_s: float | None = None,
+        collective: str | None = None,
     ) -> int:
         if duration_s < 0 or (alone_s is not None and alone_s < 0):
             raise ValueError(f"op {label!r} has a negative duration {duration_s} (alone {alone_s})")
@@ -111,6 +116,7 @@ class Program:
             deps=tuple(d for d in deps if d is not None),
             label=label,
             alone_s=alone_s,
+            collective=collective,
         )
         self.ops.append(op)
         return op.index
@@ -119,11 +125,20 @@ class Program:
         """A compute op; `alone_s`, where given, its price while no other rank of its host computes."""
         return self.add(rank, "compute", duration_s, deps=deps, label=label, alone_s=alone_s)
 
-    def comm(self, rank: int, duration_s: float, *, deps=(), label: str = "") -> int:
-        return self.add(rank, "comm", duration_s, deps=deps, label=label)
+    def comm(self, rank: int, duration_s: float, *, deps=(), label: str = "", collective: str | None = None) -> int:
+        """A communication op; `collective`, where given, names it for its own beside figures (simulate)."""
+        return self.add(rank, "comm", duration_s, deps=deps, label=label, collective=collective)
 
 
-def simulate(program: Program, *, steps: int = 3, overlap: bool = True, comm_share: float | None = None) -> Timeline:
+def simulate(
+    program: Program,
+    *,
+    steps: int = 3,
+    overlap: bool = True,
+    comm_share: float | None = None,
+    comm_stretch: float | None = None,
+    comm_beside: Mapping[str, tuple[float, float | None]] | None = None,
+) -> Timeline:
     """Runs `steps` copies of the program back to back and describes the middle one.
 
     A rank starts its next step as soon as it has finished its own previous one (its step() returned:
@@ -132,10 +147,20 @@ def simulate(program: Program, *, steps: int = 3, overlap: bool = True, comm_sha
     measures: the latest end minus the earliest start over ranks. With `overlap` False a rank's
     communication runs on its compute lane, in issue order: a CPU whose cores are all busy computing has
     none left for the communication thread to progress on its own. With `comm_share` (0 to 1) communication
-    keeps its lane whatever `overlap` says and slows the rank's compute while it runs (the module's doc).
+    keeps its lane whatever `overlap` says and slows the rank's compute while it runs (the module's doc); with
+    `comm_stretch` (at least 1) too, a collective runs that many times longer while its rank computes.
+    `comm_beside` gives a collective named on its op its own (share, stretch or None) in place of those two.
     """
     if comm_share is not None and not 0.0 <= comm_share <= 1.0:
         raise ValueError(f"comm_share is a share of the rank's cores, from 0 to 1, not {comm_share}")
+    if comm_stretch is not None and (comm_share is None or comm_stretch < 1.0):
+        raise ValueError(f"comm_stretch is at least 1, and only beside a comm_share, not {comm_stretch}")
+    for name, (share, stretch) in (comm_beside or {}).items():
+        if comm_share is None or not 0.0 <= share <= 1.0 or (stretch is not None and stretch < 1.0):
+            raise ValueError(
+                f"comm_beside[{name!r}] is a share from 0 to 1 and a stretch of at least 1, beside a comm_share, "
+                f"not ({share}, {stretch})"
+            )
     base_ops = program.ops
     ranks = sorted({op.rank for op in base_ops})
     ops: list[Op] = []
@@ -171,6 +196,7 @@ def simulate(program: Program, *, steps: int = 3, overlap: bool = True, comm_sha
                     label=op.label,
                     step=step,
                     alone_s=op.alone_s,
+                    collective=op.collective,
                 )
             )
             mine[op.rank].append(index)
@@ -178,7 +204,7 @@ def simulate(program: Program, *, steps: int = 3, overlap: bool = True, comm_sha
         starts.append(boundary)
     contended = program.hosts and any(op.alone_s is not None and op.alone_s != op.duration_s for op in ops)
     if contended or comm_share is not None:
-        _run_shared(ops, program.hosts, comm_share=comm_share)
+        _run_shared(ops, program.hosts, comm_share=comm_share, comm_stretch=comm_stretch, comm_beside=comm_beside)
     else:
         _run(ops)
     middle = min(1, len(starts) - 1)
@@ -234,10 +260,23 @@ def _run(ops: list[Op]) -> None:
             raise _stuck(lanes, position)
 
 
-def _run_shared(ops: list[Op], hosts: dict[int, int], comm_share: float | None = None) -> None:
+def _run_shared(
+    ops: list[Op],
+    hosts: dict[int, int],
+    comm_share: float | None = None,
+    comm_stretch: float | None = None,
+    comm_beside: Mapping[str, tuple[float, float | None]] | None = None,
+) -> None:
     """Each lane in issue order, each op once its lane is free and its deps have ended, as _run; between
     events a compute op advances at 1 / its price at the number of its host's ranks computing then, times
-    (1 − comm_share) while its rank's communication lane is busy (where comm_share is given)."""
+    (1 − comm_share) while its rank's communication lane is busy (where comm_share is given), and a
+    communication op at 1 / (its price × comm_stretch) while its rank computes (where comm_stretch is given); a
+    collective named in comm_beside with its own share and stretch."""
+
+    def figures(op: Op) -> tuple[float, float]:
+        share, stretch = (comm_beside or {}).get(op.collective or "", (comm_share, comm_stretch))
+        return share or 0.0, stretch or 1.0
+
     lanes = _lanes(ops)
     size: dict[int, int] = {}
     for rank in {op.rank for op in ops}:
@@ -282,9 +321,12 @@ def _run_shared(ops: list[Op], hosts: dict[int, int], comm_share: float | None =
         for op, _ in running.values():
             if op.kind == "compute" and op.rank in hosts:
                 busy[hosts[op.rank]] = busy.get(hosts[op.rank], 0) + 1
-        talking = {op.rank for op, _ in running.values() if op.kind == "comm"} if comm_share else set()
+        # a rank's one communication lane: at most one collective of its in flight
+        talking = {op.rank: op for op, _ in running.values() if op.kind == "comm"} if comm_share is not None else {}
+        computing = {op.rank for op, _ in running.values() if op.kind == "compute"}
+
         rates = {
-            key: (1.0 - comm_share if op.kind == "compute" and op.rank in talking else 1.0)
+            key: _slowed(op, talking, computing, figures, comm_share is not None)
             / max(price(op, busy.get(hosts.get(op.rank, -1), 1)), 1e-300)
             for key, (op, _) in running.items()
         }
@@ -299,6 +341,16 @@ def _run_shared(ops: list[Op], hosts: dict[int, int], comm_share: float | None =
                 del running[key]
             else:
                 running[key][1] = left
+
+
+def _slowed(op: Op, talking: dict[int, Op], computing: set[int], figures, shared: bool) -> float:
+    """The share of its own rate a running op advances at: a computation at 1 − the share of the collective its
+    rank has in flight, a collective at 1 / its stretch while its rank computes (only with a share: `shared`)."""
+    if op.kind == "compute" and op.rank in talking:
+        return 1.0 - figures(talking[op.rank])[0]
+    if shared and op.kind == "comm" and op.rank in computing:
+        return 1.0 / figures(op)[1]
+    return 1.0
 
 
 def _rank_time(ops: list[Op], rank: int, start: float, step: float) -> RankTime:
@@ -317,7 +369,7 @@ def _rank_time(ops: list[Op], rank: int, start: float, step: float) -> RankTime:
         idle.append((previous_end, end))
     exposed = sum(_overlap(span, busy) for span in idle)
     compute_s = sum(op.end_s - op.start_s for op in compute)  # the price paid: contention may have changed it
-    comm_s = sum(op.duration_s for op in comm)
+    comm_s = sum(op.end_s - op.start_s for op in comm)  # the time it ran: beside compute it may stretch
     exposed = min(exposed, max(0.0, step - compute_s))
     return RankTime(
         rank=rank,

@@ -88,6 +88,7 @@ def model_tensor(ctx: Context, times_for) -> StrategyRun:
                     ctx.collective_s("all_gather", local_params[i] * FP32, dp),
                     deps=deps[:1],
                     label=f"dp all_gather F{i}",
+                    collective="all_gather",
                 )
             )
         previous = program.compute(0, times.forward_s[i], deps=deps, label=f"F{i}")
@@ -98,6 +99,7 @@ def model_tensor(ctx: Context, times_for) -> StrategyRun:
                     ctx.collective_s("all_reduce", activation, group),
                     deps=(previous,),
                     label=f"tp all_reduce F{i}.{k}",
+                    collective="all_reduce",
                 )
     previous = program.compute(0, times.loss_s, deps=(previous,), label="loss")
     scatters = []
@@ -105,7 +107,12 @@ def model_tensor(ctx: Context, times_for) -> StrategyRun:
         deps = [previous]
         if fsdp and params[i] and i < n - 1:
             deps.append(
-                program.comm(0, ctx.collective_s("all_gather", local_params[i] * FP32, dp), label=f"dp all_gather B{i}")
+                program.comm(
+                    0,
+                    ctx.collective_s("all_gather", local_params[i] * FP32, dp),
+                    label=f"dp all_gather B{i}",
+                    collective="all_gather",
+                )
             )
         previous = program.compute(0, times.backward_s[i], deps=deps, label=f"B{i}")
         if i in transformer:
@@ -115,6 +122,7 @@ def model_tensor(ctx: Context, times_for) -> StrategyRun:
                     ctx.collective_s("all_reduce", activation, group),
                     deps=(previous,),
                     label=f"tp all_reduce B{i}.{k}",
+                    collective="all_reduce",
                 )
         if fsdp and params[i]:
             scatters.append(
@@ -123,6 +131,7 @@ def model_tensor(ctx: Context, times_for) -> StrategyRun:
                     ctx.collective_s("reduce_scatter", local_params[i] * FP32, dp),
                     deps=(previous,),
                     label=f"dp reduce_scatter {i}",
+                    collective="reduce_scatter",
                 )
             )
     shard = len(dp) if fsdp else 1

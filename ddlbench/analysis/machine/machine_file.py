@@ -16,7 +16,9 @@ and unit in its key's name, measured ones with their statistics and sample size.
                    rel_error_median, rel_error_max, curve: [{bytes, time_s: {value, ci_low, ci_high, n}}],
                    busy: {alpha_s, beta_s_per_byte, wait_per_compute_s, rel_error_median, rel_error_max,
                           curve: [{bytes, burst_s, mean_s, n}]},   # busy: optional (torch on CPUs)
-                   beside: {share: figure, curve: [{bytes, share: figure, call_s, compute_s, beside_s}]}}]
+                   beside: {share: figure, in_flight_share: figure, stretch: figure,
+                            curve: [{bytes, share: figure, in_flight_share: figure, stretch: figure,
+                                     call_s, compute_s, beside_s, call_beside_s}]}}]
                    # beside: optional (torch on CPUs, all_reduce, all_gather and reduce_scatter)
     layer_timings:                   # optional ([] or absent: none); ddlbench.analysis.machine.layer_timings
       - {model, dataset, options (resolved), precision, threads, ranks_per_node (ranks that timed it at
@@ -36,7 +38,7 @@ and unit in its key's name, measured ones with their statistics and sample size.
          variants: [{units, channels, side, batch, parts, slab_bytes, halo_bytes, alone_forward_s: figure,
          slabs_forward_s: figure, ..., forward_extra_per_layer_s, backward_extra_per_layer_s}]}
     operator_timings:                # optional; ddlbench.analysis.machine.operator_timings
-      - {precision, threads, ranks_per_node, point_id, autograd_call_s: figure,
+      - {precision, threads, ranks_per_node, point_id, autograd_call_s: figure, update_s_per_param: figure,
          samples: [{kind, batch, in_channels, height, width, out_channels, kernel, stride,
                     forward_s, backward_s, n}]}
     failed_points: [{point_id, status, reason}]   # status "refused": a precision the device cannot run
@@ -68,7 +70,10 @@ Figures from measurements (one calibration's records; formulas here and in ddlbe
 - beside: the share of a rank's cores a collective in flight takes from the rank's compute, per iteration
   (the chain of products run beside the collective − the chain alone) ÷ the collective alone, on each rank;
   per size the median over every rank's iterations, and `share` the median over every size's iterations
-  (ddlbench.train.calibration.kernels._beside);
+  (ddlbench.train.calibration.kernels._beside). Where the collective was timed beside the chain too: the
+  same for `in_flight_share` (the chain's loss ÷ the time the collective ran under it: the compute's slowdown
+  while a collective is in flight) and `stretch` (the collective's time under the chain ÷ that work alone)
+  (in_flight_figures);
 - links: the α–β of send_recv through the first library measured on that link. A link is `intra_node`
   when every rank of the point ran on one host, else `inter_node`: named by where ranks really ran;
 - layer timings: per block and batch size the median seconds per step over every rank's timed steps
@@ -278,9 +283,11 @@ def collective_figures(record: CalibrationRecord) -> list[dict[str, Any]]:
 def beside_figures(ranks: list, op: str) -> dict[str, Any] | None:
     """The beside-mode figures of one collective (ddlbench.train.calibration.kernels._beside): per iteration and
     rank, share = (the chain beside the collective − the chain alone) ÷ the collective alone, the share of the
-    rank's cores the collective took from its compute. Per size the median share with the medians of the three
-    times; `share` over every size. None when the point has no beside entries."""
-    curve, every = [], []
+    rank's cores the collective took from its compute. Where the records time the collective beside the chain
+    too (`call_beside_s`, from 2026-12-07), per iteration and rank (in_flight_share and stretch)
+    (in_flight_figures). Per size the median share (and the two others) with the medians of the times; `share`
+    (`in_flight_share`, `stretch`) over every size. None when the point has no beside entries."""
+    curve, every = [], {"share": [], "in_flight_share": [], "stretch": []}
     for index, entry in enumerate(ranks[0].measurements):
         if entry["op"] != op or entry.get("mode") != "beside":
             continue
@@ -293,17 +300,46 @@ def beside_figures(ranks: list, op: str) -> dict[str, Any] | None:
         ]
         if not shares:
             continue
-        every += shares
-        curve.append(
-            {"bytes": entry["bytes"], "share": stats_figure(shares)}
-            | {
-                name: statistics.median(t for row in rows for t in row[key])
-                for name, key in (("call_s", "times_s"), ("compute_s", "compute_s"), ("beside_s", "beside_s"))
+        figures = {"share": shares}
+        if all(row.get("call_beside_s") for row in rows):
+            pairs = [
+                in_flight_figures(alone, call, beside, along)
+                for row in rows
+                for alone, call, beside, along in zip(
+                    row["compute_s"], row["times_s"], row["beside_s"], row["call_beside_s"], strict=True
+                )
+                if call > 0
+            ]
+            figures |= {
+                "in_flight_share": [f[0] for f in pairs if f is not None],
+                "stretch": [f[1] for f in pairs if f is not None],
             }
+        times = (("call_s", "times_s"), ("compute_s", "compute_s"), ("beside_s", "beside_s"))
+        times += (("call_beside_s", "call_beside_s"),) if "stretch" in figures else ()
+        for name, values in figures.items():
+            every[name] += values
+        curve.append(
+            {"bytes": entry["bytes"]}
+            | {name: stats_figure(values) for name, values in figures.items() if values}
+            | {name: statistics.median(t for row in rows for t in row[key]) for name, key in times}
         )
     if not curve:
         return None
-    return {"share": stats_figure(every), "curve": curve}
+    return {name: stats_figure(values) for name, values in every.items() if values} | {"curve": curve}
+
+
+def in_flight_figures(alone: float, call: float, beside: float, along: float) -> tuple[float, float] | None:
+    """One beside iteration's (in_flight_share, stretch): the chain of products alone (`alone` s), the collective
+    alone (`call`), the chain beside the collective (`beside`) and the collective beside the chain (`along`, from
+    its start to its end). The collective ran under the chain for overlap = min(along, beside) s and alone after it
+    (tail = along − overlap), at its alone speed there. in_flight_share = (beside − alone) ÷ overlap: the share of
+    its speed the chain lost while the collective was in flight; stretch = overlap ÷ (call − tail): how much
+    longer the collective's work under the chain took than alone. None where either has no length."""
+    overlap = min(along, beside)
+    tail = along - overlap
+    if overlap <= 0 or call - tail <= 0:
+        return None
+    return (beside - alone) / overlap, overlap / (call - tail)
 
 
 def busy_figures(ranks: list, op: str) -> dict[str, Any] | None:

@@ -5,6 +5,7 @@ every count of its `operator_at_once` in turn; an entry without `at_once`, from 
 timed by all the point's ranks):
     {precision, threads, ranks_per_node, point_id,
      autograd_call_s: {value: t1 − (t5 − t1)/4, chain1_s: figure, chain5_s: figure},
+     update_s_per_param: figure (the optimizer's step by this count of ranks at once; the first precision's),
      samples: [{kind, batch, in_channels, height, width, out_channels, kernel, stride,
                 forward_s, backward_s, n}]}
 forward_s and backward_s are medians, in seconds, over every rank's timed repetitions of that shape
@@ -58,6 +59,8 @@ def _entry(
 ) -> dict[str, Any] | None:
     """The entry of one precision and one count of ranks timing at once (None: no shape timed)."""
     chains: dict[str, list[float]] = {"chain1_s": [], "chain5_s": []}
+    updates: list[float] = []  # seconds a parameter of the optimizer's step, every rank's repetitions
+    first_precision = record.point.precisions[0]  # the step is fp32 whatever the precision: one entry keeps it
     samples: dict[tuple, dict[str, Any]] = {}  # by shape: a shape timed in several rounds is one sample
     held = 1  # the most forward outputs a shape's timing kept alive (operator_kernel.outputs_held; 1 before it)
     probes = {rank.rank: _probe_series(rank, len(ranks), at_once) for rank in ranks}
@@ -65,6 +68,10 @@ def _entry(
     reference = statistics.median(pooled) if pooled else None
     for rank in ranks:
         for entry in rank.measurements:
+            if entry["kind"] == "update" and int(entry["at_once"]) == at_once and precision == first_precision:
+                r = _speed_factor(probes[rank.rank], entry.get("time"), reference)
+                updates += [t * r / int(entry["elements"]) for t in entry["times_s"]]
+                continue
             if entry.get("precision") != precision or int(entry.get("at_once", len(ranks))) != at_once:
                 continue
             r = _speed_factor(probes[rank.rank], entry.get("time"), reference)
@@ -89,14 +96,20 @@ def _entry(
     ]
     if not rows:
         return None
-    return {
-        "precision": precision,
-        "threads": ranks[0].threads,
-        "ranks_per_node": at_once,
-        "point_id": record.point_id,
-        "autograd_call_s": _engine_figure(chains),
-        "samples": rows,
-    } | ({"forward_outputs_held": held} if held > 1 else {})  # a forward's timing kept its outputs, as a step does
+    return (
+        {
+            "precision": precision,
+            "threads": ranks[0].threads,
+            "ranks_per_node": at_once,
+            "point_id": record.point_id,
+            "autograd_call_s": _engine_figure(chains),
+            "samples": rows,
+        }
+        | ({"forward_outputs_held": held} if held > 1 else {})
+        | (
+            {"update_s_per_param": stats_figure(updates)} if updates else {}  # the first precision's entry only
+        )
+    )  # a forward's timing kept its outputs, as a step does
 
 
 def _probe_at_once(probe: dict[str, Any], ranks: int) -> int:

@@ -30,7 +30,8 @@ message size of BESIDE_MIN_BYTES or more (the largest, where none is): per itera
 timed alone, the collective timed alone, then the collective started asynchronously, the same chain run while
 it progresses, and its wait. The chain's stretch beside the collective ÷ the collective alone is the share of
 the rank's cores the collective took from its compute: a rank is pinned to its threads' cores, and gloo's
-threads run there too (_beside).
+threads run there too (_beside). The chain polls the collective after every product, which times the
+collective beside the compute too (`call_beside_s`): the cores it shares make it slower than alone.
 """
 
 from __future__ import annotations
@@ -296,7 +297,9 @@ def _busy(point: CalibrationPoint, world: int, make: Callable[..., Callable[[], 
 
 BESIDE_OPS = ("all_reduce", "reduce_scatter", "all_gather")  # what data-parallel steps overlap with backward
 BESIDE_MIN_BYTES = 16 * 2**20  # a bucket's size (DDP's and zero2's default cap: 25 MiB)
-BESIDE_CHAIN = 1.5  # the chain runs this many times the collective alone, so the collective ends inside it
+# the chain runs this many times the collective alone, so the collective ends inside it: beside the chain a
+# collective took about twice its time alone (gloo on 2 cores, 2026-12-07), and 1.5 (until then) fell short
+BESIDE_CHAIN = 3.0
 BESIDE_SIDE = 256  # the chain's products: 256 × 256 matrices, 33.5 MFLOP each
 
 
@@ -305,7 +308,9 @@ def _beside(point: CalibrationPoint, world: int, make: Callable[..., Callable[[]
     pinned to its threads' cores and gloo's own threads run there too, so a collective in flight during
     backward slows it: by nothing if gloo only waited, by the whole collective if it computed all along. Per
     size, iterations of: the chain alone, the collective alone (both after a barrier), and the collective
-    started asynchronously with the chain run at once, then waited for; each rank keeps its own three times.
+    started asynchronously with the chain run at once, then waited for; each rank keeps its own four times (the
+    fourth: the collective's own length beside the chain, from its start until a poll after a product finds it
+    done, or until its wait returns where it outlasts the chain).
     The chain's length is rank 0's estimate of BESIDE_CHAIN × the collective alone, the same on every rank."""
     ops = [op for op in point.collectives if op in BESIDE_OPS]
     if device.type != "cpu" or not ops or not point.message_bytes:
@@ -314,11 +319,19 @@ def _beside(point: CalibrationPoint, world: int, make: Callable[..., Callable[[]
     a, b = torch.randn(BESIDE_SIDE, BESIDE_SIDE), torch.randn(BESIDE_SIDE, BESIDE_SIDE)
     out_mm = torch.empty(BESIDE_SIDE, BESIDE_SIDE)
 
-    def chain(products: int) -> float:
-        began = time.perf_counter()
+    def chain(products: int, work: Any = None) -> tuple[float, float | None]:
+        """The chain's seconds, and with `work` (a collective in flight) the seconds from the chain's start to
+        the work's end: polled after every product, the midpoint of the last look that found it running and the
+        first that found it done (None: it was still running at the chain's end)."""
+        began, done, looked = time.perf_counter(), None, 0.0
         for _ in range(products):
             torch.mm(a, b, out=out_mm)
-        return time.perf_counter() - began
+            if done is None and work is not None:
+                now = time.perf_counter() - began
+                if work.is_completed():
+                    done = (looked + now) / 2
+                looked = now
+        return time.perf_counter() - began, done
 
     out = []
     for op in ops:
@@ -327,28 +340,32 @@ def _beside(point: CalibrationPoint, world: int, make: Callable[..., Callable[[]
             call, started = make(op, elements), make(op, elements, async_op=True)
             call()  # its buffers taken once before the estimate; the warm-up iterations below warm the rest
             dist.barrier()
-            per_product = chain(20) / 20
+            per_product = chain(20)[0] / 20
             began = time.perf_counter()
             call()
             estimate = torch.tensor([BESIDE_CHAIN * (time.perf_counter() - began) / per_product], dtype=torch.float64)
             dist.broadcast(estimate, src=0)
             products = max(1, round(float(estimate)))
-            alone, calls, beside = [], [], []
+            alone, calls, beside, in_flight = [], [], [], []
             for index in range(point.warmup + point.iterations):
                 dist.barrier()
-                chain_s = chain(products)
+                chain_s, _ = chain(products)
                 dist.barrier()
                 began = time.perf_counter()
                 call()
                 call_s = time.perf_counter() - began
                 dist.barrier()
+                began = time.perf_counter()
                 work = started()
-                beside_s = chain(products)
+                beside_s, done_s = chain(products, work)
                 work.wait()
+                if done_s is None:  # it outlasted the chain: done when the wait returns
+                    done_s = time.perf_counter() - began
                 if index >= point.warmup:
                     alone.append(chain_s)
                     calls.append(call_s)
                     beside.append(beside_s)
+                    in_flight.append(done_s)
             out.append(
                 {
                     "op": op,
@@ -358,6 +375,7 @@ def _beside(point: CalibrationPoint, world: int, make: Callable[..., Callable[[]
                     "compute_s": alone,
                     "times_s": calls,
                     "beside_s": beside,
+                    "call_beside_s": in_flight,
                 }
             )
     return out

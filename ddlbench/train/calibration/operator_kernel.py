@@ -19,9 +19,10 @@ Linears (torch's ColwiseParallel and RowwiseParallel on a device mesh of this ra
 dimension of a world × 1 mesh: DTensor's dispatch on every call, no peer):
 - backward: y.backward(g) after an untimed forward, the weights' gradients set to None first (as
   zero_grad(set_to_none=True) leaves them), so it includes their allocation and accumulation.
-The autograd engine's own cost of one backward() call is timed the same way, through chains of one and
-of five one-element nodes, and recorded once (`autograd_call`): a model pays it once per step, not once
-per layer, so the fit takes it out of each operator's backward.
+The optimizer's step over UPDATE_ELEMENTS parameters is timed by each count's turn too (`update` entries), before
+the shapes and at each of the turn's probes among them. The autograd engine's own cost of one backward() call is
+timed the same way, through chains of one and of five one-element nodes, and recorded once (`autograd_call`): a
+model pays it once per step, not once per layer, so the fit takes it out of each operator's backward.
 
 Every entry carries the wall-clock `time` it ended at, and every PROBE_EVERY shapes of a pass the ranks of
 the turn probe the host (ddlbench.train.host_probe, `when` during): the shapes of one kind are timed
@@ -46,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from ddlbench.train.calibration.kernels import DTYPES, Timer, _precision_switch
+from ddlbench.train.calibration.kernels import DTYPES, Timer, _precision_switch, update_probe
 from ddlbench.train.calibration.operator_shapes import (
     CONV_KINDS,
     FIRST_LAYER_CHANNELS,
@@ -297,6 +298,12 @@ def run_operators(
         if any(shape.kind in TENSOR_PARALLEL_KINDS for shape in shapes):
             # each rank its own one-rank mesh: the second dimension of a world × 1 mesh (fsdp_unit_kernel's)
             own_mesh = init_device_mesh(device.type, (world, 1), mesh_dim_names=("replica", "tp"))["tp"]
+    # the optimizer's step by the same turns (ranks at once share the memory bandwidth), before the shapes and
+    # again wherever a turn probes the host among them: its samples spread over the point's minutes, as the shapes'
+    updater = update_probe(UPDATE_ELEMENTS, device)
+    for at_once in counts:
+        if _my_turn(at_once):
+            out.append(time_update(updater, timer, point.iterations) | {"at_once": at_once, "time": time.time()})
     for precision in point.precisions:
         dtype = DTYPES[precision]
 
@@ -328,6 +335,9 @@ def run_operators(
                         turn = "alone" if at_once == 1 and world > 1 else "all" if at_once == world else "some"
                         probe = probe_host(device, all_reduce=False)
                         probes.append(probe | {"when": "during", "turn": turn, "at_once": at_once})
+                        if precision == point.precisions[0]:
+                            entry = time_update(updater, timer, UPDATES_AMONG_SHAPES)
+                            out.append(entry | {"at_once": at_once, "time": time.time()})
                     try:
                         entry = time_operator(
                             shape,
@@ -345,6 +355,24 @@ def run_operators(
     if dist.is_initialized():
         dist.barrier()  # the last turn's idle ranks wait for it
     return out
+
+
+# the parameters the optimizer's step is timed over in each turn: the compute point's 64 MiB of float32
+# (benchmarks/analytic/calibration.yaml's memory_bytes), past the last-level cache of the hosts measured
+UPDATE_ELEMENTS = 16 * 2**20
+
+
+UPDATES_AMONG_SHAPES = 2  # timed steps at each of a turn's probes among the shapes (about 40 a pass of 977)
+
+
+def time_update(updater: tuple[torch.optim.Optimizer, int], timer: Timer, iterations: int) -> dict[str, Any]:
+    """`iterations` of the optimizer's step as training runs it (kernels.update_probe, `updater`) over
+    UPDATE_ELEMENTS parameters, timed by the ranks of one turn at once: its step streams every parameter, gradient
+    and momentum value through memory, so ranks updating at once share the node's bandwidth
+    (ddlbench.analysis.analytic.compute.update_per_param_s prices two ranks' update by the ratio of the turns)."""
+    optimizer, tensors = updater
+    times = timer.times(optimizer.step, warmup=0, iterations=iterations)
+    return {"kind": "update", "elements": UPDATE_ELEMENTS, "tensors": tensors, "times_s": times}
 
 
 def _turn_counts(point: CalibrationPoint) -> tuple[int, ...]:
