@@ -119,7 +119,7 @@ SETS = {
     "scoring-43": "scoring43_sweep.yaml",  # the forty-third, frozen (2026-12-07), run on the model of dec4a4b (seen)
     "scoring-44": "scoring44_sweep.yaml",  # the forty-fourth, frozen (2026-12-07), run on the model of 13040f5 (seen)
     "scoring-45": "scoring45_sweep.yaml",  # the forty-fifth, frozen (2026-12-07), run on the model of 13040f5 (seen)
-    "scoring-46": "scoring46_sweep.yaml",  # the forty-sixth, frozen (2026-12-07) before the next change: never run
+    "scoring-46": "scoring46_sweep.yaml",  # the forty-sixth, frozen (2026-12-07), run on the model of 393606b (seen)
 }
 
 
