@@ -218,16 +218,16 @@ def test_calibrate_writes_a_machine_file_from_real_runs(tmp_path):
         for row in rows:
             assert len(row["call_beside_s"]) == 8
             assert all(along > 0 for along in row["call_beside_s"])
-        # in_flight_share = the chain's loss ÷ the time the collective ran under it; stretch = that time ÷ the
-        # collective's work alone that ran under it (the rest ran after the chain, at its alone speed)
+        # in_flight_share = the chain's loss ÷ the time the collective ran under it; stretch = the collective's
+        # time beside the chain ÷ its time alone
         flights, stretches = [], []
         for row in rows:
             for chain, call, beside, along in zip(
                 row["compute_s"], row["times_s"], row["beside_s"], row["call_beside_s"], strict=True
             ):
-                overlap = min(along, beside)
-                flights.append((beside - chain) / overlap)
-                stretches.append(overlap / (call - (along - overlap)))
+                flights.append((beside - chain) / min(along, beside))
+                stretches.append(along / call)
+        assert len(stretches) == 16 and point["stretch"]["n"] == 16
         assert point["in_flight_share"]["value"] == pytest.approx(statistics.median(flights), rel=1e-12)
         assert entry["beside"]["stretch"]["value"] == pytest.approx(statistics.median(stretches), rel=1e-12)
     model = MachineModel.from_dict(machine)

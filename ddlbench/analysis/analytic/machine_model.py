@@ -355,8 +355,8 @@ def _comm_share(collectives: Iterable[Mapping[str, Any]]) -> float | None:
 def _comm_beside(collectives: Iterable[Mapping[str, Any]]) -> dict[str, tuple[float, float | None]]:
     """Per collective (all_reduce, reduce_scatter, all_gather) its own (share, stretch): _comm_share and
     _comm_stretch over that collective's entries alone (its layouts). gloo's reduce-scatter beside compute on the
-    2-core host ran 4.5-5.9× its time alone and took 0.12-0.15 of the compute's speed, its all-reduce 1.8-2.2×
-    and 0.34-0.35 (2026-12-07): one figure for all would misprice both."""
+    2-core host ran 3.5-4.3× its time alone and took 0.12-0.21 of the compute's speed, its all-reduce 1.9-2.3×
+    and 0.34-0.36 (three calibrations, 2026-12-07): one figure for all would misprice both."""
     out: dict[str, tuple[float, float | None]] = {}
     entries = [c for c in collectives if isinstance(c.get("beside"), Mapping)]
     for op in sorted({str(c.get("op")) for c in entries}):

@@ -72,7 +72,7 @@ Figures from measurements (one calibration's records; formulas here and in ddlbe
   per size the median over every rank's iterations, and `share` the median over every size's iterations
   (ddlbench.train.calibration.kernels._beside). Where the collective was timed beside the chain too: the
   same for `in_flight_share` (the chain's loss ÷ the time the collective ran under it: the compute's slowdown
-  while a collective is in flight) and `stretch` (the collective's time under the chain ÷ that work alone)
+  while a collective is in flight) and `stretch` (the collective's time beside the chain ÷ its time alone)
   (in_flight_figures);
 - links: the α–β of send_recv through the first library measured on that link. A link is `intra_node`
   when every rank of the point ran on one host, else `inter_node`: named by where ranks really ran;
@@ -331,15 +331,17 @@ def beside_figures(ranks: list, op: str) -> dict[str, Any] | None:
 def in_flight_figures(alone: float, call: float, beside: float, along: float) -> tuple[float, float] | None:
     """One beside iteration's (in_flight_share, stretch): the chain of products alone (`alone` s), the collective
     alone (`call`), the chain beside the collective (`beside`) and the collective beside the chain (`along`, from
-    its start to its end). The collective ran under the chain for overlap = min(along, beside) s and alone after it
-    (tail = along − overlap), at its alone speed there. in_flight_share = (beside − alone) ÷ overlap: the share of
-    its speed the chain lost while the collective was in flight; stretch = overlap ÷ (call − tail): how much
-    longer the collective's work under the chain took than alone. None where either has no length."""
+    its start to its end). in_flight_share = (beside − alone) ÷ min(along, beside): the share of its speed the
+    chain lost while the collective was in flight; stretch = along ÷ call: how much longer the collective ran
+    beside compute than alone. Where it outlasted the chain (the chain is BESIDE_CHAIN collectives long), its last
+    part ran beside its peer's chain, still running, rather than alone: counting that part as beside compute keeps
+    the figure bounded, where pricing it at the alone speed (the first version: overlap ÷ (call − tail)) grew
+    without bound as the tail neared the call and failed a CI run beside other tests. None where nothing has a
+    length."""
     overlap = min(along, beside)
-    tail = along - overlap
-    if overlap <= 0 or call - tail <= 0:
+    if overlap <= 0 or call <= 0:
         return None
-    return (beside - alone) / overlap, overlap / (call - tail)
+    return (beside - alone) / overlap, along / call
 
 
 def busy_figures(ranks: list, op: str) -> dict[str, Any] | None:
