@@ -111,7 +111,10 @@ class Context:
             )
             stretch = self.comm_stretch
             if stretch is not None:
-                note += f", and a collective runs {stretch:.2f}× as long beside compute as alone (its stretch)"
+                note += (
+                    f", and a collective runs {stretch:.2f}× as long beside compute as alone (the median stretch; "
+                    "each collective the calibration timed beside compute takes its own share and stretch)"
+                )
             if note not in self.notes:
                 self.notes.append(note)
             return simulate(program, comm_share=share, comm_stretch=stretch, comm_beside=self.machine.comm_beside)

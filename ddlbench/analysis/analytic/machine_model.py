@@ -371,7 +371,7 @@ def _comm_stretch(collectives: Iterable[Mapping[str, Any]]) -> float | None:
     """How much longer a collective takes beside a rank's compute than alone (its threads share the rank's cores):
     the median of the collectives' `beside` stretches, at least 1. None where the calibration did not time it
     (before 2026-12-07): the collective then keeps its alone price beside compute."""
-    stretches = _beside(collectives, "stretch") if _beside(collectives, "in_flight_share") else []
+    stretches = _beside(collectives, "stretch")  # written with in_flight_share, from the same iterations
     return max(1.0, statistics.median(stretches)) if stretches else None
 
 

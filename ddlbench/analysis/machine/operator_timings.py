@@ -105,11 +105,9 @@ def _entry(
             "autograd_call_s": _engine_figure(chains),
             "samples": rows,
         }
-        | ({"forward_outputs_held": held} if held > 1 else {})
-        | (
-            {"update_s_per_param": stats_figure(updates)} if updates else {}  # the first precision's entry only
-        )
-    )  # a forward's timing kept its outputs, as a step does
+        | ({"forward_outputs_held": held} if held > 1 else {})  # a forward's timing kept its outputs, as a step does
+        | ({"update_s_per_param": stats_figure(updates)} if updates else {})  # the first precision's entry only
+    )
 
 
 def _probe_at_once(probe: dict[str, Any], ranks: int) -> int:

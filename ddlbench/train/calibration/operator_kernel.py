@@ -360,8 +360,6 @@ def run_operators(
 # the parameters the optimizer's step is timed over in each turn: the compute point's 64 MiB of float32
 # (benchmarks/analytic/calibration.yaml's memory_bytes), past the last-level cache of the hosts measured
 UPDATE_ELEMENTS = 16 * 2**20
-
-
 UPDATES_AMONG_SHAPES = 2  # timed steps at each of a turn's probes among the shapes (about 40 a pass of 977)
 
 
