@@ -1,5 +1,5 @@
-"""The report of a calibration: measured curves against their α–β fits, the compute figures and the
-layer timings."""
+"""The report of a calibration: measured curves against their α–β fits, the compute figures (the update's turns
+among them), the collectives beside compute with what the analytic model takes from them, and the layer timings."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 from markupsafe import Markup
 
+from ddlbench.analysis.analytic.machine_model import MachineModel
 from ddlbench.report.plots import svg_text
 from ddlbench.templating import template_environment
 
@@ -64,8 +65,26 @@ def render_calibration(machine: dict[str, Any], references: list[dict[str, Any]]
             compared=[m["name"] for m in compared],
             comparison=comparison(compared),
             layer_timings=[layer_timing_table(entry) for entry in machine.get("layer_timings") or []],
+            update_turns=update_turns(machine.get("operator_timings") or []),
+            beside_model=[
+                {"op": op, "share": share, "stretch": stretch}
+                for op, (share, stretch) in MachineModel.from_dict(machine).comm_beside.items()
+            ],
         )
     )
+
+
+def update_turns(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The optimizer step of each operators turn (ranks of a node at once, threads), its figure per element and
+    its ratio to the one-rank turn of the same threads (None where that turn is missing)."""
+    turns = [entry for entry in entries if entry.get("update_s_per_param")]
+    alone = {entry["threads"]: entry["update_s_per_param"]["value"] for entry in turns if entry["ranks_per_node"] == 1}
+    rows = []
+    for entry in sorted(turns, key=lambda entry: (entry["threads"], entry["ranks_per_node"])):
+        figure, one = entry["update_s_per_param"], alone.get(entry["threads"])
+        ratio = figure["value"] / one if one else None
+        rows.append({"threads": entry["threads"], "ranks": entry["ranks_per_node"], "figure": figure, "ratio": ratio})
+    return rows
 
 
 def layer_timing_table(timings: dict[str, Any]) -> dict[str, Any]:
