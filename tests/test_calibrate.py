@@ -19,7 +19,7 @@ from ddlbench.train.calibration.kernels import BESIDE_OPS, UPDATE_TENSORS
 from ddlbench.train.calibration.point import CalibrationPoint
 from ddlbench.train.calibration.records import read_calibration_record
 from ddlbench.train.strategies.sharded import DEFAULT_BUCKET_CAP_MB
-from tests.conftest import REPO, run_cli, run_snakemake, tiny_operator_suite
+from tests.conftest import REPO, leave_spawned_rank, run_cli, run_snakemake, tiny_operator_suite
 
 
 def test_fit_recovers_latency_and_bandwidth():
@@ -114,6 +114,62 @@ def test_machine_file_of_another_version_is_refused(tmp_path):
     path.write_text(yaml.safe_dump({"machine_version": 99, "name": "x"}))
     with pytest.raises(DdlbenchError, match="machine_version 99 unknown; this ddlbench reads 1"):
         read_machine(path)
+
+
+def _reduce_scatter_beside_a_sleep(rank: int, folder: str) -> None:
+    """One of two gloo ranks: a 4 MiB reduce-scatter started asynchronously and waited on by kernels._waited
+    while the rank sleeps 1 s (no compute: its end is its own); writes the seconds from its start to the end
+    _waited noted, and those of the same call alone."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from ddlbench.train.calibration.kernels import _waited
+
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2)
+    source, part = torch.ones(2**20), torch.empty(2**19)
+    dist.reduce_scatter_tensor(part, source)  # gloo's buffers made
+    dist.barrier()
+    began = time.perf_counter()
+    dist.reduce_scatter_tensor(part, source)
+    alone = time.perf_counter() - began
+    dist.barrier()
+    began = time.perf_counter()
+    ended = _waited(dist.reduce_scatter_tensor(part, source, async_op=True))
+    time.sleep(1.0)
+    along = ended() - began
+    assert torch.equal(part, torch.full((2**19,), 2.0))  # the sum of both ranks' ones, this rank's half
+    Path(folder, f"{rank}.json").write_text(json.dumps({"along": along, "alone": alone}))
+    dist.destroy_process_group()
+    leave_spawned_rank()
+
+
+def test_a_collective_beside_compute_is_timed_to_its_own_end_though_its_work_reports_none():
+    """gloo's reduce-scatter reports no end (is_completed() stays False) until its wait returns, though its data
+    moved long before: polled between the chain's products, as the calibration did until 2026-12-07, it read as
+    lasting the whole chain. _waited's thread notes its real end: within the 1 s the rank slept, by far."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as folder:
+        mp.spawn(_reduce_scatter_beside_a_sleep, args=(folder,), nprocs=2)
+        for rank in range(2):
+            times = json.loads(Path(folder, f"{rank}.json").read_text())
+            # 4 MiB over gloo on one host: milliseconds alone (tens on a loaded 2-core machine); polled, ≥ 1 s
+            assert 0 < times["along"] < 0.8, times
+
+
+def test_a_wait_that_fails_fails_in_the_callers_thread():
+    from ddlbench.train.calibration.kernels import _waited
+
+    class Broken:
+        def wait(self) -> None:
+            raise RuntimeError("gloo: connection closed by peer")
+
+    with pytest.raises(RuntimeError, match="connection closed by peer"):
+        _waited(Broken())()
 
 
 @pytest.mark.slow
@@ -213,8 +269,8 @@ def test_calibrate_writes_a_machine_file_from_real_runs(tmp_path):
         assert entry["beside"]["share"]["value"] == pytest.approx(statistics.median(shares), rel=1e-12)
         # the chain ran the same products on both ranks, about 3 collectives long
         assert rows[0]["products"] == rows[1]["products"] >= 1
-        # the collective timed beside the chain too: from its start to its end, polled between products, so
-        # never longer than the chain and its wait, and never a negative time
+        # the collective timed beside the chain too: from its start until a thread of the rank's wait on it
+        # returned (kernels._waited), never a negative time
         for row in rows:
             assert len(row["call_beside_s"]) == 8
             assert all(along > 0 for along in row["call_beside_s"])

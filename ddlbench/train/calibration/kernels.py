@@ -30,13 +30,15 @@ message size of BESIDE_MIN_BYTES or more (the largest, where none is): per itera
 timed alone, the collective timed alone, then the collective started asynchronously, the same chain run while
 it progresses, and its wait. The chain's stretch beside the collective ÷ the collective alone is the share of
 the rank's cores the collective took from its compute: a rank is pinned to its threads' cores, and gloo's
-threads run there too (_beside). The chain polls the collective after every product, which times the
-collective beside the compute too (`call_beside_s`): the cores it shares make it slower than alone.
+threads run there too (_beside). A thread of the rank waits on the collective meanwhile and notes when the
+wait returns, which times the collective beside the compute too (`call_beside_s`): the cores it shares make it
+slower than alone.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -308,9 +310,9 @@ def _beside(point: CalibrationPoint, world: int, make: Callable[..., Callable[[]
     pinned to its threads' cores and gloo's own threads run there too, so a collective in flight during
     backward slows it: by nothing if gloo only waited, by the whole collective if it computed all along. Per
     size, iterations of: the chain alone, the collective alone (both after a barrier), and the collective
-    started asynchronously with the chain run at once, then waited for; each rank keeps its own four times (the
-    fourth: the collective's own length beside the chain, from its start until a poll after a product finds it
-    done, or until its wait returns where it outlasts the chain).
+    started asynchronously with the chain run at once while a thread of the rank waits on it; each rank keeps
+    its own four times (the fourth: the collective's own length beside the chain, from its start until that
+    thread's wait returns, _waited).
     The chain's length is rank 0's estimate of BESIDE_CHAIN × the collective alone, the same on every rank."""
     ops = [op for op in point.collectives if op in BESIDE_OPS]
     if device.type != "cpu" or not ops or not point.message_bytes:
@@ -319,19 +321,11 @@ def _beside(point: CalibrationPoint, world: int, make: Callable[..., Callable[[]
     a, b = torch.randn(BESIDE_SIDE, BESIDE_SIDE), torch.randn(BESIDE_SIDE, BESIDE_SIDE)
     out_mm = torch.empty(BESIDE_SIDE, BESIDE_SIDE)
 
-    def chain(products: int, work: Any = None) -> tuple[float, float | None]:
-        """The chain's seconds, and with `work` (a collective in flight) the seconds from the chain's start to
-        the work's end: polled after every product, the midpoint of the last look that found it running and the
-        first that found it done (None: it was still running at the chain's end)."""
-        began, done, looked = time.perf_counter(), None, 0.0
+    def chain(products: int) -> float:
+        began = time.perf_counter()
         for _ in range(products):
             torch.mm(a, b, out=out_mm)
-            if done is None and work is not None:
-                now = time.perf_counter() - began
-                if work.is_completed():
-                    done = (looked + now) / 2
-                looked = now
-        return time.perf_counter() - began, done
+        return time.perf_counter() - began
 
     out = []
     for op in ops:
@@ -349,18 +343,16 @@ def _beside(point: CalibrationPoint, world: int, make: Callable[..., Callable[[]
             alone, calls, beside, in_flight = [], [], [], []
             for index in range(point.warmup + point.iterations):
                 dist.barrier()
-                chain_s, _ = chain(products)
+                chain_s = chain(products)
                 dist.barrier()
                 began = time.perf_counter()
                 call()
                 call_s = time.perf_counter() - began
                 dist.barrier()
                 began = time.perf_counter()
-                work = started()
-                beside_s, done_s = chain(products, work)
-                work.wait()
-                if done_s is None:  # it outlasted the chain: done when the wait returns
-                    done_s = time.perf_counter() - began
+                ended = _waited(started())
+                beside_s = chain(products)
+                done_s = ended() - began
                 if index >= point.warmup:
                     alone.append(chain_s)
                     calls.append(call_s)
@@ -379,6 +371,35 @@ def _beside(point: CalibrationPoint, world: int, make: Callable[..., Callable[[]
                 }
             )
     return out
+
+
+def _waited(work: Any) -> Callable[[], float]:
+    """Waits on `work` (a collective's Work) in a thread of its own, started now; the function returned joins it
+    and gives the perf_counter at which its wait returned (raising what the wait raised). A poll of
+    `is_completed()` between the chain's products would do only where a Work reports its end: gloo's reduce-
+    scatter (torch 2.13) reports none until its wait has returned, though its data moved long before (a wait
+    0.5 s after its start returned in 1 ms), so polled, it read as ending when the chain ended and the wait after
+    it returned, and its stretch (≥ BESIDE_CHAIN) and in-flight share were those of the chain, not its own.
+    The wait releases the GIL, and so do the chain's products: the thread wakes within a product of the end."""
+    outcome: list[Any] = []
+
+    def wait() -> None:
+        try:
+            work.wait()
+            outcome.append(time.perf_counter())
+        except BaseException as error:  # handed to the caller's thread
+            outcome.append(error)
+
+    waiter = threading.Thread(target=wait, name="ddlbench-beside-wait", daemon=True)
+    waiter.start()
+
+    def ended() -> float:
+        waiter.join()
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    return ended
 
 
 def _over_sizes(
