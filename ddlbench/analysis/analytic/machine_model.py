@@ -354,9 +354,10 @@ def _comm_share(collectives: Iterable[Mapping[str, Any]]) -> float | None:
 
 def _comm_beside(collectives: Iterable[Mapping[str, Any]]) -> dict[str, tuple[float, float | None]]:
     """Per collective (all_reduce, reduce_scatter, all_gather) its own (share, stretch): _comm_share and
-    _comm_stretch over that collective's entries alone (its layouts). gloo's reduce-scatter beside compute on the
-    2-core host ran 3.5-4.3× its time alone and took 0.12-0.21 of the compute's speed, its all-reduce 1.9-2.3×
-    and 0.34-0.36 (three calibrations, 2026-12-07): one figure for all would misprice both."""
+    _comm_stretch over that collective's entries alone (its layouts). On the 2-core host gloo's all-gather beside
+    compute took 0.43-0.53 of the compute's speed and ran 1.5-1.8× its time alone, its all-reduce 0.33-0.36 and
+    1.9-2.3×, its reduce-scatter 0.28-0.32 and 1.7× (2026-12-07; the reduce-scatter's read 0.12-0.21 and 3.5-4.3×
+    while the calibration polled its Work, which reports no end before its wait: kernels._waited)."""
     out: dict[str, tuple[float, float | None]] = {}
     entries = [c for c in collectives if isinstance(c.get("beside"), Mapping)]
     for op in sorted({str(c.get("op")) for c in entries}):

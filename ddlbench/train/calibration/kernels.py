@@ -334,7 +334,7 @@ def _beside(point: CalibrationPoint, world: int, make: Callable[..., Callable[[]
             call, started = make(op, elements), make(op, elements, async_op=True)
             call()  # its buffers taken once before the estimate; the warm-up iterations below warm the rest
             dist.barrier()
-            per_product = chain(20)[0] / 20
+            per_product = chain(20) / 20
             began = time.perf_counter()
             call()
             estimate = torch.tensor([BESIDE_CHAIN * (time.perf_counter() - began) / per_product], dtype=torch.float64)
