@@ -120,7 +120,7 @@ SETS = {
     "scoring-44": "scoring44_sweep.yaml",  # the forty-fourth, frozen (2026-12-07), run on the model of 13040f5 (seen)
     "scoring-45": "scoring45_sweep.yaml",  # the forty-fifth, frozen (2026-12-07), run on the model of 13040f5 (seen)
     "scoring-46": "scoring46_sweep.yaml",  # the forty-sixth, frozen (2026-12-07), run on the model of 393606b (seen)
-    "scoring-47": "scoring47_sweep.yaml",  # the forty-seventh, frozen (2026-12-07) before the next change: never run
+    "scoring-47": "scoring47_sweep.yaml",  # the forty-seventh, frozen (2026-12-07), run on the model of fd6f238 (seen)
 }
 
 
