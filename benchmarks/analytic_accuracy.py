@@ -122,6 +122,7 @@ SETS = {
     "scoring-46": "scoring46_sweep.yaml",  # the forty-sixth, frozen (2026-12-07), run on the model of 393606b (seen)
     "scoring-47": "scoring47_sweep.yaml",  # the forty-seventh, frozen (2026-12-07), run on the model of fd6f238 (seen)
     "scoring-48": "scoring48_sweep.yaml",  # the forty-eighth, frozen (2026-12-07) before the next change: never run
+    "scoring-49": "scoring49_sweep.yaml",  # the forty-ninth, frozen (2026-12-08) before the next change: never run
 }
 
 
@@ -373,7 +374,7 @@ def main() -> int:
         default="development",
         help="development, pipeline-development, tensor-development, large-development, linear-development, "
         "allocator-development, volume-development, token-development, zero2-development: developed on; scoring to "
-        "scoring-48: the scoring sets, each frozen before the change or model it scored and seen since (freeze a "
+        "scoring-49: the scoring sets, each frozen before the change or model it scored and seen since (freeze a "
         "new one before the next change)",
     )
     parser.add_argument("--results-dir", type=Path, help="write under this folder instead of the files' results_dir")

@@ -23,10 +23,10 @@ from ddlbench.catalog.model_table import ModelTable
 from ddlbench.cli import main
 from ddlbench.train.introspect import build_model_table, grouped_conv_backward_flops
 
-SECOND_DATASETS = {"mnist", "highres", "tinyimagenet", "stl10", "imagenette"}
+SECOND_DATASETS = {"mnist", "highres", "tinyimagenet", "stl10", "imagenette", "webface112"}
 # Every model on the datasets that change its layers' shapes; within CI's time budget the extra image sizes
-# (mnist's one channel, highres, tinyimagenet, stl10, imagenette) run with one model, and the largest models on
-# their reference dataset only
+# (mnist's one channel, highres, tinyimagenet, stl10, imagenette, webface112) run with one model, and the largest
+# models on their reference dataset only
 PAIRS = [
     (model, dataset)
     for model in MODELS.names()
@@ -226,7 +226,8 @@ def test_bad_names_and_options_are_refused_with_the_choices(capsys):
     assert "depth" in (err := capsys.readouterr().err) and "accepted: norm" in err
     assert main(["-q", "model-table", "resnet8", "tokens_small"]) == 2
     err = capsys.readouterr().err
-    assert "image2d" in err and "cifar10, highres, imagenet, imagenet128, imagenette, mnist, stl10, tinyimagenet" in err
+    image_datasets = "cifar10, highres, imagenet, imagenet128, imagenette, mnist, stl10, tinyimagenet, webface112"
+    assert "image2d" in err and image_datasets in err
     with pytest.raises(SystemExit):
         main(["-q", "model-table", "resnet8", "cifar10", "--format", "xml"])
     assert "table, csv, net, json" in capsys.readouterr().err.replace("'", "")

@@ -92,6 +92,18 @@ DATASETS.register(
 )
 DATASETS.register(
     DatasetSpec(
+        name="webface112",
+        input_kind="image2d",
+        sample_shape=(3, 112, 112),
+        task="classify",
+        num_outputs=10_575,
+        description="CASIA-WebFace-shaped aligned faces at ArcFace's 112×112 crop, 3×112×112, 10,575 identities",
+        real_data=_IMAGE_FOLDER + " (one folder per identity), resized and centre-cropped to 112×112",
+        train_samples=494_414,  # CASIA-WebFace's images (Yi et al. 2014)
+    )
+)
+DATASETS.register(
+    DatasetSpec(
         name="highres",
         input_kind="image2d",
         sample_shape=(3, 512, 512),
