@@ -110,6 +110,7 @@ def test_the_correction_picks_its_bandwidth_by_leave_one_out_and_declines_when_n
 
 
 def test_full_resolution_draws_come_last_within_bounds_and_leave_every_other_draw_as_it_was(monkeypatch):
+    monkeypatch.setattr(operator_shapes, "one_row_linear_count", lambda per_kind: 0)  # drawn after them
     every = sample_shapes(seed=0, per_kind=40, **BOUNDS)
     broad = every[-broad_map_count(40) :]
     with monkeypatch.context() as patch:

@@ -19,6 +19,7 @@ from ddlbench.train.calibration.operator_shapes import (
     OperatorShape,
     broad_map_count,
     largest_elements,
+    one_row_linear_count,
     sample_shapes,
     token_linear_count,
     wide_linear_count,
@@ -32,12 +33,14 @@ PER_KIND = 40
 def _token_linears(seed: int) -> list[OperatorShape]:
     # drawn last but for the classifier Linears (tests/test_wide_linears.py)
     wide = wide_linear_count(PER_KIND)
-    drawn = sample_shapes(seed=seed, per_kind=PER_KIND, **BOUNDS)[: -broad_map_count(PER_KIND)]  # drawn after them
+    after = broad_map_count(PER_KIND) + one_row_linear_count(PER_KIND)  # drawn after them
+    drawn = sample_shapes(seed=seed, per_kind=PER_KIND, **BOUNDS)[:-after]
     return drawn[-token_linear_count(PER_KIND) - wide : -wide]
 
 
 def test_token_linears_are_drawn_last_within_bounds_and_leave_every_other_draw_as_it_was(monkeypatch):
     monkeypatch.setattr(operator_shapes, "broad_map_count", lambda per_kind: 0)  # drawn after them
+    monkeypatch.setattr(operator_shapes, "one_row_linear_count", lambda per_kind: 0)
     every = sample_shapes(seed=0, per_kind=PER_KIND, **BOUNDS)
     monkeypatch.setattr(operator_shapes, "wide_linear_count", lambda per_kind: 0)  # drawn after them
     drawn = operator_shapes.sample_shapes(seed=0, per_kind=PER_KIND, **BOUNDS)

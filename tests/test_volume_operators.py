@@ -26,6 +26,7 @@ from ddlbench.train.calibration.operator_shapes import (
     broad_map_count,
     large_count,
     largest_elements,
+    one_row_linear_count,
     sample_shapes,
     token_linear_count,
     wide_linear_count,
@@ -37,8 +38,8 @@ BOUNDS = {"max_flop": 1.5e9, "max_elements": 2**23}
 
 def test_volumes_are_drawn_last_within_bounds_and_leave_every_other_draw_as_it_was(monkeypatch):
     drawn = sample_shapes(seed=0, per_kind=40, **BOUNDS)[
-        : -token_linear_count(40) - wide_linear_count(40) - broad_map_count(40)
-    ]  # less the token rows' linears, the classifier Linears and the full-resolution maps, last
+        : -token_linear_count(40) - wide_linear_count(40) - broad_map_count(40) - one_row_linear_count(40)
+    ]  # less the token rows' linears, the classifier Linears, the full-resolution maps and the one-row Linears, last
     volumes = [s for s in drawn if s.kind in VOLUME_KINDS]
     large = large_count(40)
     assert len(volumes) == 2 * 40 + 40 + 2 * large
@@ -48,7 +49,7 @@ def test_volumes_are_drawn_last_within_bounds_and_leave_every_other_draw_as_it_w
         patch.setattr(operator_shapes, "OPERATOR_KINDS", tuple(k for k in OPERATOR_KINDS if k not in VOLUME_KINDS))
         patch.setattr(operator_shapes, "VOLUME_KINDS", ())
         before = operator_shapes.sample_shapes(seed=0, per_kind=40, **BOUNDS)[
-            : -token_linear_count(40) - wide_linear_count(40) - broad_map_count(40)
+            : -token_linear_count(40) - wide_linear_count(40) - broad_map_count(40) - one_row_linear_count(40)
         ]
     assert drawn[: len(before)] == before and len(drawn) == len(before) + len(volumes)
     conv3d = [s for s in volumes if s.kind == "conv3d"]

@@ -15,9 +15,11 @@ from ddlbench.train.calibration import operator_kernel, operator_shapes
 from ddlbench.train.calibration.kernels import Timer
 from ddlbench.train.calibration.operator_shapes import (
     LARGE_ELEMENTS,
+    ONE_ROW_WEIGHTS,
     WIDE_LINEAR_LEAST_WEIGHTS,
     OperatorShape,
     largest_elements,
+    one_row_linear_count,
     sample_shapes,
     wide_linear_count,
 )
@@ -29,6 +31,7 @@ PER_KIND = 40
 
 def test_classifier_linears_are_drawn_last_past_the_caches_and_leave_every_other_draw_as_it_was(monkeypatch):
     monkeypatch.setattr(operator_shapes, "broad_map_count", lambda per_kind: 0)  # drawn after them
+    monkeypatch.setattr(operator_shapes, "one_row_linear_count", lambda per_kind: 0)
     drawn = sample_shapes(seed=0, per_kind=PER_KIND, **BOUNDS)
     with monkeypatch.context() as patch:
         patch.setattr(operator_shapes, "wide_linear_count", lambda per_kind: 0)
@@ -47,6 +50,28 @@ def test_classifier_linears_are_drawn_last_past_the_caches_and_leave_every_other
     assert len(others) < KNOT_SAMPLES <= count
     # a quick calibration's few shapes draw none
     assert wide_linear_count(8) == 0
+
+
+def test_one_row_linears_are_drawn_last_past_vggs_classifier_and_leave_every_other_draw_as_it_was(monkeypatch):
+    """A pipeline's micro-batch of one sample runs its Linears on one row (operators.single_row): the calibration
+    draws them after everything else, half a classifier's wide Linear and half a narrow head, on past vgg's
+    103 M weights for the widest."""
+    drawn = sample_shapes(seed=0, per_kind=PER_KIND, **BOUNDS)
+    with monkeypatch.context() as patch:
+        patch.setattr(operator_shapes, "one_row_linear_count", lambda per_kind: 0)
+        before = operator_shapes.sample_shapes(seed=0, per_kind=PER_KIND, **BOUNDS)
+    count = one_row_linear_count(PER_KIND)
+    assert count == wide_linear_count(PER_KIND) and drawn[: len(before)] == before
+    tail = drawn[len(before) :]
+    assert len(tail) == count and all(s.kind == "linear" and s.batch * s.height * s.width == 1 for s in tail)
+    assert all(s.linear_weights <= ONE_ROW_WEIGHTS * BOUNDS["max_elements"] for s in tail)
+    wide = tail[::2]
+    assert all(1024 <= s.in_channels <= 25088 and 1000 <= s.out_channels <= 4096 for s in wide)
+    assert all(s.out_channels <= 1000 for s in tail[1::2])
+    # the wide ones past the caches, the narrow ones within them: the weights' traffic and the call both
+    assert sum(s.linear_weights >= WIDE_LINEAR_LEAST_WEIGHTS for s in wide) >= len(wide) // 2
+    assert sum(s.linear_weights < 2**20 for s in tail[1::2]) >= len(wide) // 2
+    assert one_row_linear_count(8) == 0
 
 
 def test_the_kernel_empties_the_caches_before_each_call_of_a_cold_linear_only(monkeypatch):
@@ -101,7 +126,9 @@ def test_a_linear_fit_given_classifier_linears_predicts_ones_it_never_timed():
     def linears(seed: int) -> list[OperatorShape]:
         return [s for s in sample_shapes(seed=seed, per_kind=PER_KIND, **BOUNDS) if s.kind == "linear"]
 
-    drawn, unseen = linears(0), linears(7)[-wide_linear_count(PER_KIND) :]
+    # the classifier draws, before the one-row Linears drawn last (their fit's terms are their own: single_row)
+    wide, one_row = wide_linear_count(PER_KIND), one_row_linear_count(PER_KIND)
+    drawn, unseen = linears(0), linears(7)[-wide - one_row : -one_row]
     # alexnet's and vgg's classifier weights at a classifier's batches, beside another draw's
     unseen += [
         OperatorShape(kind="linear", batch=b, in_channels=i, out_channels=4096, height=1, width=1)
@@ -123,6 +150,6 @@ def test_a_linear_fit_given_classifier_linears_predicts_ones_it_never_timed():
     # without the classifier draws the fit has a few large weights at a classifier's rows and the token rows' to
     # go on: it misses these by twice as much or more (7.6 % in the median, 17 % at worst: alexnet's and vgg's
     # 0.85 at 24 rows)
-    without = drawn[: -wide_linear_count(PER_KIND)]
+    without = drawn[: -wide - one_row]  # nor the one-row ones after them
     for error in errors(_timed(without, _cold_law, noise=0.05, seed=1)):
         assert np.median(error) > 0.05 and np.max(error) > 0.15

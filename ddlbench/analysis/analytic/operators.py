@@ -195,6 +195,24 @@ def native_path(call: OpCall, batch: float, threads: int) -> bool:
     return n <= 1 and call.kernel_elements <= 9 and call.in_channels * call.in_pixels <= 20480
 
 
+def single_row(call: OpCall, batch: float) -> bool:
+    """Whether a Linear's call has one row (a batch of one sample without tokens: a pipeline's micro-batch of
+    one). torch calls the same addmm and mm as for more rows, but the BLAS runs a one-row product as a
+    matrix-vector pass over the weights, at half the time a weight of two rows' product: timed alone on one
+    pinned thread here (torch 2.13), forward 0.19-0.22 ns a weight at one row against 0.40-0.47 at two, backward
+    0.44-0.51 against 1.19-1.29, at 4,096², 9,216 × 4,096, 9,448 × 3,376 and 25,088 × 4,096 (vgg's first
+    classifier Linear). A fit of every row count put that one at one row at 1.7× its forward and 2.3× its
+    backward (34 and 107 ms against 20 and 47: the thirteen terms' weight costs are set by the many-row shapes),
+    so the one-row calls get the terms of their own that torch's own
+    convolution kernel gets (native_path), where the fit had ONE_ROW_LEAST one-row shapes or more to set them
+    (the calibration draws them since 2026-12-08: operator_shapes.one_row_linear_count; a machine file timed
+    before has two, and keeps one set of terms)."""
+    return call.kind == "linear" and batch * call.rows <= 1
+
+
+ONE_ROW_LEAST = 8  # one-row Linear shapes a fit needs to give them terms of their own (single_row)
+
+
 def basis(
     call: OpCall,
     batch: float,
@@ -203,14 +221,17 @@ def basis(
     page_knot: float = 0.0,
     threads: int = 1,
     lanes: int = 0,
+    rows_apart: bool = True,
 ) -> list[float]:
     """The regressors of the module docstring for one call at `batch` samples (a weighted kind's two before
     the last: its weights and FLOPs where its weights exceed `knot` elements, 0 without a knot; every kind's
     last: the elements it allocates where they exceed `page_knot`, 0 without one). `threads`: the fit's
     threads per rank, which choose a convolution's kernel (native_path); `lanes`: the channel block a weighted
-    kind's padding regressor rounds to (0: none, the regressor 0)."""
+    kind's padding regressor rounds to (0: none, the regressor 0); `rows_apart`: a one-row Linear takes the
+    second set of terms (single_row)."""
     allocated = allocated_elements(call, batch, direction)
-    return [*_basis(call, batch, direction, knot, threads, lanes), allocated if 0 < page_knot < allocated else 0.0]
+    own = _basis(call, batch, direction, knot, threads, lanes, rows_apart)
+    return [*own, allocated if 0 < page_knot < allocated else 0.0]
 
 
 def padding_share(call: OpCall, lanes: int) -> float:
@@ -226,7 +247,9 @@ def padding_share(call: OpCall, lanes: int) -> float:
     return c_in * blocked(call.out_channels) / (call.in_channels * call.out_channels) - 1.0
 
 
-def _basis(call: OpCall, batch: float, direction: str, knot: float, threads: int, lanes: int = 0) -> list[float]:
+def _basis(
+    call: OpCall, batch: float, direction: str, knot: float, threads: int, lanes: int = 0, rows_apart: bool = True
+) -> list[float]:
     n = batch * call.rows
     e_in = n * call.in_channels * call.in_pixels
     e_out = n * call.out_channels * call.out_pixels
@@ -251,9 +274,9 @@ def _basis(call: OpCall, batch: float, direction: str, knot: float, threads: int
             above * flop,
             flop * padding_share(call, lanes),
         ]
-        # torch's own kernel (native_path; conv2d only) is another code: the same terms, fitted apart (the
-        # second WEIGHTED_TERMS regressors; 0 for every other call)
-        if native_path(call, batch, threads):
+        # torch's own kernel (native_path; conv2d only) and a Linear's one-row product (single_row) are other
+        # codes: the same terms, fitted apart (the second WEIGHTED_TERMS regressors; 0 for every other call)
+        if native_path(call, batch, threads) or (rows_apart and single_row(call, batch)):
             return [0.0] * WEIGHTED_TERMS + own
         return own + [0.0] * WEIGHTED_TERMS
     if call.kind == "attention":  # tokens T = in_pixels, features C: F = 4·N·T²·C, two T×T products
@@ -283,6 +306,7 @@ class OpFit:
     page_knot: float = 0.0  # allocated elements past which the last regressor counts (0: none; PAGE_KNOTS)
     threads: int = 1  # per rank, as the calibration timed it (a convolution's kernel depends on it)
     lanes: int = 0  # the channel block the padding regressor rounds to (0: none; LANES)
+    rows_apart: bool = False  # one-row Linears have terms of their own (single_row; ONE_ROW_LEAST shapes or more)
     left_out: int = 0  # shapes left out as far outliers (fit_kind)
     # what the fit missed near each shape, which corrects a call near them (operator_residuals; None: nothing
     # lowered the leave-one-out error)
@@ -292,7 +316,7 @@ class OpFit:
         """`allocates=False`: the pass writes into memory already held (a copy into a bucket, an add into
         .grad), so the page term, the faults of a fresh allocation's first touch, is left out."""
         page_knot = self.page_knot if allocates else 0.0
-        x = basis(call, batch, self.direction, self.knot, page_knot, self.threads, self.lanes)
+        x = basis(call, batch, self.direction, self.knot, page_knot, self.threads, self.lanes, self.rows_apart)
         seconds = sum(c * v / s for c, v, s in zip(self.coefficients, x, self.scale, strict=True))
         return seconds * self.correction.factor(call, batch) if self.correction is not None else seconds
 
@@ -482,10 +506,14 @@ def _fit_rows(
     y = np.array([max(float(s[f"{direction}_s"]) - offset_s, floor_s) for s in rows])
 
     calls, batches = [call_of_sample(s) for s in rows], [float(s["batch"]) for s in rows]
+    rows_apart = sum(single_row(c, b) for c, b in zip(calls, batches, strict=True)) >= ONE_ROW_LEAST
 
     def design(knot: float, page_knot: float, lanes: int = 0):
         x = np.array(
-            [basis(c, b, direction, knot, page_knot, threads, lanes) for c, b in zip(calls, batches, strict=True)],
+            [
+                basis(c, b, direction, knot, page_knot, threads, lanes, rows_apart)
+                for c, b in zip(calls, batches, strict=True)
+            ],
             dtype=float,
         )
         scale = x.max(axis=0)
@@ -558,6 +586,7 @@ def _fit_rows(
         page_knot=page_knot,
         threads=threads,
         lanes=lanes,
+        rows_apart=rows_apart,
         correction=correction,
     )
     return fit, far

@@ -161,8 +161,9 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     `max_flop`); then the VOLUME_KINDS, within the bounds and then on large volumes (_draw_volume); last
     TOKEN_LINEAR_SHARE × `per_kind` linear shapes over tokens (_draw_token_linear), up to WIDE_CONV_FLOP ×
     `max_flop`; then wide_linear_count(`per_kind`) classifier Linears whose weights are past the caches
-    (_draw_wide_linear); last broad_map_count(`per_kind`) layers at full resolution on few channels
-    (_draw_broad_map), within the bounds."""
+    (_draw_wide_linear); then broad_map_count(`per_kind`) layers at full resolution on few channels
+    (_draw_broad_map), within the bounds; last one_row_linear_count(`per_kind`) Linears on one row
+    (_draw_one_row_linear)."""
     rng = random.Random(seed)
     shapes: list[OperatorShape] = []
     for kind in OPERATOR_KINDS:
@@ -252,7 +253,46 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
             if _within(shape, max_flop, max_elements):
                 shapes.append(shape)
                 drawn += 1
+    # last, one_row_linear_count(`per_kind`) Linears on one row (_draw_one_row_linear), a pipeline's micro-batch of
+    # one sample: the BLAS runs them as matrix-vector passes at half the time a weight of two rows, and the fit
+    # gives them terms of their own (ddlbench.analysis.analytic.operators.single_row), which the two one-row
+    # shapes the draws above held could not set (vgg19's 25,088 → 4,096 Linear at one row fitted 2.4× its
+    # backward). Their weights reach ONE_ROW_WEIGHTS × `max_elements`, past vgg's; drawn last, so the draws
+    # before them are what they were.
+    drawn = 0
+    while drawn < one_row_linear_count(per_kind):
+        shape = _draw_one_row_linear(rng, wide=drawn % 2 == 0)
+        if shape.linear_weights <= ONE_ROW_WEIGHTS * max_elements and _within(
+            shape, WIDE_CONV_FLOP * max_flop, max_elements
+        ):
+            shapes.append(shape)
+            drawn += 1
     return shapes
+
+
+# a one-row Linear's weights: at most this many times max_elements (134 M at the default), past vgg's 25,088 → 4,096
+# (103 M; the wide Linears stop at LARGE_ELEMENTS times, 34 M)
+ONE_ROW_WEIGHTS = 16
+
+
+def one_row_linear_count(per_kind: int) -> int:
+    """How many one-row Linears sample_shapes draws last: twice large_count(`per_kind`), as many as the wide
+    Linears (none for a quick calibration's few shapes), half of them a classifier's wide Linear."""
+    return 2 * large_count(per_kind)
+
+
+def _draw_one_row_linear(rng: random.Random, *, wide: bool) -> OperatorShape:
+    """A Linear on one row: `wide`, a classifier's (_draw_wide_linear's features: 1,024-25,088 in, 1,000-4,096
+    out), else a narrow one, 64-4,096 in and 8-1,000 out (a ResNet's or a CIFAR model's head)."""
+    low_in, high_in, low_out, high_out = (1024, 25088, 1000, 4096) if wide else (64, 4096, 8, 1000)
+    return OperatorShape(
+        kind="linear",
+        batch=1,
+        in_channels=_channels(rng, low_in, high_in),
+        out_channels=_channels(rng, low_out, high_out),
+        height=1,
+        width=1,
+    )
 
 
 def broad_map_count(per_kind: int) -> int:
