@@ -122,7 +122,7 @@ SETS = {
     "scoring-46": "scoring46_sweep.yaml",  # the forty-sixth, frozen (2026-12-07), run on the model of 393606b (seen)
     "scoring-47": "scoring47_sweep.yaml",  # the forty-seventh, frozen (2026-12-07), run on the model of fd6f238 (seen)
     "scoring-48": "scoring48_sweep.yaml",  # the forty-eighth, frozen (2026-12-07) before the next change: never run
-    "scoring-49": "scoring49_sweep.yaml",  # the forty-ninth, frozen (2026-12-08) before the next change: never run
+    "scoring-49": "scoring49_sweep.yaml",  # the forty-ninth, frozen (2026-12-08), run on the model of c2bc315 (seen)
 }
 
 

@@ -256,7 +256,7 @@ def sample_shapes(*, seed: int, per_kind: int, max_flop: float, max_elements: in
     # last, one_row_linear_count(`per_kind`) Linears on one row (_draw_one_row_linear), a pipeline's micro-batch of
     # one sample: the BLAS runs them as matrix-vector passes at half the time a weight of two rows, and the fit
     # gives them terms of their own (ddlbench.analysis.analytic.operators.single_row), which the two one-row
-    # shapes the draws above held could not set (vgg19's 25,088 → 4,096 Linear at one row fitted 2.4× its
+    # shapes the draws above held could not set (vgg's 25,088 → 4,096 Linear at one row fitted 2.3× its
     # backward). Their weights reach ONE_ROW_WEIGHTS × `max_elements`, past vgg's; drawn last, so the draws
     # before them are what they were.
     drawn = 0
