@@ -203,10 +203,9 @@ def single_row(call: OpCall, batch: float) -> bool:
     0.44-0.51 against 1.19-1.29, at 4,096², 9,216 × 4,096, 9,448 × 3,376 and 25,088 × 4,096 (vgg's first
     classifier Linear). A fit of every row count put that one at one row at 1.7× its forward and 2.3× its
     backward (34 and 107 ms against 20 and 47: the thirteen terms' weight costs are set by the many-row shapes),
-    so the one-row calls get the terms of their own that torch's own
-    convolution kernel gets (native_path), where the fit had ONE_ROW_LEAST one-row shapes or more to set them
-    (the calibration draws them since 2026-12-08: operator_shapes.one_row_linear_count; a machine file timed
-    before has two, and keeps one set of terms)."""
+    so the one-row calls get the terms of their own that torch's own convolution kernel gets (native_path), where
+    the fit had ONE_ROW_LEAST one-row shapes or more to set them (the calibration draws them since 2026-12-08:
+    operator_shapes.one_row_linear_count; a machine file timed before has two, and keeps one set of terms)."""
     return call.kind == "linear" and batch * call.rows <= 1
 
 
