@@ -276,9 +276,9 @@ ONE_ROW_WEIGHTS = 16
 
 
 def one_row_linear_count(per_kind: int) -> int:
-    """How many one-row Linears sample_shapes draws last: twice large_count(`per_kind`), as many as the wide
-    Linears (none for a quick calibration's few shapes), half of them a classifier's wide Linear."""
-    return 2 * large_count(per_kind)
+    """How many one-row Linears sample_shapes draws last: as many as the wide Linears (wide_linear_count; none
+    for a quick calibration's few shapes), half of them a classifier's wide Linear."""
+    return wide_linear_count(per_kind)
 
 
 def _draw_one_row_linear(rng: random.Random, *, wide: bool) -> OperatorShape:
